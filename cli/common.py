@@ -1,0 +1,22 @@
+"""What every command shares: the console, option types, and turning errors into one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+console = Console()
+err_console = Console(stderr=True)
+
+CheckpointArg = Annotated[
+    Path, typer.Argument(help="Checkpoint directory (model.safetensors + config.json).")
+]
+OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Directory to write results into.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed.")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]
+LengthsOpt = Annotated[
+    str, typer.Option("--lengths", help="Task lengths: 'lo:hi' (inclusive) or '8,16,32'.")
+]

@@ -1,0 +1,53 @@
+"""The `probe` command line: thin Typer commands over library functions."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from probe_cli import inspect, prune, study, train
+from probe_cli.common import err_console
+
+from probe.errors import ProbeError
+
+app = typer.Typer(
+    name="probe",
+    help="Train Transformers, look inside their attention, prune their heads, run studies.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+for module in (train, inspect, prune, study):
+    module.register(app)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: a ProbeError (bad user input) is one line on stderr and exit code 2;
+    `--debug` anywhere on the command line shows the traceback instead."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    args = [a for a in args if a != "--debug"]
+    try:
+        app(args=args, prog_name="probe")  # standalone: usage errors exit 2, then sys.exit
+    except ProbeError as exc:
+        if debug:
+            raise
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)
+    except Exception as exc:
+        if debug:
+            raise
+        err_console.print(
+            f"[bold red]error:[/] {type(exc).__name__}: {exc} (run with --debug for the traceback)",
+            highlight=False,
+            soft_wrap=True,
+        )
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""`probe train`, `probe eval`, `probe info`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from probe_cli.common import CheckpointArg, DeviceOpt, LengthsOpt, OutOpt, SeedOpt, console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from probe.checkpoint import load_checkpoint
+from probe.config import ModelConfig, TrainConfig
+from probe.errors import ProbeError
+from probe.evaluate import evaluate
+from probe.tasks import TaskConfig, parse_lengths
+from probe.train import TrainProgress, resolve_device, train
+
+PickleOpt = Annotated[
+    bool, typer.Option("--allow-pickle", help="Allow loading pickle weights (runs code: trust it).")
+]
+
+
+def parse_range(spec: str, what: str) -> tuple[int, int]:
+    lengths = parse_lengths(spec)
+    if lengths != list(range(lengths[0], lengths[-1] + 1)):
+        raise ProbeError(f"{what} must be a contiguous range 'lo:hi', got '{spec}'.")
+    return lengths[0], lengths[-1]
+
+
+def train_cli(
+    out: OutOpt,
+    task: Annotated[
+        str, typer.Option(help="copy, reverse, sort, addition, parity, recall, repeat-copy.")
+    ] = "copy",
+    arch: Annotated[str, typer.Option(help="decoder, encoder or encoder-decoder.")] = "decoder",
+    pe: Annotated[
+        str, typer.Option(help="sinusoidal, learned, none, rope, alibi, t5.")
+    ] = "learned",
+    train_len: Annotated[str, typer.Option(help="Task lengths to train on, 'lo:hi'.")] = "4:16",
+    steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 400,
+    seed: SeedOpt = 0,
+    layers: Annotated[int, typer.Option(help="Blocks (encoder blocks for encoder-decoder).")] = 2,
+    heads: Annotated[int, typer.Option(help="Heads per attention sub-layer.")] = 4,
+    d_model: Annotated[int, typer.Option(help="Residual stream width.")] = 64,
+    d_head: Annotated[
+        int | None, typer.Option(help="Per-head width (default d_model/heads).")
+    ] = None,
+    ffn: Annotated[
+        str, typer.Option(help="relu, gelu, gelu-tanh or none (attention-only).")
+    ] = "relu",
+    ffn_mult: Annotated[float, typer.Option(help="FFN width / d_model.")] = 4.0,
+    norm: Annotated[str, typer.Option(help="pre or post (the paper) LayerNorm.")] = "pre",
+    scale: Annotated[
+        str, typer.Option(help="sqrt (1/sqrt(d_k)), inverse (1/d_k), none, learned.")
+    ] = "sqrt",
+    qk_norm: Annotated[bool, typer.Option("--qk-norm", help="LayerNorm on q and k.")] = False,
+    log_scale: Annotated[
+        bool, typer.Option("--log-scale", help="Scale logits by log(n)/log(L_train).")
+    ] = False,
+    random_positions: Annotated[
+        bool, typer.Option("--random-positions", help="Randomized positions (Ruoss et al. 2023).")
+    ] = False,
+    max_len: Annotated[
+        int, typer.Option(help="Positions of a learned table / random range.")
+    ] = 256,
+    dropout: float = 0.0,
+    batch_size: Annotated[int, typer.Option(help="Examples per step.")] = 32,
+    lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 3e-3,
+    warmup: Annotated[int, typer.Option(help="Warm-up steps.")] = 40,
+    n_symbols: Annotated[int, typer.Option(help="Task alphabet size.")] = 16,
+    eval_every: Annotated[int, typer.Option(help="Evaluate and checkpoint every N steps.")] = 100,
+    stats_every: Annotated[
+        int, typer.Option(help="Log per-head attention stats every N steps (0: off).")
+    ] = 0,
+    device: DeviceOpt = "auto",
+) -> None:
+    """Train a model on a synthetic task and write a checkpoint directory."""
+    task_cfg = TaskConfig(name=task, n_symbols=n_symbols)
+    lo, hi = parse_range(train_len, "--train-len")
+    model_cfg = ModelConfig(
+        arch=arch, vocab_size=task_cfg.vocab_size, n_layer=layers, n_head=heads, d_model=d_model,
+        d_head=d_head, ffn=ffn, ffn_mult=ffn_mult, norm=norm, pe=pe, max_len=max_len, scale=scale,
+        qk_norm=qk_norm, log_scale_len=hi if log_scale else None, dropout=dropout,
+    )  # fmt: skip
+    train_cfg = TrainConfig(
+        steps=steps, batch_size=batch_size, lr=lr, warmup=min(warmup, steps), train_len=(lo, hi),
+        random_positions=random_positions, seed=seed, eval_every=eval_every,
+        stats_every=stats_every, device=device,
+    )  # fmt: skip
+    resolve_device(device)
+    console.print(
+        f"training a {arch} ({pe}, {layers} layers x {heads} heads, d_model {d_model}) on "
+        f"[bold]{task}[/] lengths {lo}-{hi} for {steps} steps -> {out}"
+    )
+    columns = (
+        TextColumn("[progress.description]{task.description}"), BarColumn(),
+        TextColumn("{task.completed}/{task.total}"), TextColumn("{task.fields[stats]}"),
+        TimeElapsedColumn(), TimeRemainingColumn(),
+    )  # fmt: skip
+    with Progress(*columns, console=console, transient=False) as bar:
+        job = bar.add_task("train", total=steps, stats="")
+
+        def show(p: TrainProgress) -> None:
+            stats = f"loss {p.loss:.3f}  acc {p.accuracy:.2f}  lr {p.lr:.1e}"
+            if p.eval_exact is not None:
+                stats += f"  eval exact {p.eval_exact:.3f}"
+            bar.update(job, completed=p.step, stats=stats)
+
+        result = train(model_cfg, task_cfg, train_cfg, out, progress=show)
+    final = result.metrics.query("split == 'eval' and metric == 'exact_match'")
+    last = final[final.step == final.step.max()]
+    exact = (last.value * last.n).sum() / last.n.sum()
+    console.print(f"exact match at the training lengths: [bold]{exact:.3f}[/]; checkpoint: {out}")
+
+
+def eval_cli(
+    checkpoint: CheckpointArg,
+    out: OutOpt,
+    lengths: LengthsOpt = "1:32",
+    batch_size: Annotated[int, typer.Option(help="Examples per batch.")] = 64,
+    batches: Annotated[int, typer.Option(help="Batches per length.")] = 2,
+    seed: SeedOpt = 1234,
+    device: DeviceOpt = "cpu",
+    allow_pickle: PickleOpt = False,
+) -> None:
+    """Evaluate a checkpoint at each task length; writes OUT/eval.csv."""
+    ckpt = load_checkpoint(checkpoint, resolve_device(device), allow_pickle)
+    table = evaluate(
+        ckpt.model, ckpt.task, parse_lengths(lengths), batch_size=batch_size, n_batches=batches,
+        seed=seed,
+    )  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "eval.csv", index=False)
+    lo, hi = ckpt.train_cfg.train_len
+    wide = table.pivot(index="length", columns="metric", values="value")
+    view = Table(title=f"{ckpt.task.name}: trained on lengths {lo}-{hi}")
+    for col in ("length", "exact_match", "token_accuracy", "loss", ""):
+        view.add_column(col, justify="right")
+    for n, row in wide.iterrows():
+        where = "trained" if lo <= n <= hi else "unseen"
+        view.add_row(
+            str(n), f"{row.exact_match:.3f}", f"{row.token_accuracy:.3f}", f"{row.loss:.3f}", where
+        )
+    console.print(view)
+    console.print(f"wrote {out / 'eval.csv'}")
+
+
+def info_cli(checkpoint: CheckpointArg, allow_pickle: PickleOpt = False) -> None:
+    """Show a checkpoint's configuration and parameter counts."""
+    ckpt = load_checkpoint(checkpoint, "cpu", allow_pickle)
+    view = Table(title=f"{Path(checkpoint)}")
+    view.add_column("section")
+    view.add_column("setting")
+    view.add_column("value")
+    for section, values in (
+        ("model", ckpt.model_cfg.to_dict()),
+        ("task", ckpt.task.to_dict()),
+        ("train", ckpt.train_cfg.to_dict()),
+    ):
+        for key, value in values.items():
+            if key == "heads" and value is not None:
+                value = "; ".join(
+                    f"{site}: {list(h)}"
+                    for site, h in zip(ckpt.model_cfg.attention_sites(), value, strict=True)
+                )
+            view.add_row(section, key, str(value))
+    for key in ("git_commit", "created", "steps_done", "train_seconds"):
+        if key in ckpt.meta:
+            view.add_row("meta", key, str(ckpt.meta[key]))
+    console.print(view)
+    counts = Table(title="parameters")
+    counts.add_column("component")
+    counts.add_column("parameters", justify="right")
+    for key, value in ckpt.model.parameter_counts().items():
+        counts.add_row(key, f"{value:,}")
+    console.print(counts)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(train_cli)
+    app.command("eval")(eval_cli)
+    app.command("info")(info_cli)

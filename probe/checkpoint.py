@@ -1,0 +1,195 @@
+"""Checkpoints: a directory with model.safetensors + config.json (+ metrics.csv).
+
+Writing goes through temporary names and `os.replace`, so a crash never leaves a torn file and
+never destroys the previous good checkpoint. Loading checks every tensor's shape against the
+config and refuses pickle files unless the caller explicitly allows them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from probe.config import ModelConfig, TrainConfig
+from probe.errors import ProbeError
+from probe.model import Transformer
+from probe.tasks import TaskConfig
+
+FORMAT = "probe-checkpoint"
+FORMAT_VERSION = 1
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+METRICS = "metrics.csv"
+PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".ckpt")
+
+
+@dataclass
+class Checkpoint:
+    model: Transformer
+    model_cfg: ModelConfig
+    task: TaskConfig
+    train_cfg: TrainConfig
+    meta: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.model_cfg
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file in the same directory, then rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _state_for_saving(model: Transformer) -> dict[str, torch.Tensor]:
+    state = model.state_dict()
+    if model.cfg.tie_embeddings:
+        state.pop("head.weight", None)  # the same tensor as embed.weight
+    return {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
+
+
+def save_checkpoint(
+    path: str | Path,
+    model: Transformer,
+    task: TaskConfig,
+    train_cfg: TrainConfig,
+    meta: dict[str, Any] | None = None,
+) -> Path:
+    """Write the checkpoint directory `path` (created if needed); returns it."""
+    from safetensors.torch import save
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    document = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "model": model.cfg.to_dict(),
+        "task": task.to_dict(),
+        "train": train_cfg.to_dict(),
+        "meta": meta or {},
+    }
+    atomic_write_bytes(path / WEIGHTS, save(_state_for_saving(model)))
+    atomic_write_text(path / CONFIG, json.dumps(document, indent=2, default=str) + "\n")
+    return path
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """The parsed config.json of a checkpoint directory, with clear errors."""
+    path = Path(path)
+    if not path.exists():
+        raise ProbeError(f"No checkpoint at '{path}': the path does not exist.")
+    if path.is_file():
+        if path.name in (CONFIG, WEIGHTS):
+            path = path.parent
+        else:
+            raise ProbeError(
+                f"'{path}' is a file; a probe checkpoint is a directory holding {WEIGHTS} "
+                f"and {CONFIG}."
+            )
+    config_file = path / CONFIG
+    if not config_file.exists():
+        raise ProbeError(f"'{path}' is not a probe checkpoint: {CONFIG} is missing.")
+    try:
+        document = json.loads(config_file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ProbeError(
+            f"{config_file} is not valid JSON ({exc}); the checkpoint is corrupt."
+        ) from None
+    if not isinstance(document, dict) or document.get("format") != FORMAT:
+        raise ProbeError(f"{config_file} is not a probe checkpoint config (no format '{FORMAT}').")
+    for key in ("model", "task", "train"):
+        if not isinstance(document.get(key), dict):
+            raise ProbeError(f"{config_file} has no '{key}' section; the checkpoint is corrupt.")
+    return document
+
+
+def _load_weights(path: Path, allow_pickle: bool) -> dict[str, torch.Tensor]:
+    weights = path / WEIGHTS
+    if weights.exists():
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(weights))
+        except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+            raise ProbeError(
+                f"{weights} cannot be read ({str(exc).splitlines()[0]}); the file is truncated "
+                "or corrupt. Re-train or restore it."
+            ) from exc
+    pickles = sorted(p for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if not pickles:
+        raise ProbeError(f"'{path}' is not a complete checkpoint: {WEIGHTS} is missing.")
+    if not allow_pickle:
+        raise ProbeError(
+            f"'{path}' holds pickle weights ({pickles[0].name}) and no {WEIGHTS}. Pickle can run "
+            "code when loaded; pass --allow-pickle only if you trust its source."
+        )
+    try:
+        state = torch.load(pickles[0], map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ProbeError(f"{pickles[0]} cannot be loaded: {exc}") from exc
+    if not isinstance(state, dict):
+        raise ProbeError(f"{pickles[0]} does not hold a state dict.")
+    return state
+
+
+def load_checkpoint(
+    path: str | Path, device: str | torch.device = "cpu", allow_pickle: bool = False
+) -> Checkpoint:
+    """Load a checkpoint directory; every tensor's shape is checked against the config."""
+    document = read_config(path)
+    path = Path(path)
+    if path.is_file():
+        path = path.parent
+    try:
+        model_cfg = ModelConfig.from_dict(document["model"])
+        task = TaskConfig.from_dict(document["task"])
+        train_cfg = TrainConfig.from_dict(document["train"])
+    except (ProbeError, TypeError) as exc:
+        raise ProbeError(f"{path / CONFIG} does not describe a valid model: {exc}") from exc
+    state = _load_weights(path, allow_pickle)
+    model = Transformer(model_cfg)
+    expected = model.state_dict()
+    if model_cfg.tie_embeddings:
+        expected.pop("head.weight", None)
+        state.pop("head.weight", None)
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+        if unexpected:
+            extra = ", ".join(unexpected[:3]) + (" ..." if len(unexpected) > 3 else "")
+            parts.append(f"unexpected {extra}")
+        raise ProbeError(f"{path}: the weights do not match config.json ({'; '.join(parts)}).")
+    for name, tensor in state.items():
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            raise ProbeError(
+                f"{path}: tensor '{name}' has shape {tuple(tensor.shape)} but config.json implies "
+                f"{tuple(expected[name].shape)}; weights and config do not belong together."
+            )
+    model.load_state_dict(state, strict=False)
+    model.to(device).eval()
+    return Checkpoint(model, model_cfg, task, train_cfg, document.get("meta", {}), path)

@@ -1,0 +1,122 @@
+"""Running a model on task batches: loss, metrics per length, deterministic evaluation data."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from probe.config import Arch
+from probe.errors import ProbeError
+from probe.model import Transformer
+from probe.tasks import Batch, Form, TaskConfig, make_batch, score, sequence_length
+
+METRICS = ("exact_match", "token_accuracy", "loss")
+
+
+def form_for(arch: Arch | str) -> Form:
+    """The task form an architecture is trained on."""
+    return Form(str(Arch(arch)))
+
+
+def forward_batch(model: Transformer, batch: Batch, positions: torch.Tensor | None = None):
+    """logits [batch, seq, vocab] for a task batch (the source goes to the encoder)."""
+    return model(batch.inputs, source=batch.source, positions=positions)
+
+
+def batch_loss(
+    model: Transformer,
+    batch: Batch,
+    reduction: str = "mean",
+    logits: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Cross-entropy over the answer positions: a scalar ("mean") or one per example ("none")."""
+    if logits is None:
+        logits = forward_batch(model, batch, positions)  # [batch, seq, vocab]
+    token_loss = F.cross_entropy(
+        logits.float().transpose(1, 2), batch.targets, reduction="none"
+    )  # [batch, seq]
+    mask = batch.loss_mask.float()  # [batch, seq]
+    per_example = (token_loss * mask).sum(1) / mask.sum(1).clamp_min(1)  # [batch]
+    if reduction == "none":
+        return per_example
+    if reduction == "mean":
+        return per_example.mean()
+    raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
+
+
+def check_lengths(model: Transformer, task: TaskConfig, lengths: Iterable[int]) -> None:
+    """Refuse lengths a learned positional table cannot represent, with a clear message."""
+    cfg = model.cfg
+    if str(cfg.pe) != "learned":
+        return
+    form = form_for(cfg.arch)
+    for n in lengths:
+        seq = sequence_length(task, form, n)
+        if seq > cfg.max_len:
+            raise ProbeError(
+                f"length {n} needs {seq} positions but this model's learned positional table has "
+                f"{cfg.max_len}; evaluate at shorter lengths or train with a larger --max-len."
+            )
+
+
+def eval_batches(
+    task: TaskConfig,
+    form: Form | str,
+    lengths: Iterable[int],
+    batch_size: int = 64,
+    n_batches: int = 2,
+    seed: int = 0,
+) -> list[Batch]:
+    """Deterministic evaluation data: n_batches batches per length, from one seeded generator."""
+    generator = torch.Generator().manual_seed(int(seed))
+    return [
+        make_batch(task, form, n, batch_size, generator) for n in lengths for _ in range(n_batches)
+    ]
+
+
+@torch.no_grad()
+def evaluate(
+    model: Transformer,
+    task: TaskConfig,
+    lengths: Iterable[int],
+    *,
+    batch_size: int = 64,
+    n_batches: int = 2,
+    seed: int = 1234,
+    device: torch.device | str | None = None,
+    progress=None,
+) -> pd.DataFrame:
+    """Exact match, token accuracy and loss per task length: a tidy table with columns
+    length, metric, value, n (n = examples). Teacher-forced argmax, which equals greedy decoding
+    for exact match."""
+    lengths = list(lengths)
+    check_lengths(model, task, lengths)
+    device = device or next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    rows = []
+    form = form_for(model.cfg.arch)
+    try:
+        for i, n in enumerate(lengths):
+            exact_sum = token_sum = loss_sum = 0.0
+            count = 0
+            for batch in eval_batches(task, form, [n], batch_size, n_batches, seed + n):
+                batch = batch.to(device)
+                logits = forward_batch(model, batch)  # [batch, seq, vocab]
+                exact, tokens = score(logits, batch)
+                loss = batch_loss(model, batch, "none", logits=logits)
+                exact_sum += exact.float().sum().item()
+                token_sum += tokens.sum().item()
+                loss_sum += loss.sum().item()
+                count += exact.numel()
+            for metric, total in zip(METRICS, (exact_sum, token_sum, loss_sum), strict=True):
+                rows.append({"length": n, "metric": metric, "value": total / count, "n": count})
+            if progress is not None:
+                progress(i + 1, len(lengths))
+    finally:
+        model.train(was_training)
+    return pd.DataFrame(rows, columns=["length", "metric", "value", "n"])

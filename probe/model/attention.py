@@ -1,0 +1,202 @@
+"""Multi-head attention: softmax(Q K^T * scale + bias) V per head, gated, concatenated, then W_O.
+
+Two paths compute the same thing: torch's fused `scaled_dot_product_attention` (the default) and an
+explicit one that materialises the weights (used when an observer asks for them). An observer sees
+an `AttentionCall` holding the per-head q, k, v and everything needed to rebuild the logits tile by
+tile, so statistics can be computed without keeping an n x n matrix.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from probe.config import PE, ModelConfig, Scale
+from probe.model.positional import ALiBi, Rotary, T5Bias
+
+
+@dataclass
+class AttentionCall:
+    """One attention sub-layer's inputs and outputs for one forward pass (valid during the call)."""
+
+    site: str  # e.g. "blocks.0.attn"
+    layer: int  # index of the site in ModelConfig.attention_sites()
+    heads: tuple[int, ...]  # original ids of the heads present
+    q: torch.Tensor  # [batch, head, q_len, d_head], after qk-norm and rotary, before scaling
+    k: torch.Tensor  # [batch, head, k_len, d_head]
+    v: torch.Tensor  # [batch, head, k_len, d_head]
+    scale: torch.Tensor  # [head] factor on q.k
+    length_factor: torch.Tensor | None  # [q_len] log-length factor on q.k, or None
+    bias: torch.Tensor | None  # [batch, head, q_len, k_len] additive score bias, or None
+    visible: torch.Tensor | None  # [batch|1, 1, q_len, k_len] bool, True where a key is seen
+    probs: torch.Tensor | None = None  # [batch, head, q_len, k_len], only when weights were asked
+    head_out: torch.Tensor | None = None  # [batch, head, q_len, d_head], after the gate
+
+    def logits(self, start: int = 0, stop: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(raw q.k, final logits) for keys [start, stop): [batch, head, q_len, tile] each.
+
+        Final logits are raw * scale * length_factor + bias, with -inf where a key is not visible.
+        """
+        k = self.k[:, :, start:stop]  # [batch, head, tile, d_head]
+        raw = self.q.float() @ k.float().transpose(-2, -1)  # [batch, head, q_len, tile]
+        logits = raw * self.scale.float().view(1, -1, 1, 1)
+        if self.length_factor is not None:
+            logits = logits * self.length_factor.float().view(1, 1, -1, 1)
+        if self.bias is not None:
+            logits = logits + self.bias[..., start:stop].float()
+        if self.visible is not None:
+            logits = logits.masked_fill(~self.visible[..., start:stop], float("-inf"))
+        return raw, logits
+
+
+class Observer(Protocol):
+    """What an attention module calls when observed (see `Transformer.observe`)."""
+
+    needs_weights: bool  # True: run the explicit path and fill AttentionCall.probs
+
+    def record(self, call: AttentionCall) -> None: ...
+
+
+class Attention(nn.Module):
+    def __init__(
+        self, cfg: ModelConfig, site: str, layer: int, heads: tuple[int, ...], cross: bool
+    ) -> None:
+        super().__init__()
+        self.site, self.layer, self.heads = site, layer, tuple(heads)
+        self.n_head, self.d_head = len(heads), cfg.d_head
+        self.causal = cfg.causal and not cross and not site.startswith("encoder.")
+        self.cross = cross
+        inner = self.n_head * self.d_head
+        with warnings.catch_warnings():  # a fully pruned site has zero-element weights
+            warnings.filterwarnings("ignore", "Initializing zero-element tensors")
+            self.q = nn.Linear(cfg.d_model, inner, bias=cfg.bias)
+            self.k = nn.Linear(cfg.d_model, inner, bias=cfg.bias)
+            self.v = nn.Linear(cfg.d_model, inner, bias=cfg.bias)
+            self.o = nn.Linear(inner, cfg.d_model, bias=cfg.bias)
+        # per-head gates xi: 1 keeps a head, 0 removes it exactly (Michel et al. 2019)
+        self.gate = nn.Parameter(torch.ones(self.n_head), requires_grad=False)
+        self.scale_kind = cfg.scale
+        if cfg.scale == Scale.LEARNED:
+            init = torch.full((self.n_head,), -0.5 * math.log(self.d_head))
+            self.log_scale = nn.Parameter(init)
+        self.q_norm = nn.LayerNorm(self.d_head, eps=cfg.ln_eps) if cfg.qk_norm else None
+        self.k_norm = nn.LayerNorm(self.d_head, eps=cfg.ln_eps) if cfg.qk_norm else None
+        self.rotary = Rotary(cfg) if cfg.pe == PE.ROPE and not cross else None
+        self.score_bias: ALiBi | T5Bias | None = None
+        if not cross and cfg.pe == PE.ALIBI:
+            self.score_bias = ALiBi(cfg, self.heads)
+        elif not cross and cfg.pe == PE.T5:
+            self.score_bias = T5Bias(cfg, self.heads)
+        self.log_scale_len = cfg.log_scale_len
+        self.dropout = cfg.dropout
+        self.observer: Observer | None = None  # set only inside Transformer.observe(...)
+
+    def head_scale(self) -> torch.Tensor:
+        """[head] factor applied to q.k."""
+        if self.scale_kind == Scale.LEARNED:
+            return self.log_scale.exp()
+        value = {Scale.SQRT: self.d_head**-0.5, Scale.INVERSE: 1.0 / self.d_head, Scale.NONE: 1.0}
+        return torch.full((self.n_head,), value[self.scale_kind], device=self.gate.device)
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_head, self.d_head).transpose(1, 2)  # [batch, head, seq, d_head]
+
+    def _visible(
+        self, q_len: int, k_len: int, key_mask: torch.Tensor | None, device: torch.device
+    ) -> torch.Tensor | None:
+        visible = None
+        if self.causal:
+            visible = torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)
+            visible = visible.view(1, 1, q_len, k_len)  # [1, 1, q, k]
+        if key_mask is not None:
+            keys = key_mask.view(key_mask.shape[0], 1, 1, k_len)  # [batch, 1, 1, k]
+            visible = keys if visible is None else visible & keys
+        return visible
+
+    def _length_factor(self, q_len: int, k_len: int, device: torch.device) -> torch.Tensor | None:
+        """log(n_visible) / log(L_train) per query row (Chiang & Cholak 2022)."""
+        if self.log_scale_len is None:
+            return None
+        if self.causal:
+            n = torch.arange(k_len - q_len + 1, k_len + 1, device=device, dtype=torch.float32)
+        else:
+            n = torch.full((q_len,), float(k_len), device=device)
+        return n.log() / math.log(self.log_scale_len)  # [q]
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor | None = None,
+        q_pos: torch.Tensor | None = None,
+        k_pos: torch.Tensor | None = None,
+        key_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x [batch, q_len, d_model]; context [batch, k_len, d_model] for cross-attention;
+        q_pos [batch, q_len], k_pos [batch, k_len] integer positions; key_mask [batch, k_len]
+        bool (False for padding). Returns [batch, q_len, d_model]."""
+        source = x if context is None else context
+        q = self._split(self.q(x))  # [batch, head, q_len, d_head]
+        k = self._split(self.k(source))  # [batch, head, k_len, d_head]
+        v = self._split(self.v(source))  # [batch, head, k_len, d_head]
+        b, _, q_len, _ = q.shape
+        k_len = k.shape[2]
+        if q_pos is None:
+            q_pos = torch.arange(q_len, device=x.device).expand(b, q_len)  # [batch, q_len]
+        if k_pos is None:
+            k_pos = q_pos if context is None else torch.arange(k_len, device=x.device).expand(b, -1)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rotary is not None:
+            q, k = self.rotary(q, q_pos), self.rotary(k, k_pos)
+        scale = self.head_scale()  # [head]
+        factor = self._length_factor(q_len, k_len, x.device)  # [q_len] or None
+        bias = self.score_bias.bias(q_pos, k_pos) if self.score_bias is not None else None
+        visible = self._visible(q_len, k_len, key_mask, x.device)  # [batch|1, 1, q, k] or None
+        observer = self.observer
+        call = None
+        if observer is not None:
+            call = AttentionCall(
+                self.site, self.layer, self.heads, q, k, v, scale, factor, bias, visible
+            )
+        if observer is not None and observer.needs_weights:
+            _, logits = call.logits()  # [batch, head, q_len, k_len]
+            probs = logits.softmax(dim=-1).to(v.dtype)  # [batch, head, q_len, k_len]
+            call.probs = probs
+            if self.training and self.dropout > 0:
+                probs = F.dropout(probs, self.dropout)
+            out = probs @ v  # [batch, head, q_len, d_head]
+        else:
+            out = self._fused(q, k, v, scale, factor, bias, visible, key_mask)
+        out = out * self.gate.to(out.dtype).view(1, -1, 1, 1)  # [batch, head, q_len, d_head]
+        if call is not None:
+            call.head_out = out
+            observer.record(call)
+        merged = out.transpose(1, 2).reshape(b, q_len, self.n_head * self.d_head)
+        return self.o(merged)  # [batch, q_len, d_model]
+
+    def _fused(self, q, k, v, scale, factor, bias, visible, key_mask) -> torch.Tensor:
+        """The same computation through torch's scaled_dot_product_attention."""
+        q_scaled = q * scale.to(q.dtype).view(1, -1, 1, 1)  # [batch, head, q_len, d_head]
+        if factor is not None:
+            q_scaled = q_scaled * factor.to(q.dtype).view(1, 1, -1, 1)
+        dropout = self.dropout if self.training else 0.0
+        q_len, k_len = q.shape[2], k.shape[2]
+        if bias is None and key_mask is None and (not self.causal or q_len == k_len):
+            return F.scaled_dot_product_attention(
+                q_scaled, k, v, dropout_p=dropout, is_causal=self.causal, scale=1.0
+            )
+        mask = visible
+        if bias is not None:
+            mask = bias.to(q.dtype)
+            if visible is not None:
+                mask = mask.masked_fill(~visible, float("-inf"))
+        return F.scaled_dot_product_attention(
+            q_scaled, k, v, attn_mask=mask, dropout_p=dropout, scale=1.0
+        )

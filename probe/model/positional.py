@@ -1,0 +1,153 @@
+"""Positional encodings, grouped by where they act.
+
+- on the input: `InputPositions` (sinusoidal, learned, none) adds a vector per position;
+- on q and k: `Rotary` rotates pairs of dimensions by a position-dependent angle;
+- on the scores: `ALiBi` and `T5Bias` share one interface,
+  `bias(q_pos, k_pos) -> [batch, head, q, k]`.
+
+Positions are integer tensors `[batch, seq]` (the plain `0..seq-1`, or a sorted random subset of a
+larger range when training with randomized positions), so every encoding works at any length.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from probe.config import PE, ModelConfig
+from probe.errors import ProbeError
+
+
+def sinusoidal_table(positions: torch.Tensor, d_model: int) -> torch.Tensor:
+    """The paper's encoding: PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(...)."""
+    i = torch.arange(0, d_model, 2, device=positions.device, dtype=torch.float32)  # [d/2]
+    inv_freq = torch.exp(-math.log(10000.0) * i / d_model)  # [d/2]
+    angles = positions.float().unsqueeze(-1) * inv_freq  # [..., seq, d/2]
+    table = torch.zeros(*positions.shape, d_model, device=positions.device)  # [..., seq, d]
+    table[..., 0::2] = torch.sin(angles)
+    table[..., 1::2] = torch.cos(angles[..., : d_model // 2])
+    return table
+
+
+class InputPositions(nn.Module):
+    """Adds a positional vector to each token embedding (sinusoidal or learned), or nothing."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.kind = cfg.pe
+        self.d_model = cfg.d_model
+        self.max_len = cfg.max_len
+        if self.kind == PE.LEARNED:
+            self.table = nn.Embedding(cfg.max_len, cfg.d_model)
+
+    @property
+    def active(self) -> bool:
+        return self.kind in (PE.SINUSOIDAL, PE.LEARNED)
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        """positions [batch, seq] -> [batch, seq, d_model]."""
+        if self.kind == PE.SINUSOIDAL:
+            return sinusoidal_table(positions, self.d_model)
+        if self.kind == PE.LEARNED:
+            top = int(positions.max())
+            if top >= self.max_len:
+                raise ProbeError(
+                    f"position {top} is beyond the learned table ({self.max_len} positions); "
+                    f"a learned encoding cannot go past max_len={self.max_len}."
+                )
+            return self.table(positions)
+        raise RuntimeError(f"{self.kind} adds nothing on the input")
+
+
+class Rotary(nn.Module):
+    """Rotary embedding on the first `rotary_dims` dimensions of each head (GPT-NeoX layout)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.dims = cfg.rotary_dims
+        half = self.dims // 2
+        inv_freq = cfg.rope_base ** (-torch.arange(half, dtype=torch.float32) / half)  # [dims/2]
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x [batch, head, seq, d_head], positions [batch, seq] -> rotated x, same shape."""
+        angles = positions.float().unsqueeze(-1) * self.inv_freq  # [batch, seq, dims/2]
+        cos = angles.cos().unsqueeze(1).to(x.dtype)  # [batch, 1, seq, dims/2]
+        sin = angles.sin().unsqueeze(1).to(x.dtype)  # [batch, 1, seq, dims/2]
+        half = self.dims // 2
+        x1, x2, rest = x[..., :half], x[..., half : self.dims], x[..., self.dims :]
+        rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+        return torch.cat([rotated, rest], dim=-1)
+
+
+def alibi_slopes(n_head: int) -> torch.Tensor:
+    """Press et al.'s slopes: the geometric sequence 2^(-8/n), 2^(-16/n), ...; for a head count
+    that is not a power of two, those of the nearest lower power of two followed by every other
+    slope of the next power of two."""
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if n_head & (n_head - 1) == 0:
+        return torch.tensor(power_of_two(n_head))
+    lower = 2 ** math.floor(math.log2(n_head))
+    extra = power_of_two(2 * lower)[0::2][: n_head - lower]
+    return torch.tensor(power_of_two(lower) + extra)
+
+
+def relative_distance(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """q_pos [batch, q], k_pos [batch, k] -> k - q as [batch, q, k]."""
+    return k_pos.unsqueeze(1) - q_pos.unsqueeze(2)  # [batch, q, k]
+
+
+class ALiBi(nn.Module):
+    """bias = -slope_h * |i - j|; slopes follow the heads' original ids, so pruning keeps them."""
+
+    def __init__(self, cfg: ModelConfig, heads: tuple[int, ...]) -> None:
+        super().__init__()
+        all_slopes = alibi_slopes(cfg.n_head)
+        self.register_buffer("slopes", all_slopes[list(heads)].clone())  # [head]
+
+    def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        dist = relative_distance(q_pos, k_pos).abs().float()  # [batch, q, k]
+        return -self.slopes.view(1, -1, 1, 1) * dist.unsqueeze(1)  # [batch, head, q, k]
+
+
+def t5_bucket(
+    relative: torch.Tensor, bidirectional: bool, n_buckets: int, max_distance: int
+) -> torch.Tensor:
+    """T5's bucketing of k - q: exact buckets for small distances, log-spaced ones up to
+    max_distance, one last bucket beyond; bidirectional models split the buckets by sign."""
+    n = -relative  # positive when the key is before the query
+    bucket = torch.zeros_like(n)
+    if bidirectional:
+        n_buckets //= 2
+        bucket = bucket + (n < 0).long() * n_buckets
+        n = n.abs()
+    else:
+        n = n.clamp(min=0)
+    exact = max(n_buckets // 2, 1)
+    log_ratio = torch.log(n.float().clamp(min=1) / exact) / math.log(max(max_distance / exact, 2))
+    large = exact + (log_ratio * (n_buckets - exact)).long()
+    large = large.clamp(max=n_buckets - 1)
+    return bucket + torch.where(n < exact, n, large)
+
+
+class T5Bias(nn.Module):
+    """A learned scalar per (bucket of relative position, head), added to the scores."""
+
+    def __init__(self, cfg: ModelConfig, heads: tuple[int, ...]) -> None:
+        super().__init__()
+        self.bidirectional = not cfg.causal
+        self.n_buckets = cfg.t5_buckets
+        self.max_distance = cfg.t5_max_distance
+        self.table = nn.Embedding(cfg.t5_buckets, len(heads))  # [bucket, head]
+
+    def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        buckets = t5_bucket(
+            relative_distance(q_pos, k_pos), self.bidirectional, self.n_buckets, self.max_distance
+        )  # [batch, q, k]
+        return self.table(buckets).permute(0, 3, 1, 2)  # [batch, head, q, k]

@@ -1,0 +1,226 @@
+"""The Transformer: decoder (GPT), encoder (BERT) or encoder-decoder (the paper), one config."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from probe.config import FFN, Arch, ModelConfig, Norm
+from probe.model.attention import Attention, Observer
+from probe.model.positional import InputPositions
+
+
+class FeedForward(nn.Module):
+    """Position-wise FFN: W2 act(W1 x)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.up = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
+        self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+        self.kind = cfg.ffn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.up(x)  # [batch, seq, d_ff]
+        if self.kind == FFN.RELU:
+            h = F.relu(h)
+        else:
+            h = F.gelu(h, approximate="tanh" if self.kind == FFN.GELU_TANH else "none")
+        return self.down(h)  # [batch, seq, d_model]
+
+
+class Block(nn.Module):
+    """Self-attention, optional cross-attention, optional FFN; each a residual sub-layer with
+    post-LN (x = LN(x + f(x))) or pre-LN (x = x + f(LN(x)))."""
+
+    def __init__(self, cfg: ModelConfig, sites: list[tuple[str, int, tuple[int, ...]]]) -> None:
+        super().__init__()
+        self.pre = cfg.norm == Norm.PRE
+        site, layer, heads = sites[0]
+        self.attn = Attention(cfg, site, layer, heads, cross=False)
+        self.ln_attn = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
+        self.cross = None
+        if len(sites) > 1:
+            site, layer, heads = sites[1]
+            self.cross = Attention(cfg, site, layer, heads, cross=True)
+            self.ln_cross = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
+        self.ffn = FeedForward(cfg) if cfg.ffn != FFN.NONE else None
+        if self.ffn is not None:
+            self.ln_ffn = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def _residual(self, x: torch.Tensor, ln: nn.LayerNorm, f) -> torch.Tensor:
+        if self.pre:
+            return x + self.drop(f(ln(x)))
+        return ln(x + self.drop(f(x)))
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        key_mask: torch.Tensor | None = None,
+        memory: torch.Tensor | None = None,
+        memory_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x [batch, seq, d_model] -> [batch, seq, d_model]; memory is the encoder output."""
+        x = self._residual(x, self.ln_attn, lambda h: self.attn(h, None, positions, None, key_mask))
+        if self.cross is not None:
+            x = self._residual(
+                x, self.ln_cross, lambda h: self.cross(h, memory, positions, None, memory_mask)
+            )
+        if self.ffn is not None:
+            x = self._residual(x, self.ln_ffn, self.ffn)
+        return x
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.positions = InputPositions(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+        names, kept = cfg.attention_sites(), cfg.kept_heads()
+        sites = [(n, i, h) for i, (n, h) in enumerate(zip(names, kept, strict=True))]
+        if cfg.arch == Arch.ENCODER_DECODER:
+            n_enc = cfg.n_layer
+            self.encoder = nn.ModuleList(Block(cfg, [s]) for s in sites[:n_enc])
+            dec = sites[n_enc:]
+            self.blocks = nn.ModuleList(
+                Block(cfg, dec[2 * i : 2 * i + 2]) for i in range(len(dec) // 2)
+            )
+            self.ln_enc = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps) if self.pre else None
+        else:
+            self.encoder = None
+            self.blocks = nn.ModuleList(Block(cfg, [s]) for s in sites)
+        self.ln_final = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps) if self.pre else None
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.apply(self._init)
+        if cfg.tie_embeddings:
+            self.head.weight = self.embed.weight
+
+    @property
+    def pre(self) -> bool:
+        return self.cfg.norm == Norm.PRE
+
+    @staticmethod
+    def _init(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=0.02)
+
+    # ---------------------------------------------------------------- forward
+    def _embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)  # [batch, seq, d_model]
+        if self.cfg.embed_scale:
+            x = x * self.cfg.d_model**0.5
+        if self.positions.active:
+            x = x + self.positions(positions).to(x.dtype)
+        return self.drop(x)
+
+    @staticmethod
+    def _default_positions(tokens: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+        if positions is not None:
+            return positions
+        b, t = tokens.shape
+        return torch.arange(t, device=tokens.device).expand(b, t)  # [batch, seq]
+
+    def encode(
+        self,
+        source: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        key_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Encoder of an encoder-decoder: source [batch, src] -> memory [batch, src, d_model]."""
+        positions = self._default_positions(source, positions)
+        x = self._embed(source, positions)
+        for block in self.encoder:
+            x = block(x, positions, key_mask)
+        return self.ln_enc(x) if self.ln_enc is not None else x
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        source: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        source_positions: torch.Tensor | None = None,
+        key_mask: torch.Tensor | None = None,
+        source_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """tokens [batch, seq] -> logits [batch, seq, vocab].
+
+        source [batch, src] is required for an encoder-decoder; positions default to 0..seq-1;
+        key_mask / source_mask [batch, seq] are False at padding."""
+        memory = None
+        if self.encoder is not None:
+            if source is None:
+                raise ValueError("an encoder-decoder needs `source` tokens")
+            memory = self.encode(source, source_positions, source_mask)
+        positions = self._default_positions(tokens, positions)
+        x = self._embed(tokens, positions)  # [batch, seq, d_model]
+        for block in self.blocks:
+            x = block(x, positions, key_mask, memory, source_mask)
+        if self.ln_final is not None:
+            x = self.ln_final(x)
+        return self.head(x)  # [batch, seq, vocab]
+
+    # ------------------------------------------------------------ attention access
+    def attention_modules(self) -> list[Attention]:
+        """Attention sub-layers in site order (index = `layer` in every table)."""
+        mods = [m for m in self.modules() if isinstance(m, Attention)]
+        return sorted(mods, key=lambda m: m.layer)
+
+    @contextmanager
+    def observe(self, observer: Observer) -> Iterator[Observer]:
+        """Attach `observer` to every attention sub-layer for the duration of the block."""
+        mods = self.attention_modules()
+        for m in mods:
+            if m.observer is not None:
+                raise RuntimeError("model is already being observed; nest observers in one")
+        try:
+            for m in mods:
+                m.observer = observer
+            yield observer
+        finally:
+            for m in mods:
+                m.observer = None
+
+    def gates(self) -> list[torch.Tensor]:
+        """The per-head gate of each attention site, in site order ([head] each)."""
+        return [m.gate for m in self.attention_modules()]
+
+    @torch.no_grad()
+    def set_gates(self, values: list[torch.Tensor] | None) -> None:
+        """Set every gate (None: all ones)."""
+        for i, m in enumerate(self.attention_modules()):
+            m.gate.fill_(1.0) if values is None else m.gate.copy_(values[i])
+
+    def parameter_counts(self) -> dict[str, int]:
+        """Parameters per component (tied weights counted once)."""
+        counts: dict[str, int] = {}
+        seen: set[int] = set()
+        for name, p in self.named_parameters():
+            if id(p) in seen or name.endswith(".gate"):
+                continue
+            seen.add(id(p))
+            parts = name.split(".")
+            if parts[0] in ("blocks", "encoder"):
+                sub = parts[2]
+                key = {"attn": "attention", "cross": "cross-attention", "ffn": "ffn"}.get(
+                    sub, "layernorm"
+                )
+            elif parts[0] in ("embed", "head"):
+                key = "embedding"
+            elif parts[0] == "positions":
+                key = "positional"
+            else:
+                key = "layernorm"
+            counts[key] = counts.get(key, 0) + p.numel()
+        counts["total"] = sum(counts.values())
+        return counts

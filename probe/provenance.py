@@ -1,0 +1,61 @@
+"""What a result depends on: package versions, git commit, device, date."""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+PACKAGES = ("probe", "torch", "numpy", "pandas", "scipy", "safetensors")
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def git_commit(start: Path | None = None) -> str | None:
+    """The commit of the git checkout holding probe (None outside one); '+dirty' if modified."""
+    where = start or Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=5
+        )
+        if commit.returncode != 0:
+            return None
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=where,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+        return commit.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def device_name(device) -> str:
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def context(device="cpu") -> dict:
+    """Everything recorded next to a result."""
+    return {
+        "versions": versions(),
+        "git_commit": git_commit(),
+        "device": device_name(device),
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }

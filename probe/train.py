@@ -1,0 +1,230 @@
+"""The training loop: AdamW, warm-up then cosine decay, clipping, seeded data, safe checkpoints.
+
+Library code never prints: progress goes to the `progress` callback (the CLI renders it with rich),
+metrics go to `metrics.csv` in the output directory as training runs.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from probe import provenance
+from probe.checkpoint import METRICS, save_checkpoint
+from probe.config import ModelConfig, TrainConfig
+from probe.errors import ProbeError
+from probe.evaluate import batch_loss, check_lengths, evaluate, form_for, forward_batch
+from probe.model import Transformer
+from probe.tasks import Batch, TaskConfig, make_batch, sample_length, score
+
+METRIC_COLUMNS = ["step", "split", "length", "layer", "head", "metric", "value", "n"]
+
+
+class TrainingDiverged(ProbeError):
+    """The loss became NaN or infinite."""
+
+
+@dataclass(frozen=True)
+class TrainProgress:
+    step: int
+    steps: int
+    loss: float
+    accuracy: float  # exact match on the last training batch
+    lr: float
+    eval_exact: float | None = None  # mean exact match at the training lengths, when evaluated
+
+
+@dataclass
+class TrainResult:
+    model: Transformer
+    metrics: pd.DataFrame
+    path: Path | None
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ProbeError(f"Unknown device '{name}'; use auto, cpu, cuda or cuda:N.") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ProbeError(
+            f"Device '{name}' asked for, but torch sees no CUDA GPU; use --device cpu."
+        )
+    return device
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up to cfg.lr, then cosine decay to cfg.lr * cfg.lr_min_ratio."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    span = max(1, cfg.steps - cfg.warmup)
+    progress = min(1.0, (step - cfg.warmup) / span)
+    floor = cfg.lr * cfg.lr_min_ratio
+    return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def random_positions(
+    batch: int, seq: int, max_len: int, generator: torch.Generator
+) -> torch.Tensor:
+    """Ruoss et al. 2023: per example, a sorted random subset of `seq` positions from
+    [0, max_len)."""
+    if seq > max_len:
+        raise ProbeError(
+            f"randomized positions need max_len >= sequence length ({seq}); raise --max-len."
+        )
+    noise = torch.rand(batch, max_len, generator=generator)  # [batch, max_len]
+    return noise.argsort(dim=1)[:, :seq].sort(dim=1).values  # [batch, seq]
+
+
+def _optimizer(model: Transformer, cfg: TrainConfig) -> torch.optim.AdamW:
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (decay if p.dim() >= 2 and "table" not in name else no_decay).append(p)
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.98))
+
+
+class MetricsLog:
+    """Tidy metrics appended to a CSV as training goes (and kept in memory)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.rows: list[dict] = []
+        self.path = path
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("w", newline="") as f:
+                csv.writer(f).writerow(METRIC_COLUMNS)
+
+    def add(self, rows: list[dict]) -> None:
+        rows = [{c: r.get(c) for c in METRIC_COLUMNS} for r in rows]
+        self.rows.extend(rows)
+        if self.path is not None:
+            with self.path.open("a", newline="") as f:
+                csv.DictWriter(f, METRIC_COLUMNS).writerows(rows)
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows, columns=METRIC_COLUMNS)
+
+
+def _positions_for(model: Transformer, batch: Batch, cfg: TrainConfig, gen: torch.Generator):
+    if not cfg.random_positions:
+        return None
+    b, t = batch.inputs.shape
+    return random_positions(b, t, model.cfg.max_len, gen).to(batch.inputs.device)
+
+
+def train(
+    model_cfg: ModelConfig,
+    task: TaskConfig,
+    train_cfg: TrainConfig,
+    out: str | Path | None = None,
+    progress: Callable[[TrainProgress], None] | None = None,
+    model: Transformer | None = None,
+) -> TrainResult:
+    """Train a model on `task`; with `out`, write a checkpoint there (at each evaluation and at
+    the end, only while the loss is finite) and metrics.csv as training goes."""
+    if model_cfg.vocab_size < task.vocab_size:
+        raise ProbeError(
+            f"the model's vocabulary ({model_cfg.vocab_size}) is smaller than task "
+            f"'{task.name}' needs ({task.vocab_size})."
+        )
+    device = resolve_device(train_cfg.device)
+    lo, hi = train_cfg.train_len
+    torch.manual_seed(train_cfg.seed)
+    if model is None:
+        model = Transformer(model_cfg)
+    model.to(device).train()
+    check_lengths(model, task, [hi])
+    out = Path(out) if out is not None else None
+    log = MetricsLog(out / METRICS if out is not None else None)
+    meta = {"seed": train_cfg.seed, **provenance.context(device)}
+    data_gen = torch.Generator().manual_seed(train_cfg.seed)
+    pos_gen = torch.Generator().manual_seed(train_cfg.seed + 1)
+    form = form_for(model_cfg.arch)
+    optimizer = _optimizer(model, train_cfg)
+    autocast = device.type == "cuda"
+    log_every = max(1, train_cfg.steps // 100)
+    start = time.perf_counter()
+    eval_exact = None
+
+    def evaluate_and_save(step: int) -> float:
+        table = evaluate(
+            model, task, range(lo, hi + 1), batch_size=train_cfg.batch_size,
+            n_batches=train_cfg.eval_batches, seed=10_000 + step, device=device,
+        )  # fmt: skip
+        log.add([{"step": step, "split": "eval", **r} for r in table.to_dict("records")])
+        if out is not None:
+            meta["steps_done"] = step
+            meta["train_seconds"] = round(time.perf_counter() - start, 2)
+            save_checkpoint(out, model, task, train_cfg, meta)
+        exact = table[table.metric == "exact_match"]
+        return float((exact.value * exact.n).sum() / exact.n.sum())
+
+    for step in range(1, train_cfg.steps + 1):
+        lr = lr_at(step - 1, train_cfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        n = sample_length(lo, hi, data_gen)
+        batch = make_batch(task, form, n, train_cfg.batch_size, data_gen).to(device)
+        positions = _positions_for(model, batch, train_cfg, pos_gen)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+            logits = forward_batch(model, batch, positions)  # [batch, seq, vocab]
+        loss = batch_loss(model, batch, logits=logits)
+        if not torch.isfinite(loss):
+            where = f"; the last good checkpoint in {out} is kept" if out is not None else ""
+            raise TrainingDiverged(
+                f"the loss became {loss.item()} at step {step}{where}. Lower --lr, raise "
+                "--warmup, or try --qk-norm."
+            )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), train_cfg.grad_clip)
+        optimizer.step()
+
+        last = step == train_cfg.steps
+        if step % log_every == 0 or last or step == 1:
+            exact, _ = score(logits.detach(), batch)
+            accuracy = exact.float().mean().item()
+            log.add([
+                {"step": step, "split": "train", "length": n, "metric": m, "value": v}
+                for m, v in (("loss", loss.item()), ("exact_match", accuracy), ("lr", lr),
+                             ("grad_norm", float(grad_norm)))
+            ])  # fmt: skip
+        if train_cfg.stats_every and (step % train_cfg.stats_every == 0 or last):
+            log.add(_attention_rows(model, batch, step))
+        if (train_cfg.eval_every and step % train_cfg.eval_every == 0) or last:
+            eval_exact = evaluate_and_save(step)
+            model.train()
+        if progress is not None and (step % log_every == 0 or last):
+            progress(TrainProgress(step, train_cfg.steps, loss.item(), accuracy, lr, eval_exact))
+    model.eval()
+    return TrainResult(model, log.frame(), out)
+
+
+def _attention_rows(model: Transformer, batch: Batch, step: int) -> list[dict]:
+    """Per-head attention statistics on one batch, for monitoring entropy collapse and max-logit
+    growth during training (probe.observe)."""
+    from probe.observe import attention_stats
+
+    was_training = model.training
+    table = attention_stats(model, [batch])
+    model.train(was_training)
+    return [
+        {"step": step, "split": "attention", "length": r.get("length"), "layer": r["layer"],
+         "head": r["head"], "metric": r["statistic"], "value": r["value"]}
+        for r in table.to_dict("records")
+    ]  # fmt: skip
