@@ -67,7 +67,7 @@ def train_cli(
     ] = 256,
     dropout: float = 0.0,
     batch_size: Annotated[int, typer.Option(help="Examples per step.")] = 32,
-    lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 3e-3,
+    lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 1e-3,
     warmup: Annotated[int, typer.Option(help="Warm-up steps.")] = 40,
     n_symbols: Annotated[int, typer.Option(help="Task alphabet size.")] = 16,
     eval_every: Annotated[int, typer.Option(help="Evaluate and checkpoint every N steps.")] = 100,
@@ -75,6 +75,9 @@ def train_cli(
         int, typer.Option(help="Log per-head attention stats every N steps (0: off).")
     ] = 0,
     device: DeviceOpt = "auto",
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace a checkpoint already in --out.")
+    ] = False,
 ) -> None:
     """Train a model on a synthetic task and write a checkpoint directory."""
     task_cfg = TaskConfig(name=task, n_symbols=n_symbols)
@@ -108,7 +111,7 @@ def train_cli(
                 stats += f"  eval exact {p.eval_exact:.3f}"
             bar.update(job, completed=p.step, stats=stats)
 
-        result = train(model_cfg, task_cfg, train_cfg, out, progress=show)
+        result = train(model_cfg, task_cfg, train_cfg, out, progress=show, overwrite=overwrite)
     final = result.metrics.query("split == 'eval' and metric == 'exact_match'")
     last = final[final.step == final.step.max()]
     exact = (last.value * last.n).sum() / last.n.sum()

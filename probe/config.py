@@ -231,7 +231,7 @@ class ModelConfig:
 class TrainConfig:
     steps: int = 400
     batch_size: int = 32
-    lr: float = 3e-3
+    lr: float = 1e-3
     weight_decay: float = 0.01
     warmup: int = 40  # linear warm-up steps, then cosine decay to lr_min_ratio * lr
     lr_min_ratio: float = 0.1

@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 
 from probe import provenance
-from probe.checkpoint import METRICS, save_checkpoint
+from probe.checkpoint import CONFIG, METRICS, WEIGHTS, save_checkpoint
 from probe.config import ModelConfig, TrainConfig
 from probe.errors import ProbeError
 from probe.evaluate import batch_loss, check_lengths, evaluate, form_for, forward_batch
@@ -134,6 +134,7 @@ def train(
     out: str | Path | None = None,
     progress: Callable[[TrainProgress], None] | None = None,
     model: Transformer | None = None,
+    overwrite: bool = False,
 ) -> TrainResult:
     """Train a model on `task`; with `out`, write a checkpoint there (at each evaluation and at
     the end, only while the loss is finite) and metrics.csv as training goes."""
@@ -150,6 +151,10 @@ def train(
     model.to(device).train()
     check_lengths(model, task, [hi])
     out = Path(out) if out is not None else None
+    if out is not None and not overwrite and any((out / f).exists() for f in (WEIGHTS, CONFIG)):
+        raise ProbeError(
+            f"'{out}' already holds a checkpoint; choose another --out or pass --overwrite."
+        )
     log = MetricsLog(out / METRICS if out is not None else None)
     meta = {"seed": train_cfg.seed, **provenance.context(device)}
     data_gen = torch.Generator().manual_seed(train_cfg.seed)

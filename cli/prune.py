@@ -1,0 +1,333 @@
+"""`probe importance` and `probe prune`: which heads matter, and removing the rest for real."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import pandas as pd
+import typer
+from probe_cli.common import CheckpointArg, DeviceOpt, OutOpt, SeedOpt, console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from probe.analysis.importance import compare_estimators, disjoint_splits, parse_methods
+from probe.analysis.pruning_runs import prune_and_compare, pruning_curve
+from probe.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from probe.errors import ProbeError
+from probe.evaluate import check_lengths, form_for
+from probe.provenance import context
+from probe.report.files import atomic_save_figure, atomic_write_csv, atomic_write_json
+from probe.report.pruning_plots import (
+    correlation_heatmap,
+    importance_heatmap,
+    pruning_curve_plot,
+)
+from probe.tasks import parse_lengths
+from probe.train import resolve_device
+
+LengthsOpt = Annotated[
+    str | None,
+    typer.Option("--lengths", help="Task lengths, 'lo:hi' or '8,16' (default: the training ones)."),
+]
+BatchOpt = Annotated[int, typer.Option("--batch-size", help="Examples per batch.")]
+BatchesOpt = Annotated[int, typer.Option("--batches", help="Batches per length in each split.")]
+NormalizeOpt = Annotated[
+    bool, typer.Option("--normalize", help="L2-normalize importance within each layer.")
+]
+PickleOpt = Annotated[
+    bool, typer.Option("--allow-pickle", help="Allow loading pickle weights (runs code: trust it).")
+]
+
+
+# ------------------------------------------------------------------------------ helpers
+def _load(checkpoint: Path, device: str, allow_pickle: bool) -> Checkpoint:
+    return load_checkpoint(checkpoint, resolve_device(device), allow_pickle)
+
+
+def _lengths(ckpt: Checkpoint, spec: str | None) -> list[int]:
+    lo, hi = ckpt.train_cfg.train_len
+    lengths = parse_lengths(spec) if spec else list(range(lo, hi + 1))
+    check_lengths(ckpt.model, ckpt.task, lengths)
+    return lengths
+
+
+def _splits(ckpt: Checkpoint, lengths, batch_size: int, batches: int, seed: int, n: int = 1):
+    form = form_for(ckpt.model_cfg.arch)
+    return disjoint_splits(
+        ckpt.task, form, lengths, batch_size=batch_size, n_batches=batches, seed=seed,
+        n_importance=n,
+    )  # fmt: skip
+
+
+def _bar() -> Progress:
+    columns = (
+        TextColumn("[progress.description]{task.description}"), BarColumn(),
+        TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+    )  # fmt: skip
+    return Progress(*columns, console=console, transient=True)
+
+
+def _phased(bar: Progress) -> Callable[[str, int, int], None]:
+    """A (phase, done, total) callback with one bar per phase."""
+    jobs: dict[str, int] = {}
+
+    def update(phase: str, done: int, total: int) -> None:
+        if phase not in jobs:
+            jobs[phase] = bar.add_task(phase, total=total)
+        bar.update(jobs[phase], completed=done, total=total)
+
+    return update
+
+
+def _manifest(out: Path, ckpt: Checkpoint, device: str, **settings) -> None:
+    atomic_write_json(
+        out / "manifest.json",
+        {"command": settings.pop("command"), "checkpoint": str(ckpt.path), "settings": settings,
+         "model": ckpt.model_cfg.to_dict(), "task": ckpt.task.to_dict(), **context(device)},
+    )  # fmt: skip
+
+
+def _importance_view(table: pd.DataFrame, method: str, sites: list[str], n_head: int) -> Table:
+    view = Table(title=f"{method} importance (blank: pruned)")
+    view.add_column("site")
+    for h in range(n_head):
+        view.add_column(f"head {h}", justify="right")
+    part = table[table["method"] == method].set_index(["layer", "head"])["value"]
+    for layer, site in enumerate(sites):
+        cells = [
+            f"{part[(layer, h)]:.4g}" if (layer, h) in part.index else "" for h in range(n_head)
+        ]
+        view.add_row(site, *cells)
+    return view
+
+
+# ------------------------------------------------------------------------------ importance
+def importance_cli(
+    checkpoint: CheckpointArg,
+    out: OutOpt,
+    method: Annotated[
+        str,
+        typer.Option(
+            help="gradient, ablation, mean-ablation, confidence, entropy, random; "
+            "several with commas, or 'all'."
+        ),
+    ] = "gradient",
+    lengths: LengthsOpt = None,
+    batch_size: BatchOpt = 64,
+    batches: BatchesOpt = 1,
+    normalize: NormalizeOpt = False,
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "cpu",
+    allow_pickle: PickleOpt = False,
+) -> None:
+    """Score every attention head; writes importance.csv, importance.png (+ correlations)."""
+    methods = parse_methods(method)
+    ckpt = _load(checkpoint, device, allow_pickle)
+    chosen = _lengths(ckpt, lengths)
+    (split,), _ = _splits(ckpt, chosen, batch_size, batches, seed)
+    with _bar() as bar:
+        table, corr = compare_estimators(
+            ckpt.model, split, methods, normalize=normalize, seed=seed, progress=_phased(bar)
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    sites, n_head = ckpt.model_cfg.attention_sites(), ckpt.model_cfg.n_head
+    atomic_write_csv(out / "importance.csv", table)
+    atomic_save_figure(out / "importance.png", importance_heatmap(table, sites, n_head))
+    if len(methods) > 1:
+        atomic_write_csv(out / "correlations.csv", corr)
+        atomic_save_figure(out / "correlations.png", correlation_heatmap(corr))
+    _manifest(
+        out, ckpt, device, command="importance", methods=methods, lengths=chosen,
+        batch_size=batch_size, batches=batches, normalize=normalize, seed=seed,
+    )  # fmt: skip
+    for m in methods:
+        console.print(_importance_view(table, m, sites, n_head))
+    if len(methods) > 1:
+        wide = corr.pivot(index="method", columns="other", values="rho").loc[methods, methods]
+        view = Table(title="Spearman rho between estimators (entropy negated)")
+        view.add_column("")
+        for m in methods:
+            view.add_column(m, justify="right")
+        for m, row in wide.iterrows():
+            view.add_row(m, *(f"{v:.2f}" for v in row))
+        console.print(view)
+    console.print(f"wrote {out / 'importance.csv'} and {out / 'importance.png'}")
+
+
+# ---------------------------------------------------------------------------------- prune
+def _fractions(spec: str | None) -> list[float] | None:
+    if not spec:
+        return None
+    try:
+        values = [float(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise ProbeError(f"--fractions must be numbers like '0,0.25,0.5', got '{spec}'.") from None
+    if not values or any(not 0.0 <= v <= 1.0 for v in values):
+        raise ProbeError(f"--fractions must be numbers between 0 and 1, got '{spec}'.")
+    return values
+
+
+def _sweep(ckpt, out, methods, seeds, fractions, lengths, batch_size, batches, seed, select):
+    names = parse_methods(methods)
+    if "random" not in names:
+        names.append("random")
+        console.print("adding the random baseline to the sweep")
+    if seeds < 1:
+        raise ProbeError(f"--seeds must be at least 1, got {seeds}.")
+    splits, scoring = _splits(ckpt, lengths, batch_size, batches, seed, n=seeds)
+    with _bar() as bar:
+        job = bar.add_task("sweep", total=None)
+        curve = pruning_curve(
+            ckpt.model, splits, scoring, names, _fractions(fractions),
+            progress=lambda d, t: bar.update(job, completed=d, total=t), **select,
+        )  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_csv(out / "pruning.csv", curve)
+    title = f"{ckpt.task.name}, {ckpt.model_cfg.arch}: heads pruned by importance"
+    atomic_save_figure(out / "pruning.png", pruning_curve_plot(curve, "exact_match", title))
+    atomic_save_figure(out / "pruning_loss.png", pruning_curve_plot(curve, "loss", title))
+    mean = curve[curve.metric == "exact_match"].groupby(["fraction", "method"])["value"].mean()
+    wide = mean.unstack("method")
+    view = Table(title=f"exact match (mean over {seeds} seeds) vs fraction of heads pruned")
+    view.add_column("fraction", justify="right")
+    for m in wide.columns:
+        view.add_column(m, justify="right")
+    for f, row in wide.iterrows():
+        view.add_row(f"{f:.2f}", *(f"{v:.3f}" for v in row))
+    console.print(view)
+    console.print(f"wrote {out / 'pruning.csv'} and {out / 'pruning.png'}")
+    return names
+
+
+def _report(result, fraction: float) -> None:
+    wide = result.metrics.pivot(index="metric", columns="variant", values="value")
+    view = Table(title=f"before / after pruning {len(result.removed)} heads ({fraction:.0%})")
+    view.add_column("metric")
+    variants = ("original", "masked", "pruned")
+    for v in variants:
+        view.add_column(v, justify="right")
+    for metric in ("exact_match", "token_accuracy", "loss"):
+        view.add_row(metric, *(f"{wide.loc[metric, v]:.4f}" for v in variants))
+    console.print(view)
+    params = result.parameters.pivot(index="part", columns="variant", values="count")
+    view = Table(title="parameters")
+    for col in ("part", "original", "pruned", "pruned / original"):
+        view.add_column(col, justify="right" if col != "part" else "left")
+    for part, row in params.iterrows():
+        ratio = row.pruned / row.original if row.original else float("nan")
+        view.add_row(part, f"{row.original:,.0f}", f"{row.pruned:,.0f}", f"{ratio:.2f}")
+    console.print(view)
+    if not result.timing.empty:
+        t = result.timing.pivot_table(
+            index=["batch_size", "part"], columns="variant", values=["seconds", "min_seconds"]
+        )
+        view = Table(
+            title="forward time, median ms (speed-up = original / pruned; the min is the "
+            "steadier figure on a busy machine)"
+        )
+        for col in ("batch", "part", "original", "masked", "pruned", "speed-up", "by min"):
+            view.add_column(col, justify="right")
+        for (size, part), row in t.iterrows():
+            med, low = row["seconds"], row["min_seconds"]
+            view.add_row(
+                str(size), part, *(f"{med[v] * 1e3:.2f}" for v in variants),
+                f"{med.original / med.pruned:.2f}x", f"{low.original / low.pruned:.2f}x",
+            )  # fmt: skip
+        console.print(view)
+    console.print(f"max |pruned - masked| logit: {result.max_logit_gap:.2e}")
+
+
+def prune_cli(
+    checkpoint: CheckpointArg,
+    out: OutOpt,
+    fraction: Annotated[float, typer.Option(help="Share of the heads to remove, 0-1.")] = 0.5,
+    method: Annotated[
+        str, typer.Option(help="Importance estimator that ranks the heads.")
+    ] = "gradient",
+    iterative: Annotated[
+        bool, typer.Option("--iterative", help="Re-estimate importance after each step.")
+    ] = False,
+    step: Annotated[
+        float, typer.Option(help="Share of the heads removed per iterative step.")
+    ] = 0.1,
+    scope: Annotated[
+        str, typer.Option(help="global (rank all heads) or layer (same share per layer).")
+    ] = "global",
+    min_heads_per_layer: Annotated[
+        int, typer.Option(help="Heads every layer keeps (0: a layer may go empty).")
+    ] = 0,
+    normalize: NormalizeOpt = False,
+    sweep: Annotated[
+        bool, typer.Option("--sweep", help="Write the pruning curve instead of a checkpoint.")
+    ] = False,
+    methods: Annotated[
+        str, typer.Option(help="Sweep: estimators, comma-separated.")
+    ] = "gradient,ablation,random",
+    seeds: Annotated[int, typer.Option(help="Sweep: importance splits / random seeds.")] = 3,
+    fractions: Annotated[
+        str | None,
+        typer.Option(help="Sweep: fractions like '0,0.25,0.5' (default: every head count)."),
+    ] = None,
+    lengths: LengthsOpt = None,
+    batch_size: BatchOpt = 64,
+    batches: BatchesOpt = 1,
+    timing: Annotated[
+        bool, typer.Option("--timing/--no-timing", help="Time original, masked and pruned.")
+    ] = True,
+    repeats: Annotated[int, typer.Option(help="Timed repeats per batch size (median).")] = 10,
+    timing_threads: Annotated[
+        int, typer.Option(help="CPU threads while timing (1: stable on a shared CPU).")
+    ] = 1,
+    timing_sizes: Annotated[
+        str, typer.Option(help="Batch sizes to time, e.g. '1,16,64'.")
+    ] = "1,16,64",
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "cpu",
+    allow_pickle: PickleOpt = False,
+) -> None:
+    """Remove heads for real (writes a smaller checkpoint), or with --sweep the pruning curve."""
+    ckpt = _load(checkpoint, device, allow_pickle)
+    chosen = _lengths(ckpt, lengths)
+    select = {"iterative": iterative, "scope": scope, "min_heads_per_layer": min_heads_per_layer,
+              "normalize": normalize}  # fmt: skip
+    settings = {"lengths": chosen, "batch_size": batch_size, "batches": batches, "seed": seed,
+                **select}  # fmt: skip
+    if sweep:
+        names = _sweep(
+            ckpt, out, methods, seeds, fractions, chosen, batch_size, batches, seed, select
+        )
+        _manifest(
+            out, ckpt, device, command="prune --sweep", methods=names, seeds=seeds, **settings
+        )
+        return
+    (split,), scoring = _splits(ckpt, chosen, batch_size, batches, seed)
+    with _bar() as bar:
+        result = prune_and_compare(
+            ckpt.model, split, scoring, fraction, timing=timing, repeats=repeats,
+            batch_sizes=parse_lengths(timing_sizes), threads=timing_threads,
+            progress=_phased(bar), method=method, step=step, seed=seed, **select,
+        )  # fmt: skip
+    record = {
+        "source": str(ckpt.path), "method": method, "fraction": fraction, "step": step,
+        **select, "removed": result.removed[["layer", "head"]].values.tolist(),
+        "kept": [list(h) for h in result.model.cfg.kept_heads()],
+        "metrics": result.metrics.to_dict("records"),
+    }  # fmt: skip
+    meta = {**ckpt.meta, "pruning": [*ckpt.meta.get("pruning", []), record]}
+    save_checkpoint(out, result.model, ckpt.task, ckpt.train_cfg, meta=meta)
+    atomic_write_csv(out / "removed_heads.csv", result.removed)
+    atomic_write_csv(out / "prune_metrics.csv", result.metrics)
+    if not result.timing.empty:
+        atomic_write_csv(out / "prune_timing.csv", result.timing)
+    _report(result, fraction)
+    sites = ckpt.model_cfg.attention_sites()
+    for site, heads in zip(sites, result.model.cfg.kept_heads(), strict=True):
+        console.print(f"  {site}: keeps heads {list(heads) if heads else 'none'}")
+    console.print(f"wrote the pruned checkpoint {out}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("importance", no_args_is_help=True)(importance_cli)
+    app.command("prune", no_args_is_help=True)(prune_cli)

@@ -1,0 +1,373 @@
+"""Removing attention heads: masks, pruning plans, and physical pruning.
+
+Heads are always named by (layer, head) with `layer` the attention site's index in
+`ModelConfig.attention_sites()` and `head` the head's ORIGINAL id, so a pruned model's heads keep
+the numbers they had before any pruning.
+
+- `head_mask` / `masked`: gates at 0 for the removed heads (the model keeps its size);
+- `plan_removal`: which heads go, from an importance table (global or per-layer quota, a minimum of
+  heads kept per layer);
+- `prune_heads`: a NEW, smaller Transformer whose W_Q, W_K, W_V rows, W_O columns and every per-head
+  parameter (gate, learned temperature, ALiBi slope, T5 bias column) are sliced to the kept heads.
+  Its logits equal the masked model's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import StrEnum
+
+import pandas as pd
+import torch
+
+from probe.analysis.importance import head_importance
+from probe.config import choice
+from probe.errors import ProbeError
+from probe.model import Attention, Transformer
+from probe.tasks import Batch
+
+Progress = Callable[[int, int], None]  # (done, total)
+Heads = Iterable[tuple[int, int]]  # (layer, original head id) pairs
+
+# estimators whose value is LARGER for a LESS important head (entropy: a diffuse head)
+LOW_IS_IMPORTANT = frozenset({"entropy"})
+
+
+class Scope(StrEnum):
+    GLOBAL = "global"  # rank all heads together
+    LAYER = "layer"  # the same fraction from every attention site
+
+
+# ------------------------------------------------------------------ naming and checking
+def present_heads(model: Transformer) -> list[tuple[int, ...]]:
+    """Original ids of the heads each attention site holds and has not masked (gate != 0)."""
+    return [
+        tuple(h for h, g in zip(m.heads, m.gate.tolist(), strict=True) if g != 0.0)
+        for m in model.attention_modules()
+    ]
+
+
+def _sites_text(model: Transformer) -> str:
+    sites = model.cfg.attention_sites()
+    return f"layers 0-{len(sites) - 1}: " + ", ".join(sites)
+
+
+def check_heads(model: Transformer, heads: Heads) -> dict[int, set[int]]:
+    """{layer: {original head ids}}, after checking that every (layer, head) exists."""
+    mods = model.attention_modules()
+    out: dict[int, set[int]] = {}
+    for layer, head in heads:
+        layer, head = int(layer), int(head)
+        if not 0 <= layer < len(mods):
+            raise ProbeError(
+                f"Layer {layer} does not exist: the model has {len(mods)} attention sites "
+                f"({_sites_text(model)}). Use a layer index from that list."
+            )
+        if head not in mods[layer].heads:
+            have = ", ".join(map(str, mods[layer].heads)) or "none"
+            raise ProbeError(
+                f"Head {head} is not in layer {layer} ({mods[layer].site}); the heads it holds "
+                f"(original ids) are: {have}. Heads already pruned cannot be removed again."
+            )
+        out.setdefault(layer, set()).add(head)
+    return out
+
+
+# ------------------------------------------------------------------------- masking
+def head_mask(model: Transformer, heads: Heads) -> list[torch.Tensor]:
+    """The model's current gates with the given heads set to 0, in site order ([head] each)."""
+    remove = check_heads(model, heads)
+    gates = []
+    for m in model.attention_modules():
+        gate = m.gate.detach().clone()  # [head]
+        for i, h in enumerate(m.heads):
+            if h in remove.get(m.layer, ()):
+                gate[i] = 0.0
+        gates.append(gate)
+    return gates
+
+
+@contextmanager
+def masked(model: Transformer, heads: Heads) -> Iterator[Transformer]:
+    """Within the block the given heads' gates are 0; the previous gates come back afterwards."""
+    before = [g.detach().clone() for g in model.gates()]
+    model.set_gates(head_mask(model, heads))
+    try:
+        yield model
+    finally:
+        model.set_gates(before)
+
+
+# --------------------------------------------------------------------- physical pruning
+def _rows(local: list[int], d_head: int) -> list[int]:
+    """Row indices of W_Q/W_K/W_V (columns of W_O) that belong to the given local heads."""
+    return [h * d_head + j for h in local for j in range(d_head)]
+
+
+def _slice_site(
+    prefix: str, attn: Attention, local: list[int], state: dict[str, torch.Tensor]
+) -> set[str]:
+    """Slice the per-head tensors of one attention site in `state`; returns the names handled."""
+    rows = _rows(local, attn.d_head)
+    cuts = {  # name -> (dim, indices)
+        "q.weight": (0, rows),
+        "q.bias": (0, rows),
+        "k.weight": (0, rows),
+        "k.bias": (0, rows),
+        "v.weight": (0, rows),
+        "v.bias": (0, rows),
+        "o.weight": (1, rows),
+        "gate": (0, local),
+        "log_scale": (0, local),
+        "score_bias.slopes": (0, local),  # ALiBi
+        "score_bias.table.weight": (1, local),  # T5 bias [bucket, head]
+    }
+    handled = set()
+    for suffix, (dim, index) in cuts.items():
+        name = f"{prefix}.{suffix}"
+        if name in state:
+            idx = torch.tensor(index, dtype=torch.long, device=state[name].device)
+            state[name] = state[name].index_select(dim, idx)
+            handled.add(name)
+    return handled
+
+
+def prune_heads(model: Transformer, heads: Heads) -> Transformer:
+    """A new Transformer without the given (layer, original head) pairs.
+
+    The new config's `heads` lists the kept original ids per site, so pruning a pruned model
+    keeps the original numbering; a site may lose every head, leaving only W_O's bias.
+    """
+    remove = check_heads(model, heads)
+    mods = model.attention_modules()
+    names = {m: name for name, m in model.named_modules()}
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    kept, handled = [], set()
+    for m in mods:
+        local = [i for i, h in enumerate(m.heads) if h not in remove.get(m.layer, ())]
+        kept.append(tuple(m.heads[i] for i in local))
+        handled |= _slice_site(names[m], m, local, state)
+    cfg = dataclasses.replace(model.cfg, heads=tuple(kept))
+    with warnings.catch_warnings():  # empty sites initialise zero-element tensors
+        warnings.filterwarnings("ignore", message="Initializing zero-element tensors")
+        new = Transformer(cfg)
+    ref = model.embed.weight
+    new.to(device=ref.device, dtype=ref.dtype)
+    expected = new.state_dict()
+    for name, tensor in state.items():
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            raise RuntimeError(  # a per-head tensor this function does not know how to slice
+                f"pruning cannot map '{name}': {tuple(tensor.shape)} vs "
+                f"{tuple(expected[name].shape)} (sliced: {name in handled})"
+            )
+    new.load_state_dict(state)
+    new.train(model.training)
+    for p_new, p_old in zip(new.parameters(), model.parameters(), strict=True):
+        p_new.requires_grad_(p_old.requires_grad)
+    return new
+
+
+# ---------------------------------------------------------------------------- plans
+def ranking(table: pd.DataFrame) -> pd.DataFrame:
+    """layer, head, score: one method's importance with larger = more important."""
+    methods = table["method"].unique()
+    if len(methods) != 1:
+        raise ProbeError(f"A pruning plan needs one estimator's table, got {list(methods)}.")
+    score = table["value"].astype(float)
+    if str(methods[0]) in LOW_IS_IMPORTANT:
+        score = -score
+    out = table[["layer", "head"]].astype(int).assign(score=score.to_numpy())
+    if out["score"].isna().any():
+        raise ProbeError(f"The {methods[0]} importance has missing values; cannot rank heads.")
+    return out
+
+
+def n_to_remove(fraction: float, n_heads: int) -> int:
+    """round(fraction * n_heads) (halves round up), with a clear error outside [0, 1]."""
+    if not 0.0 <= float(fraction) <= 1.0:
+        raise ProbeError(f"The fraction of heads to prune must be between 0 and 1, got {fraction}.")
+    return math.floor(float(fraction) * n_heads + 0.5 + 1e-9)
+
+
+def check_counts(
+    present: list[tuple[int, ...]], counts: int | list[int], min_heads_per_layer: int = 0
+) -> None:
+    """A ProbeError unless `counts` heads (global, or per site) can go while every site keeps
+    at least `min_heads_per_layer` of the heads it has."""
+    if min_heads_per_layer < 0:
+        raise ProbeError(f"--min-heads-per-layer must be 0 or more, got {min_heads_per_layer}.")
+    total = sum(len(h) for h in present)
+    n_remove = _total(counts)
+    if n_remove > total:
+        raise ProbeError(
+            f"Cannot prune {n_remove} heads: the model has only {total} heads "
+            f"in {len(present)} attention sites. Ask for at most {total}."
+        )
+    if isinstance(counts, int):
+        removable = sum(max(0, len(h) - min_heads_per_layer) for h in present)
+        if n_remove > removable:
+            raise ProbeError(
+                f"Cannot prune {n_remove} of {total} heads while keeping at least "
+                f"{min_heads_per_layer} per layer: at most {removable} can go. Lower the "
+                "fraction or --min-heads-per-layer."
+            )
+        return
+    if len(counts) != len(present):
+        raise ProbeError(f"Per-layer counts for {len(counts)} sites; the model has {len(present)}.")
+    for layer, (heads, count) in enumerate(zip(present, counts, strict=True)):
+        if len(heads) - count < min_heads_per_layer:
+            raise ProbeError(
+                f"Layer {layer} has {len(heads)} heads: removing {count} leaves fewer than "
+                f"--min-heads-per-layer {min_heads_per_layer}. Lower the fraction or the minimum."
+            )
+
+
+def plan_removal(
+    table: pd.DataFrame,
+    present: list[tuple[int, ...]],
+    counts: int | list[int],
+    *,
+    min_heads_per_layer: int = 0,
+) -> list[tuple[int, int]]:
+    """The least important heads among `present` (per site, original ids).
+
+    counts: an int ranks every head together (global quota), skipping layers already down to
+    `min_heads_per_layer`; a list gives the number to remove from each site (per-layer quota).
+    Ties go to the lower (layer, head). Asking for more than can go is a ProbeError.
+    """
+    check_counts(present, counts, min_heads_per_layer)
+    n_remove = _total(counts)
+    rank = ranking(table)
+    keep = {(layer, h) for layer, heads in enumerate(present) for h in heads}
+    rank = rank[[(r.layer, r.head) in keep for r in rank.itertuples()]]
+    missing = keep - {(r.layer, r.head) for r in rank.itertuples()}
+    if missing:
+        raise ProbeError(f"The importance table has no value for heads {sorted(missing)}.")
+    rank = rank.sort_values(["score", "layer", "head"], kind="stable")
+    if not isinstance(counts, int):
+        chosen = []
+        for layer, count in enumerate(counts):
+            rows = rank[rank["layer"] == layer].head(count)
+            chosen += [(int(a), int(b)) for a, b in zip(rows["layer"], rows["head"], strict=True)]
+        return chosen
+    left = {layer: len(heads) for layer, heads in enumerate(present)}
+    chosen = []
+    for r in rank.itertuples():
+        if len(chosen) == n_remove:
+            break
+        if left[r.layer] > min_heads_per_layer:
+            chosen.append((int(r.layer), int(r.head)))
+            left[r.layer] -= 1
+    return chosen
+
+
+def quota(present: list[tuple[int, ...]], fraction: float, scope: Scope | str) -> int | list[int]:
+    """How many heads a fraction means: one global count, or one count per site."""
+    scope = choice(Scope, scope, "pruning scope")
+    if scope == Scope.LAYER:
+        return [n_to_remove(fraction, len(h)) for h in present]
+    return n_to_remove(fraction, sum(len(h) for h in present))
+
+
+def _minus(counts: int | list[int], done: int | list[int]) -> int | list[int]:
+    if isinstance(counts, int):
+        return counts - done
+    return [a - b for a, b in zip(counts, done, strict=True)]
+
+
+def select_heads(
+    model: Transformer,
+    batches: Sequence[Batch],
+    fraction: float,
+    *,
+    method: str = "gradient",
+    iterative: bool = False,
+    step: float = 0.1,
+    scope: Scope | str = Scope.GLOBAL,
+    min_heads_per_layer: int = 0,
+    normalize: bool = False,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> pd.DataFrame:
+    """Which heads to prune: columns step, layer, head, method, value (importance when chosen).
+
+    One-shot ranks once. Iterative removes `step` of the heads at a time (per layer for layer
+    scope) and re-estimates importance on the masked model before each step. The fraction is
+    of the heads present now. The model's gates are left as they were.
+    """
+    present = present_heads(model)
+    target = quota(present, fraction, scope)
+    if iterative and not 0.0 < step <= 1.0:
+        raise ProbeError(f"The iterative step must be a fraction in (0, 1], got {step}.")
+    per_step = quota(present, step, scope) if iterative else target
+    per_step = max(per_step, 1) if isinstance(per_step, int) else [max(c, 1) for c in per_step]
+    check_counts(present, target, min_heads_per_layer)
+    n_steps = 1
+    if iterative:
+        pairs = zip(_as_list(target), _as_list(per_step), strict=True)
+        n_steps = max(math.ceil(t / p) for t, p in pairs)
+    removed: list[dict] = []
+    left = target
+    before = [g.detach().clone() for g in model.gates()]
+    try:
+        for i in range(n_steps):
+            if _total(left) == 0:
+                break
+            now = _smaller(per_step, left) if iterative else left
+            table = head_importance(
+                model,
+                batches,
+                method,
+                normalize=normalize,
+                seed=seed + i,
+                progress=None if iterative else progress,
+            )
+            chosen = plan_removal(
+                table, present_heads(model), now, min_heads_per_layer=min_heads_per_layer
+            )
+            values = table.set_index(["layer", "head"])["value"]
+            removed += [
+                {"step": i, "layer": a, "head": b, "method": str(method), "value": values[(a, b)]}
+                for a, b in chosen
+            ]
+            model.set_gates(head_mask(model, chosen))
+            left = _minus(left, now)
+            if iterative and progress is not None:
+                progress(i + 1, n_steps)
+    finally:
+        model.set_gates(before)
+    return pd.DataFrame(removed, columns=["step", "layer", "head", "method", "value"])
+
+
+def _total(counts: int | list[int]) -> int:
+    return counts if isinstance(counts, int) else sum(counts)
+
+
+def _as_list(counts: int | list[int]) -> list[int]:
+    return [counts] if isinstance(counts, int) else list(counts)
+
+
+def _smaller(a: int | list[int], b: int | list[int]) -> int | list[int]:
+    if isinstance(a, int):
+        return min(a, b)
+    return [min(x, y) for x, y in zip(a, b, strict=True)]
+
+
+@dataclass
+class PruneResult:
+    model: Transformer  # the physically pruned model
+    removed: pd.DataFrame  # step, layer, head, method, value
+
+
+def prune_model(
+    model: Transformer, batches: Sequence[Batch], fraction: float, **kwargs
+) -> PruneResult:
+    """`select_heads` on `batches`, then `prune_heads`; the input model is left unchanged."""
+    removed = select_heads(model, batches, fraction, **kwargs)
+    heads = list(zip(removed["layer"], removed["head"], strict=True))
+    return PruneResult(prune_heads(model, heads), removed)

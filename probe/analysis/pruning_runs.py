@@ -1,0 +1,236 @@
+"""What `probe prune` runs: a pruned model compared with the original, and the pruning curve.
+
+`prune_and_compare` picks heads on an importance split, prunes them physically and reports the
+original, masked and pruned models side by side: metrics on a disjoint scoring split, parameter
+counts and forward time. `pruning_curve` gives a metric against the fraction of heads pruned, per
+estimator and seed. Along the curve heads are removed by masking (gate 0), which gives the same
+logits as physical pruning (`prune_heads`) at a fraction of the cost. Seed r draws importance
+split r (disjoint from the scoring data) and seeds the random baseline, so the spread over seeds
+shows how much a ranking depends on the data it was estimated on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from probe.analysis.importance import head_importance
+from probe.analysis.pruning import (
+    check_counts,
+    head_mask,
+    masked,
+    plan_removal,
+    present_heads,
+    prune_heads,
+    quota,
+    select_heads,
+)
+from probe.analysis.timing import COLUMNS as TIMING_COLUMNS
+from probe.analysis.timing import time_forward, timing_batches
+from probe.errors import ProbeError
+from probe.evaluate import batch_loss, forward_batch
+from probe.model import Transformer
+from probe.tasks import Batch, score
+
+Progress = Callable[[int, int], None]
+COLUMNS = ["fraction", "method", "seed", "metric", "value"]
+
+
+@torch.no_grad()
+def score_batches(model: Transformer, batches: Sequence[Batch]) -> dict[str, float]:
+    """exact_match, token_accuracy and loss, each a mean over every example of `batches`."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    sums = {"exact_match": 0.0, "token_accuracy": 0.0, "loss": 0.0}
+    n = 0
+    try:
+        for batch in batches:
+            batch = batch.to(device)
+            logits = forward_batch(model, batch)  # [batch, seq, vocab]
+            exact, tokens = score(logits, batch)
+            loss = batch_loss(model, batch, "none", logits=logits)  # [batch]
+            sums["exact_match"] += exact.float().sum().item()
+            sums["token_accuracy"] += tokens.sum().item()
+            sums["loss"] += loss.double().sum().item()
+            n += exact.numel()
+    finally:
+        model.train(was_training)
+    return {k: v / max(n, 1) for k, v in sums.items()}
+
+
+def default_fractions(n_heads: int) -> list[float]:
+    """Every head count 0..n when there are at most 24 heads, else eleven steps of 0.1."""
+    if n_heads <= 24:
+        return [k / n_heads for k in range(n_heads + 1)]
+    return [k / 10 for k in range(11)]
+
+
+def pruning_curve(
+    model: Transformer,
+    importance_splits: Sequence[Sequence[Batch]],
+    scoring: Sequence[Batch],
+    methods: Sequence[str],
+    fractions: Sequence[float] | None = None,
+    *,
+    iterative: bool = False,
+    scope: str = "global",
+    min_heads_per_layer: int = 0,
+    normalize: bool = False,
+    progress: Progress | None = None,
+) -> pd.DataFrame:
+    """Metrics on `scoring` after pruning each fraction of heads: tidy columns fraction, method,
+    seed, metric, value (plus n_pruned). One seed per importance split.
+
+    One-shot ranks heads once per (method, seed); iterative re-estimates importance on the masked
+    model before each further fraction. `fraction` is the share of heads actually removed.
+    The model's gates are restored afterwards.
+    """
+    present = present_heads(model)
+    n_heads = sum(len(h) for h in present)
+    if n_heads == 0:
+        raise ProbeError("The model has no attention heads left to prune.")
+    if not methods or not importance_splits:
+        raise ProbeError("A pruning curve needs at least one method and one seed.")
+    fractions = sorted(set(default_fractions(n_heads) if fractions is None else fractions))
+    counts = []  # one entry per distinct head count (layer quotas can merge fractions)
+    for f in fractions:
+        c = quota(present, f, scope)
+        if c not in counts:
+            counts.append(c)
+    for c in counts:
+        check_counts(present, c, min_heads_per_layer)
+    rows = []
+    total, done = len(methods) * len(importance_splits) * len(counts), 0
+    before = [g.detach().clone() for g in model.gates()]
+    try:
+        for method in methods:
+            for seed, split in enumerate(importance_splits):
+                model.set_gates(before)
+                table, removed = None, []
+                for count in counts:
+                    if table is None or iterative:
+                        table = head_importance(
+                            model, split, method, normalize=normalize, seed=seed
+                        )
+                    more = _difference(count, removed, present)
+                    if not _empty(more):
+                        chosen = plan_removal(
+                            table,
+                            present_heads(model),
+                            more,
+                            min_heads_per_layer=min_heads_per_layer,
+                        )
+                        removed += chosen
+                        model.set_gates(head_mask(model, chosen))
+                    metrics = score_batches(model, scoring)
+                    rows += [
+                        {
+                            "fraction": len(removed) / n_heads,
+                            "method": str(method),
+                            "seed": seed,
+                            "metric": name,
+                            "value": value,
+                            "n_pruned": len(removed),
+                        }
+                        for name, value in metrics.items()
+                    ]
+                    done += 1
+                    if progress is not None:
+                        progress(done, total)
+    finally:
+        model.set_gates(before)
+    return pd.DataFrame(rows, columns=[*COLUMNS, "n_pruned"])
+
+
+def _difference(
+    count: int | list[int], removed: list[tuple[int, int]], present: list[tuple[int, ...]]
+) -> int | list[int]:
+    """Heads still to remove to reach `count` (global or per layer), given `removed`."""
+    if isinstance(count, int):
+        return count - len(removed)
+    per_layer = [sum(1 for layer, _ in removed if layer == i) for i in range(len(present))]
+    return [c - r for c, r in zip(count, per_layer, strict=True)]
+
+
+def _empty(count: int | list[int]) -> bool:
+    return count == 0 if isinstance(count, int) else not any(count)
+
+
+Phase = Callable[[str, int, int], None]  # (phase, done, total)
+
+
+@dataclass
+class PruneComparison:
+    model: Transformer  # the physically pruned model
+    removed: pd.DataFrame  # step, layer, head, method, value
+    metrics: pd.DataFrame  # variant (original, masked, pruned), metric, value
+    parameters: pd.DataFrame  # variant, part (attention, cross-attention, ..., total), count
+    timing: pd.DataFrame  # variant, batch_size, part, seconds, ... (empty without timing)
+    max_logit_gap: float  # max |pruned logits - masked logits| on the first scoring batch
+
+
+def parameter_table(variants: dict[str, Transformer]) -> pd.DataFrame:
+    rows = [
+        {"variant": name, "part": part, "count": count}
+        for name, model in variants.items()
+        for part, count in model.parameter_counts().items()
+    ]
+    return pd.DataFrame(rows, columns=["variant", "part", "count"])
+
+
+def prune_and_compare(
+    model: Transformer,
+    importance: Sequence[Batch],
+    scoring: Sequence[Batch],
+    fraction: float,
+    *,
+    timing: bool = True,
+    batch_sizes: Sequence[int] = (1, 16, 64),
+    repeats: int = 10,
+    threads: int | None = None,
+    progress: Phase | None = None,
+    **select,
+) -> PruneComparison:
+    """Prune `fraction` of the heads chosen on `importance` (keywords as `select_heads`), then
+    score original, masked and pruned models on `scoring` and time their forward passes on the
+    longest scoring batch. The input model is left unchanged."""
+
+    def phase(name: str):
+        return None if progress is None else (lambda done, total: progress(name, done, total))
+
+    removed = select_heads(model, importance, fraction, progress=phase("importance"), **select)
+    heads = list(zip(removed["layer"], removed["head"], strict=True))
+    pruned = prune_heads(model, heads)
+    with masked(model, heads):
+        masked_model = prune_heads(model, [])  # a same-size copy with the removed gates at 0
+    variants = {"original": model, "masked": masked_model, "pruned": pruned}
+    first = scoring[0].to(next(model.parameters()).device)
+    with torch.no_grad():
+        logits = forward_batch(masked_model, first) - forward_batch(pruned, first)
+    rows = []
+    for i, (name, variant) in enumerate(variants.items()):
+        metrics = score_batches(variant, scoring)
+        rows += [{"variant": name, "metric": k, "value": v} for k, v in metrics.items()]
+        if progress is not None:
+            progress("scoring", i + 1, len(variants))
+    table = pd.DataFrame(columns=TIMING_COLUMNS)
+    if timing:
+        longest = max(scoring, key=lambda b: b.inputs.shape[1])
+        table = time_forward(
+            variants,
+            timing_batches(longest, batch_sizes),
+            repeats=repeats,
+            progress=phase("timing"),
+        )
+    return PruneComparison(
+        model=pruned,
+        removed=removed,
+        metrics=pd.DataFrame(rows, columns=["variant", "metric", "value"]),
+        parameters=parameter_table({"original": model, "pruned": pruned}),
+        timing=table,
+        max_logit_gap=float(logits.abs().max()),
+    )

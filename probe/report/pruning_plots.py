@@ -1,0 +1,168 @@
+"""Figures for head importance and pruning: DataFrames in, matplotlib figures out.
+
+- `importance_heatmap`: layer x head grid of an importance table, one panel per method;
+- `correlation_heatmap`: Spearman rho between estimators;
+- `pruning_curve_plot`: a metric against the fraction of heads pruned, one line per method with a
+  95% confidence band over seeds (Student t), the random baseline dashed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from probe.errors import ProbeError
+
+METRIC_LABELS = {
+    "exact_match": "exact match",
+    "token_accuracy": "token accuracy",
+    "loss": "loss (cross-entropy, nats)",
+}
+METHOD_LABELS = {
+    "gradient": "gradient |dL/dξ| (Michel et al.)",
+    "ablation": "ablation (Δ loss, gate 0)",
+    "mean-ablation": "mean ablation (Δ loss)",
+    "confidence": "confidence (mean max weight)",
+    "entropy": "attention entropy (nats)",
+    "random": "random",
+}
+
+
+def _need(df: pd.DataFrame, columns: Sequence[str], what: str) -> None:
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ProbeError(f"The {what} table lacks columns {missing}; expected {list(columns)}.")
+    if df.empty:
+        raise ProbeError(f"The {what} table is empty; there is nothing to plot.")
+
+
+def importance_heatmap(
+    table: pd.DataFrame, sites: Sequence[str] | None = None, n_head: int | None = None
+) -> plt.Figure:
+    """One layer x head panel per method; pruned (absent) heads are left blank.
+
+    sites: names for the layer axis (e.g. `cfg.attention_sites()`); n_head: head columns
+    (default: the largest head id + 1).
+    """
+    _need(table, ["layer", "head", "method", "value"], "importance")
+    methods = list(dict.fromkeys(table["method"]))
+    n_layer = int(table["layer"].max()) + 1 if sites is None else len(sites)
+    n_head = n_head or int(table["head"].max()) + 1
+    width, height = max(3.6, 0.75 * n_head + 2.2), 0.5 * n_layer + 1.5
+    n_cols = min(3, len(methods))
+    n_rows = math.ceil(len(methods) / n_cols)
+    fig, axes = plt.subplots(
+        n_rows, n_cols, figsize=(width * n_cols, height * n_rows + 0.4), squeeze=False
+    )
+    for ax in axes.flat[len(methods) :]:
+        ax.set_visible(False)
+    for k, (ax, method) in enumerate(zip(axes.flat, methods, strict=False)):
+        part = table[table["method"] == method]
+        grid = np.full((n_layer, n_head), np.nan)
+        grid[part["layer"].to_numpy(int), part["head"].to_numpy(int)] = part["value"].to_numpy()
+        cmap = plt.get_cmap("viridis_r" if method == "entropy" else "viridis")
+        cmap = cmap.with_extremes(bad="#eeeeee")
+        image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, aspect="auto")
+        finite = grid[np.isfinite(grid)]
+        mid = (finite.min() + finite.max()) / 2 if finite.size else 0.0
+        if n_layer * n_head <= 256:
+            for (i, j), v in np.ndenumerate(grid):
+                text = "" if np.isnan(v) else f"{v:.3g}"
+                dark = not np.isnan(v) and ((v > mid) == (method == "entropy"))
+                color = "white" if dark else "black"
+                ax.text(j, i, text, ha="center", va="center", fontsize=7, color=color)
+        ax.set_xticks(range(n_head))
+        ax.set_yticks(range(n_layer))
+        ax.set_yticklabels(list(sites) if sites is not None else [str(i) for i in range(n_layer)])
+        ax.set_xlabel("head (original id)")
+        if k % n_cols == 0:
+            ax.set_ylabel("attention site" if sites is not None else "layer")
+        ax.set_title(METHOD_LABELS.get(method, method), fontsize=10)
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    fig.suptitle("Head importance (brighter = more important; grey = pruned)", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def correlation_heatmap(correlations: pd.DataFrame) -> plt.Figure:
+    """Spearman rho between estimators (entropy counted as importance, i.e. negated)."""
+    _need(correlations, ["method", "other", "rho"], "correlation")
+    wide = correlations.pivot(index="method", columns="other", values="rho")
+    order = list(dict.fromkeys(correlations["method"]))
+    wide = wide.loc[order, order]
+    n = len(order)
+    fig, ax = plt.subplots(figsize=(1.1 * n + 2.2, 0.9 * n + 1.4))
+    image = ax.imshow(wide.to_numpy(float), cmap="RdBu_r", vmin=-1, vmax=1)
+    for (i, j), v in np.ndenumerate(wide.to_numpy(float)):
+        color = "white" if abs(v) > 0.6 else "black"
+        text = "n/a" if np.isnan(v) else f"{v:.2f}"
+        ax.text(j, i, text, ha="center", va="center", fontsize=8, color=color)
+    ax.set_xticks(range(n), order, rotation=30, ha="right")
+    ax.set_yticks(range(n), order)
+    ax.set_title("Agreement between importance estimators (Spearman ρ)", fontsize=10)
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    fig.tight_layout()
+    return fig
+
+
+def _band(values: pd.Series) -> tuple[float, float, float]:
+    """Mean and 95% Student-t interval over seeds (no band for a single seed)."""
+    mean = float(values.mean())
+    n = len(values)
+    if n < 2:
+        return mean, mean, mean
+    half = float(stats.t.ppf(0.975, n - 1)) * float(values.std(ddof=1)) / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def pruning_curve_plot(
+    curve: pd.DataFrame, metric: str = "exact_match", title: str | None = None
+) -> plt.Figure:
+    """`metric` against the fraction of heads pruned: a line per method (mean over seeds) with a
+    95% confidence band; the random baseline dashed grey."""
+    _need(curve, ["fraction", "method", "seed", "metric", "value"], "pruning curve")
+    part = curve[curve["metric"] == metric]
+    if part.empty:
+        have = ", ".join(sorted(curve["metric"].unique()))
+        raise ProbeError(f"No metric '{metric}' in the pruning curve; it has: {have}.")
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    colors = iter(plt.get_cmap("tab10").colors)
+    markers = iter("osD^vP*X")
+    bounded = metric in ("exact_match", "token_accuracy")
+    methods = sorted(part["method"].unique(), key=lambda m: (m == "random", m))
+    for k, method in enumerate(methods):
+        rows = part[part["method"] == method]
+        summary = [(f, *_band(g["value"])) for f, g in rows.groupby("fraction")]
+        x, mean, low, high = (np.array(v) for v in zip(*summary, strict=True))
+        low = low.clip(0, None)  # every metric here is >= 0; accuracies are <= 1
+        if bounded:
+            high = high.clip(None, 1)
+        n_seeds = rows["seed"].nunique()
+        if method == "random":
+            color, style, width = "0.4", "--", 1.5
+        else:  # earlier lines wider, so that methods ranking heads alike stay visible
+            color, style, width = next(colors), "-", max(1.2, 3.5 - 0.9 * k)
+        label = f"{method} ({n_seeds} seed{'s' if n_seeds != 1 else ''})"
+        ax.plot(
+            x, mean, style, marker=next(markers), markersize=4, linewidth=width, color=color,
+            label=label, alpha=0.9,
+        )  # fmt: skip
+        ax.fill_between(x, low, high, color=color, alpha=0.15, linewidth=0)
+    ax.set_xlabel("fraction of heads pruned")
+    ax.set_ylabel(METRIC_LABELS.get(metric, metric))
+    ax.set_xlim(-0.02, 1.02)
+    if bounded:
+        ax.set_ylim(-0.03, 1.03)
+    ax.grid(alpha=0.3)
+    ax.legend(frameon=False, fontsize=8, title="importance estimator", title_fontsize=8)
+    ax.set_title(f"{title or 'Pruning curve'}\n(line: mean over seeds; band: 95% CI)", fontsize=10)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,91 @@
+"""The training loop: learning rate schedule, randomized positions, divergence safety, learning."""
+
+import math
+
+import pytest
+import torch
+
+import probe.train as train_module
+from probe import load_checkpoint
+from probe.config import ModelConfig, TrainConfig
+from probe.errors import ProbeError
+from probe.tasks import TaskConfig
+from probe.train import TrainingDiverged, lr_at, random_positions, train
+
+
+def test_lr_schedule_warms_up_then_decays_by_cosine():
+    cfg = TrainConfig(steps=110, lr=1.0, warmup=10, lr_min_ratio=0.1)
+    assert lr_at(0, cfg) == pytest.approx(0.1)
+    assert lr_at(9, cfg) == pytest.approx(1.0)
+    mid = 10 + 50  # halfway through the decay
+    assert lr_at(mid, cfg) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 2)))
+    assert lr_at(110, cfg) == pytest.approx(0.1)
+
+
+def test_random_positions_are_sorted_distinct_and_in_range():
+    gen = torch.Generator().manual_seed(0)
+    pos = random_positions(64, 10, 40, gen)
+    assert pos.shape == (64, 10)
+    assert (pos.diff(dim=1) > 0).all() and pos.min() >= 0 and pos.max() < 40
+    assert len({tuple(p.tolist()) for p in pos}) > 50  # drawn per example
+    with pytest.raises(ProbeError, match="max_len"):
+        random_positions(1, 50, 40, gen)
+
+
+def tiny(steps=20, **train):
+    model = ModelConfig(vocab_size=13, n_head=2, d_model=16)
+    return model, TaskConfig(n_symbols=8), TrainConfig(steps=steps, train_len=(2, 4), **train)
+
+
+def test_divergence_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    model_cfg, task, train_cfg = tiny(steps=30, eval_every=10)
+    calls = {"n": 0}
+    real_loss = train_module.batch_loss
+
+    def loss_that_explodes(*args, **kwargs):
+        calls["n"] += 1
+        loss = real_loss(*args, **kwargs)
+        return loss * float("nan") if calls["n"] == 15 else loss
+
+    monkeypatch.setattr(train_module, "batch_loss", loss_that_explodes)
+    with pytest.raises(TrainingDiverged, match="step 15.*last good checkpoint"):
+        train(model_cfg, task, train_cfg, tmp_path / "run")
+    ckpt = load_checkpoint(tmp_path / "run")
+    assert ckpt.meta["steps_done"] == 10
+    assert all(torch.isfinite(p).all() for p in ckpt.model.parameters())
+
+
+def test_an_existing_checkpoint_is_not_overwritten_by_accident(tmp_path):
+    model_cfg, task, train_cfg = tiny(steps=2)
+    train(model_cfg, task, train_cfg, tmp_path / "run")
+    with pytest.raises(ProbeError, match="--overwrite"):
+        train(model_cfg, task, train_cfg, tmp_path / "run")
+    train(model_cfg, task, train_cfg, tmp_path / "run", overwrite=True)
+
+
+def test_same_seed_same_model():
+    a = train(*tiny(steps=5)).model
+    b = train(*tiny(steps=5)).model
+    for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.equal(pa, pb)
+
+
+@pytest.mark.parametrize("arch", ["encoder", "encoder-decoder"])
+def test_other_architectures_train(arch):
+    model_cfg = ModelConfig(arch=arch, vocab_size=13, n_head=2, d_model=16, pe="t5")
+    result = train(model_cfg, TaskConfig(n_symbols=8), TrainConfig(steps=3, train_len=(2, 4)))
+    assert set(result.metrics.split) == {"train", "eval"}
+
+
+@pytest.mark.slow
+def test_a_small_decoder_learns_copy():
+    """In-distribution exact match >= 0.99 on copy within a CI-sized budget (~1 min)."""
+    model_cfg = ModelConfig(vocab_size=13, n_layer=2, n_head=2, d_model=64, pe="rope")
+    task = TaskConfig(name="copy", n_symbols=8)
+    cfg = TrainConfig(
+        steps=1200, batch_size=64, lr=1e-3, train_len=(2, 6), eval_every=0, eval_batches=4
+    )
+    metrics = train(model_cfg, task, cfg).metrics
+    final = metrics.query("split == 'eval' and metric == 'exact_match'")
+    exact = (final.value * final.n).sum() / final.n.sum()
+    assert exact >= 0.99, f"copy exact match {exact:.3f} < 0.99"
