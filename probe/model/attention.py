@@ -97,16 +97,29 @@ class Attention(nn.Module):
         self.dropout = cfg.dropout
         self.observer: Observer | None = None  # set only inside Transformer.observe(...)
 
+    def _constant_scale(self) -> float:
+        return {Scale.SQRT: self.d_head**-0.5, Scale.INVERSE: 1.0 / self.d_head, Scale.NONE: 1.0}[
+            self.scale_kind
+        ]
+
     def head_scale(self) -> torch.Tensor:
         """[head] factor applied to q.k."""
         if self.scale_kind == Scale.LEARNED:
             return self.log_scale.exp()
-        value = {Scale.SQRT: self.d_head**-0.5, Scale.INVERSE: 1.0 / self.d_head, Scale.NONE: 1.0}
-        return torch.full((self.n_head,), value[self.scale_kind], device=self.gate.device)
+        return torch.full((self.n_head,), self._constant_scale(), device=self.gate.device)
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         return x.view(b, t, self.n_head, self.d_head).transpose(1, 2)  # [batch, head, seq, d_head]
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        weight = torch.cat([self.q.weight, self.k.weight, self.v.weight])  # [3 * inner, d_model]
+        bias = None
+        if self.q.bias is not None:
+            bias = torch.cat([self.q.bias, self.k.bias, self.v.bias])
+        qkv = F.linear(x, weight, bias)  # [batch, seq, 3 * inner]
+        inner = self.n_head * self.d_head
+        return tuple(self._split(t) for t in qkv.split([inner, inner, inner], dim=-1))
 
     def _visible(
         self, q_len: int, k_len: int, key_mask: torch.Tensor | None, device: torch.device
@@ -141,10 +154,12 @@ class Attention(nn.Module):
         """x [batch, q_len, d_model]; context [batch, k_len, d_model] for cross-attention;
         q_pos [batch, q_len], k_pos [batch, k_len] integer positions; key_mask [batch, k_len]
         bool (False for padding). Returns [batch, q_len, d_model]."""
-        source = x if context is None else context
-        q = self._split(self.q(x))  # [batch, head, q_len, d_head]
-        k = self._split(self.k(source))  # [batch, head, k_len, d_head]
-        v = self._split(self.v(source))  # [batch, head, k_len, d_head]
+        if context is None:  # one matmul for q, k and v
+            q, k, v = self._qkv(x)  # [batch, head, seq, d_head] each
+        else:
+            q = self._split(self.q(x))  # [batch, head, q_len, d_head]
+            k = self._split(self.k(context))  # [batch, head, k_len, d_head]
+            v = self._split(self.v(context))  # [batch, head, k_len, d_head]
         b, _, q_len, _ = q.shape
         k_len = k.shape[2]
         if q_pos is None:
@@ -159,7 +174,7 @@ class Attention(nn.Module):
         factor = self._length_factor(q_len, k_len, x.device)  # [q_len] or None
         bias = self.score_bias.bias(q_pos, k_pos) if self.score_bias is not None else None
         visible = self._visible(q_len, k_len, key_mask, x.device)  # [batch|1, 1, q, k] or None
-        observer = self.observer
+        observer = self.observer if self.n_head > 0 else None  # nothing to see in a pruned site
         call = None
         if observer is not None:
             call = AttentionCall(
@@ -183,14 +198,18 @@ class Attention(nn.Module):
 
     def _fused(self, q, k, v, scale, factor, bias, visible, key_mask) -> torch.Tensor:
         """The same computation through torch's scaled_dot_product_attention."""
-        q_scaled = q * scale.to(q.dtype).view(1, -1, 1, 1)  # [batch, head, q_len, d_head]
+        if self.scale_kind == Scale.LEARNED or factor is not None:
+            q = q * scale.to(q.dtype).view(1, -1, 1, 1)  # [batch, head, q_len, d_head]
+            sdpa_scale = 1.0
+        else:  # one scale for every head: let the kernel apply it
+            sdpa_scale = self._constant_scale()
         if factor is not None:
-            q_scaled = q_scaled * factor.to(q.dtype).view(1, 1, -1, 1)
+            q = q * factor.to(q.dtype).view(1, 1, -1, 1)
         dropout = self.dropout if self.training else 0.0
         q_len, k_len = q.shape[2], k.shape[2]
         if bias is None and key_mask is None and (not self.causal or q_len == k_len):
             return F.scaled_dot_product_attention(
-                q_scaled, k, v, dropout_p=dropout, is_causal=self.causal, scale=1.0
+                q, k, v, dropout_p=dropout, is_causal=self.causal, scale=sdpa_scale
             )
         mask = visible
         if bias is not None:
@@ -198,5 +217,5 @@ class Attention(nn.Module):
             if visible is not None:
                 mask = mask.masked_fill(~visible, float("-inf"))
         return F.scaled_dot_product_attention(
-            q_scaled, k, v, attn_mask=mask, dropout_p=dropout, scale=1.0
+            q, k, v, attn_mask=mask, dropout_p=dropout, scale=sdpa_scale
         )

@@ -1,0 +1,305 @@
+"""`probe inspect` (per-head attention statistics and roles of a checkpoint) and `probe scaling`
+(why scores are divided by sqrt(d_k), with numbers)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from probe_cli.common import CheckpointArg, DeviceOpt, LengthsOpt, OutOpt, SeedOpt, console
+from probe_cli.train import parse_range
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from probe import provenance
+from probe.analysis.attention import head_summary, inspect_model
+from probe.analysis.scaling import D_KS, NS, SCALES, init_scaling, train_scaling
+from probe.checkpoint import load_checkpoint
+from probe.errors import ProbeError
+from probe.report.attention_plots import write_inspection, write_scaling
+from probe.tasks import parse_lengths
+from probe.train import resolve_device
+
+STREAMING = {"auto": "auto", "on": True, "off": False}
+
+
+def _progress() -> Progress:
+    columns = (
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[note]}"),
+        TimeElapsedColumn(),
+    )
+    return Progress(*columns, console=console, transient=True)
+
+
+def _ints(spec: str, what: str) -> list[int]:
+    try:
+        values = [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise ProbeError(
+            f"{what} must be whole numbers separated by commas, got '{spec}'."
+        ) from None
+    if not values or min(values) < 1:
+        raise ProbeError(
+            f"{what} must be positive whole numbers separated by commas, got '{spec}'."
+        )
+    return values
+
+
+def _fmt(value, digits: int = 2) -> str:
+    return "-" if value is None or value != value else f"{value:.{digits}f}"
+
+
+def inspect_cli(
+    checkpoint: CheckpointArg,
+    out: OutOpt,
+    lengths: LengthsOpt = "8,16,32",
+    batch_size: Annotated[int, typer.Option(help="Examples per batch.")] = 32,
+    batches: Annotated[int, typer.Option(help="Batches per length.")] = 2,
+    streaming: Annotated[
+        str, typer.Option(help="Key tiles with an online softmax: auto (long inputs), on, off.")
+    ] = "auto",
+    period: Annotated[
+        int | None,
+        typer.Option(
+            help="Repeated-sequence period for the induction score (default: the longest length)."
+        ),
+    ] = None,
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "cpu",
+    allow_pickle: Annotated[
+        bool, typer.Option("--allow-pickle", help="Allow pickle weights (runs code: trust it).")
+    ] = False,
+) -> None:
+    """Per-head attention statistics and head roles of a checkpoint at several lengths.
+
+    Writes OUT/attention_stats.{csv,parquet}, OUT/roles.{csv,parquet}, heatmaps of normalized
+    entropy and max logit, entropy against length per head, and role scores."""
+    if streaming not in STREAMING:
+        raise ProbeError(f"--streaming must be auto, on or off, got '{streaming}'.")
+    ckpt = load_checkpoint(checkpoint, resolve_device(device), allow_pickle)
+    wanted = parse_lengths(lengths)
+    with _progress() as bar:
+        jobs: dict[str, int] = {}
+
+        def show(stage: str, done: int, total: int) -> None:
+            if stage not in jobs:
+                jobs[stage] = bar.add_task(stage, total=total, note="")
+            bar.update(jobs[stage], completed=done, total=total)
+
+        result = inspect_model(
+            ckpt.model,
+            ckpt.task,
+            wanted,
+            batch_size=batch_size,
+            n_batches=batches,
+            seed=seed,
+            streaming=STREAMING[streaming],
+            period=period,
+            progress=show,
+        )
+    manifest = {
+        "command": "inspect",
+        "checkpoint": str(checkpoint),
+        "lengths": result.lengths,
+        "batch_size": batch_size,
+        "batches": batches,
+        "seed": seed,
+        "streaming": streaming,
+        "induction_period": result.period,
+        "model": ckpt.model_cfg.to_dict(),
+        "task": ckpt.task.to_dict(),
+        **provenance.context(next(ckpt.model.parameters()).device),
+    }
+    written = write_inspection(result.stats, result.roles, out, manifest)
+    _show_summary(head_summary(result.stats, result.roles), ckpt, result.lengths)
+    console.print(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written))
+
+
+def short_site(site: str) -> str:
+    """blocks.0.attn -> 0 self; encoder.1.attn -> enc 1 self; decoder.0.cross -> dec 0 cross."""
+    part, index, kind = site.split(".")
+    prefix = {"blocks": "", "encoder": "enc ", "decoder": "dec "}.get(part, part + " ")
+    return f"{prefix}{index} {'self' if kind == 'attn' else kind}"
+
+
+ROLE_SHORT = {
+    "previous_token": "prev",
+    "induction": "induct",
+    "positional": "offset",
+    "sink": "sink",
+}
+
+
+def _show_summary(summary, ckpt, lengths) -> None:
+    lo, hi = ckpt.train_cfg.train_len
+    cfg = ckpt.model_cfg
+    view = Table(
+        title=f"{ckpt.task.name}, {cfg.arch} ({cfg.pe}), trained on lengths {lo}-{hi}; "
+        f"inspected at {', '.join(map(str, lengths))}",
+        title_justify="left",
+    )
+    for col in ("layer", "head", "H/logn", "dH/dlnL", "maxlogit", "p_max", "sink", "top role"):
+        view.add_column(col, justify="left" if col in ("layer", "top role") else "right")
+    for r in summary.itertuples():
+        low = r.normalized_entropy == r.normalized_entropy and r.normalized_entropy < 0.3
+        entropy = (
+            f"[bold red]{_fmt(r.normalized_entropy)}[/]" if low else _fmt(r.normalized_entropy)
+        )
+        hot = r.max_logit == r.max_logit and r.max_logit > 30
+        logit = f"[bold red]{_fmt(r.max_logit, 1)}[/]" if hot else _fmt(r.max_logit, 1)
+        role = "-"
+        if isinstance(r.role, str):
+            role = ROLE_SHORT.get(r.role, r.role)
+            if r.role_offset == r.role_offset and r.role_offset is not None:
+                role += f" {int(r.role_offset):+d}"
+            role += f" {_fmt(r.role_score)}"
+        view.add_row(
+            short_site(r.site),
+            str(r.head),
+            entropy,
+            _fmt(r.entropy_slope),
+            logit,
+            _fmt(r.p_max),
+            _fmt(r.sink_mass),
+            role,
+        )
+    console.print(view)
+    console.print(
+        "H/logn: mean normalized entropy over lengths; dH/dlnL: slope of entropy against "
+        "log length (1: spreads over all it sees, 0: keeps its focus); maxlogit: the "
+        "largest logit at any length. Red: entropy collapse (< 0.3) or logits > 30.",
+        style="dim",
+    )
+
+
+def scaling_cli(
+    out: OutOpt,
+    steps: Annotated[
+        int, typer.Option(help="Training steps per scale in part 2 (0: skip training).")
+    ] = 300,
+    d_k: Annotated[int, typer.Option("--d-k", help="Head width of the trained models.")] = 256,
+    d_ks: Annotated[str, typer.Option("--d-ks", help="Head widths at initialization.")] = ",".join(
+        map(str, D_KS)
+    ),
+    ns: Annotated[str, typer.Option("--ns", help="Numbers of keys at initialization.")] = ",".join(
+        map(str, NS)
+    ),
+    queries: Annotated[
+        int, typer.Option(help="Random queries per setting at initialization.")
+    ] = 512,
+    stats_every: Annotated[
+        int, typer.Option(help="Steps between attention statistics in training.")
+    ] = 25,
+    train_len: Annotated[
+        str, typer.Option(help="Copy-task lengths to train on, 'lo:hi'.")
+    ] = "4:16",
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "auto",
+) -> None:
+    """Reproduce the paper's argument for 1/sqrt(d_k): score variance, entropy and saturation at
+    initialization for each d_k and n, then loss and entropy curves of models trained identical
+    but for the scale. Writes OUT/scaling.csv, OUT/scaling_training.csv and plots."""
+    if steps < 0:
+        raise ProbeError(f"--steps must be 0 (skip training) or more, got {steps}.")
+    init = init_scaling(
+        _ints(d_ks, "--d-ks"), _ints(ns, "--ns"), SCALES, n_queries=queries, seed=seed
+    )
+    curves = None
+    if steps:
+        lo, hi = parse_range(train_len, "--train-len")
+        resolve_device(device)
+        with _progress() as bar:
+            jobs = {s: bar.add_task(f"train scale {s}", total=steps, note="") for s in SCALES}
+
+            def show(scale: str, p) -> None:
+                bar.update(jobs[scale], completed=p.step, note=f"loss {p.loss:.3f}")
+
+            curves = train_scaling(
+                d_k,
+                SCALES,
+                steps=steps,
+                stats_every=stats_every,
+                train_len=(lo, hi),
+                seed=seed,
+                device=device,
+                progress=show,
+            )
+    manifest = {
+        "command": "scaling",
+        "d_ks": d_ks,
+        "ns": ns,
+        "queries": queries,
+        "steps": steps,
+        "d_k": d_k,
+        "stats_every": stats_every,
+        "train_len": train_len,
+        "seed": seed,
+        **provenance.context("cpu"),
+    }
+    written = write_scaling(init, curves, out, manifest)
+    _show_scaling(init, curves)
+    console.print(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written))
+
+
+def _show_scaling(init, curves) -> None:
+    wide = init.pivot_table(index=["d_k", "n"], columns=["statistic", "scale"], values="value")
+    view = Table(
+        title="q, k ~ N(0, I) at initialization (variance predicted: d_k unscaled, 1 scaled)",
+        title_justify="left",
+    )
+    for col in (
+        "d_k",
+        "n",
+        "var 1",
+        "var 1/sqrt",
+        "H/logn 1",
+        "H/logn 1/sqrt",
+        "H/logn 1/d",
+        "p_max>.9 1",
+    ):
+        view.add_column(col, justify="right")
+    for (d, n), r in wide.iterrows():
+        view.add_row(
+            str(d),
+            str(n),
+            f"{r[('score_var', 'none')]:.3g}",
+            f"{r[('score_var', 'sqrt')]:.3g}",
+            f"{r[('normalized_entropy', 'none')]:.3f}",
+            f"{r[('normalized_entropy', 'sqrt')]:.3f}",
+            f"{r[('normalized_entropy', 'inverse')]:.3f}",
+            f"{r[('p_max_gt_0.9', 'none')]:.2f}",
+        )
+    console.print(view)
+    if curves is None:
+        return
+    view = Table(title="training, identical but for the scale (last logged step)")
+    for col in ("scale", "loss", "exact match", "H / log n", "max logit"):
+        view.add_column(col, justify="right")
+    for scale, part in curves.groupby("scale", sort=False):
+        last = part[part.step == part[part.statistic == "normalized_entropy"].step.max()]
+
+        def value(stat, how="mean", part=part, last=last):
+            rows = part if stat in ("loss", "exact_match") else last
+            rows = rows[rows.statistic == stat]
+            if rows.empty:
+                return float("nan")
+            if stat in ("loss", "exact_match"):
+                return float(rows.sort_values("step").value.iloc[-1])
+            return float(getattr(rows.value, how)())
+
+        view.add_row(
+            scale,
+            _fmt(value("loss"), 3),
+            _fmt(value("exact_match")),
+            _fmt(value("normalized_entropy")),
+            _fmt(value("max_logit", "max"), 1),
+        )
+    console.print(view)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("inspect", no_args_is_help=True)(inspect_cli)
+    app.command("scaling", no_args_is_help=True)(scaling_cli)

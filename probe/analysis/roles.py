@@ -1,0 +1,210 @@
+"""Head roles: how much each head behaves like a previous-token, induction, fixed-offset
+positional or sink head.
+
+Scores are mean attention probabilities, in [0, 1]:
+
+- previous_token: mean p(i -> i - 1) over query rows that see at least two keys;
+- positional: the largest mean p(i -> i + o) over relative offsets o that at least half of the
+  query rows can see (the best offset goes in `offset`); a previous-token head is also a
+  positional head with offset -1, and a head that attends to itself one with offset 0;
+- sink: mean probability on key position 0 (Xiao et al. 2023's attention sinks);
+- induction: on sequences [BOS] x_1..x_T x_1..x_T of random tokens, mean p(i -> the token after
+  the previous occurrence of x_i), over the second copy (Olsson et al. 2022).
+
+Cross-attention has no previous-token or induction score (NaN); its positional offset compares
+the decoder position with the source position (0: the diagonal alignment of a copy).
+
+The observers summarise each attention call on the fly (sums per head and per relative offset),
+so no n x n matrix is kept after the call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+import torch
+
+from probe.evaluate import forward_batch
+from probe.model import AttentionCall, Transformer
+from probe.tasks import BOS, N_SPECIAL, Batch
+
+ROLES = ("previous_token", "induction", "positional", "sink")
+ROLE_COLUMNS = ["layer", "site", "head", "role", "score", "offset"]
+
+
+def _row_weight(call: AttentionCall) -> torch.Tensor:
+    """[batch|1, 1, q, 1] float: 1 for query rows that see at least two keys."""
+    if call.visible is None:
+        k_len = call.k.shape[2]
+        return torch.full((1, 1, call.q.shape[2], 1), float(k_len > 1), device=call.q.device)
+    return (call.visible.sum(-1, keepdim=True) > 1).float()
+
+
+def _add_at(store: tuple[int, torch.Tensor] | None, lo: int, values: torch.Tensor):
+    """Add values [..., size] whose first entry is offset `lo` into store (lo, [..., size])."""
+    if store is None:
+        return lo, values
+    old_lo, old = store
+    new_lo = min(old_lo, lo)
+    new_hi = max(old_lo + old.shape[-1], lo + values.shape[-1])
+    out = torch.zeros(*old.shape[:-1], new_hi - new_lo, device=old.device)
+    out[..., old_lo - new_lo : old_lo - new_lo + old.shape[-1]] += old
+    out[..., lo - new_lo : lo - new_lo + values.shape[-1]] += values
+    return new_lo, out
+
+
+class OffsetProfile:
+    """Observer: per site and head, the attention summed at each relative offset o = j - i
+    (key minus query position) and on key 0, over query rows that see at least two keys, with
+    the number of such rows that can see offset o."""
+
+    needs_weights = True
+
+    def __init__(self) -> None:
+        self.sites: dict[int, dict] = {}
+
+    def record(self, call: AttentionCall) -> None:
+        probs = call.probs.float()  # [batch, head, q, k]
+        b, h, q_len, k_len = probs.shape
+        device = probs.device
+        weight = _row_weight(call).expand(b, 1, q_len, 1)  # [batch, 1, q, 1]
+        seen = torch.ones(1, 1, q_len, k_len, device=device)
+        if call.visible is not None:
+            seen = call.visible.float()
+        shift = 0 if call.site.endswith(".cross") else k_len - q_len  # query i is key i + shift
+        i = torch.arange(q_len, device=device).view(-1, 1) + shift
+        j = torch.arange(k_len, device=device).view(1, -1)
+        lo = -(q_len - 1 + shift)  # smallest offset j - i
+        index = (j - i - lo).reshape(-1)  # [q * k]
+        size = q_len + k_len - 1
+        mass = (probs * weight).sum(0).reshape(h, -1)  # [head, q * k]
+        cover = (seen * weight).expand(b, 1, q_len, k_len).sum((0, 1)).reshape(-1)  # [q * k]
+        by_offset = torch.zeros(h + 1, size, device=device)
+        by_offset[:h].index_add_(1, index, mass)
+        by_offset[h].index_add_(0, index, cover)  # rows that see each offset
+        site = self.sites.setdefault(
+            call.layer,
+            {"site": call.site, "heads": call.heads, "offsets": None, "sink": 0.0, "rows": 0.0},
+        )
+        site["offsets"] = _add_at(site["offsets"], lo, by_offset)
+        site["sink"] = site["sink"] + (probs[..., :1] * weight).sum((0, 2, 3))  # [head]
+        site["rows"] += float(weight.sum())
+
+    def table(self) -> pd.DataFrame:
+        """previous_token, positional (with its offset) and sink scores per (layer, head)."""
+        records = []
+        for layer in sorted(self.sites):
+            site = self.sites[layer]
+            lo, sums = site["offsets"]
+            sums = sums.cpu()
+            rows = sums[-1]  # [offsets]
+            means = sums[:-1] / rows.clamp_min(1)  # [head, offsets]
+            wide = rows >= 0.5 * site["rows"]  # offsets at least half of the rows can see
+            best = means.masked_fill(~wide, -1.0).max(dim=1)  # [head]
+            sink = (site["sink"] / max(site["rows"], 1.0)).cpu()
+            prev = -1 - lo
+            cross = site["site"].endswith(".cross")
+            for h, head in enumerate(site["heads"]):
+                has_prev = not cross and 0 <= prev < rows.numel() and rows[prev] > 0
+                ids = {"layer": layer, "site": site["site"], "head": head}
+                records += [
+                    {
+                        **ids,
+                        "role": "previous_token",
+                        "offset": -1,
+                        "score": float(means[h, prev]) if has_prev else float("nan"),
+                    },
+                    {
+                        **ids,
+                        "role": "positional",
+                        "score": float(best.values[h]),
+                        "offset": int(best.indices[h]) + lo,
+                    },
+                    {**ids, "role": "sink", "score": float(sink[h]), "offset": None},
+                ]
+        return pd.DataFrame(records, columns=ROLE_COLUMNS)
+
+
+class InductionProbe:
+    """Observer for [BOS] x_1..x_T x_1..x_T: mean p(i -> i - T + 1) over the second copy."""
+
+    needs_weights = True
+
+    def __init__(self, period: int) -> None:
+        self.period = period
+        self.sites: dict[int, dict] = {}
+
+    def record(self, call: AttentionCall) -> None:
+        site = self.sites.setdefault(
+            call.layer, {"site": call.site, "heads": call.heads, "sum": 0.0, "rows": 0}
+        )
+        if call.site.endswith(".cross"):
+            return
+        probs = call.probs.float()  # [batch, head, q, k]
+        t = self.period
+        diag = torch.diagonal(probs, offset=-(t - 1), dim1=-2, dim2=-1)  # p(i, i-T+1), i >= T-1
+        second = diag[..., 2:]  # queries T+1 .. 2T: the second copy
+        site["sum"] = site["sum"] + second.sum((0, 2))
+        site["rows"] += second.shape[0] * second.shape[2]
+
+    def table(self) -> pd.DataFrame:
+        records = []
+        for layer in sorted(self.sites):
+            site = self.sites[layer]
+            for h, head in enumerate(site["heads"]):
+                score = float(site["sum"][h]) / site["rows"] if site["rows"] else float("nan")
+                records.append(
+                    {
+                        "layer": layer,
+                        "site": site["site"],
+                        "head": head,
+                        "role": "induction",
+                        "score": score,
+                        "offset": None,
+                    }
+                )
+        return pd.DataFrame(records, columns=ROLE_COLUMNS)
+
+
+def repeated_tokens(vocab_size: int, period: int, batch_size: int, seed: int) -> torch.Tensor:
+    """[batch, 2 * period + 1]: BOS then the same `period` random symbols twice."""
+    if vocab_size <= N_SPECIAL:
+        raise ValueError("the vocabulary has no symbols beyond the special tokens")
+    generator = torch.Generator().manual_seed(seed)
+    half = torch.randint(N_SPECIAL, vocab_size, (batch_size, period), generator=generator)
+    bos = torch.full((batch_size, 1), BOS, dtype=torch.long)
+    return torch.cat([bos, half, half], dim=1)
+
+
+@torch.no_grad()
+def head_roles(
+    model: Transformer,
+    batches: Sequence[Batch],
+    *,
+    period: int = 16,
+    induction_batch: int = 32,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Role scores of every head: a tidy table with columns layer, site, head, role, score,
+    offset. Previous-token, positional and sink scores come from `batches` (the task's data);
+    the induction score from repeated random sequences of `period` tokens."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        profile = OffsetProfile()
+        with model.observe(profile):
+            for batch in batches:
+                forward_batch(model, batch.to(device))
+        induction = InductionProbe(period)
+        tokens = repeated_tokens(model.cfg.vocab_size, period, induction_batch, seed).to(device)
+        source = tokens if model.encoder is not None else None
+        with model.observe(induction):
+            model(tokens, source=source)
+    finally:
+        model.train(was_training)
+    table = pd.concat([profile.table(), induction.table()], ignore_index=True)
+    rank = table["role"].map({role: i for i, role in enumerate(ROLES)})
+    table = table.assign(_rank=rank).sort_values(["layer", "head", "_rank"], kind="stable")
+    return table.drop(columns="_rank").reset_index(drop=True)
