@@ -18,14 +18,6 @@ from probe.tasks import TaskConfig
 runner = CliRunner()
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def checkpoint(tmp_path, arch="decoder", pe="learned"):
     torch.manual_seed(0)
     task = TaskConfig(n_symbols=8)

@@ -18,15 +18,6 @@ from probe.streaming import STATISTICS
 from probe.tasks import TaskConfig
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Two shared cores: one thread per test process is faster than contended threads."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def tiny(arch="decoder", pe="learned", **kw) -> Transformer:
     torch.manual_seed(0)
     cfg = ModelConfig(arch=arch, pe=pe, n_layer=2, n_head=4, d_model=32, vocab_size=21, **kw)

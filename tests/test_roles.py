@@ -20,15 +20,6 @@ from probe.model import AttentionCall, Transformer
 from probe.tasks import BOS, N_SPECIAL, TaskConfig
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Two shared cores: one thread per test process is faster than contended threads."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def pattern_call(probs: torch.Tensor, causal: bool = True, site: str = "blocks.0.attn"):
     """An attention call whose weights are `probs` [batch, head, n, n]."""
     b, h, n, _ = probs.shape

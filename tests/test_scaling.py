@@ -19,15 +19,6 @@ from probe.analysis.scaling import (
 from probe.errors import ProbeError
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Two shared cores: one thread per test process is faster than contended threads."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def relative_sampling_std(d: int, n_queries: int, n_keys: int) -> float:
     """Std of the pooled variance estimate of q.k over a query x key grid, relative to d:
     Var(mean X^2) ~ (2d^2 + 6d) / (Qn) + 2d / Q + 2d / n, from Var|q|^2 = 2d shared by a row

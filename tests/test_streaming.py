@@ -12,15 +12,6 @@ from probe.model.positional import alibi_slopes
 from probe.streaming import STATISTICS, entropy_materialized, entropy_streaming, row_statistics
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Two shared cores: one thread per test process is faster than contended threads."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def make_call(
     seed,
     b=2,
