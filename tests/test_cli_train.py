@@ -42,7 +42,9 @@ def test_train_writes_a_checkpoint(checkpoint):
 
 
 def test_eval_covers_lengths_inside_and_outside_training(checkpoint, tmp_path, capsys):
-    code, out, _ = run(["eval", str(checkpoint), "--lengths", "1:8", "--out", str(tmp_path)], capsys)
+    code, out, _ = run(
+        ["eval", str(checkpoint), "--lengths", "1:8", "--out", str(tmp_path)], capsys
+    )
     assert code == 0
     table = pd.read_csv(tmp_path / "eval.csv")
     assert {"length", "metric", "value", "n"} <= set(table.columns)
