@@ -48,7 +48,7 @@ def test_divergence_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
         return loss * float("nan") if calls["n"] == 15 else loss
 
     monkeypatch.setattr(train_module, "batch_loss", loss_that_explodes)
-    with pytest.raises(TrainingDiverged, match="step 15.*last good checkpoint"):
+    with pytest.raises(TrainingDiverged, match=r"step 15.*last good checkpoint"):
         train(model_cfg, task, train_cfg, tmp_path / "run")
     ckpt = load_checkpoint(tmp_path / "run")
     assert ckpt.meta["steps_done"] == 10

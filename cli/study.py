@@ -1,0 +1,193 @@
+"""`probe study run | ls | validate | report`: declarative studies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from probe_cli.common import DeviceOpt, console, err_console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from probe.errors import ProbeError
+from probe.study.expect import Outcome, write_junit
+from probe.study.grid import expand
+from probe.study.reporting import read_manifest, report_from_dir, write_report
+from probe.study.runner import StudyEvent, run_study
+from probe.study.spec import Study, load_study, smoke_version
+
+app = typer.Typer(
+    help="Declarative studies: train a grid of models, analyse them, write a report.",
+    no_args_is_help=True,
+)
+
+StudyArg = Annotated[Path, typer.Argument(help="A study file, e.g. studies/quickstart.toml.")]
+SmokeOpt = Annotated[
+    bool, typer.Option("--smoke", help="Run the scaled-down [smoke] version (for CI).")
+]
+
+
+def default_out(study: Study) -> Path:
+    return Path("results") / (f"{study.name}-smoke" if study.is_smoke else study.name)
+
+
+class CellProgress:
+    """Renders StudyEvents: one bar over cells, one bar per running cell."""
+
+    def __init__(self, bar: Progress) -> None:
+        self.bar = bar
+        self.overall: TaskID | None = None
+        self.running: dict[int, TaskID] = {}
+
+    def __call__(self, event: StudyEvent) -> None:
+        bar = self.bar
+        if event.kind == "start":
+            self.overall = bar.add_task("[bold]cells", total=event.n_cells, note="")
+        elif event.kind == "cell-start":
+            self.running[event.index] = bar.add_task(f"  {event.label}", total=None, note="")
+        elif event.kind == "cell" and event.index in self.running:
+            bar.update(self.running[event.index], completed=event.done, total=event.total,
+                       note=f"{event.phase} {event.note}".strip())  # fmt: skip
+        elif event.kind == "cell-done":
+            task = self.running.pop(event.index, None)
+            if task is not None:
+                bar.remove_task(task)
+            if event.cached:
+                bar.console.print(f"  [dim]cached[/] {event.label}")
+            bar.advance(self.overall)
+
+
+def show_outcomes(outcomes: list[Outcome]) -> None:
+    view = Table(title="expectations")
+    for column, justify in (("check", "left"), ("observed", "right"), ("expected", "left"),
+                            ("result", "left")):  # fmt: skip
+        view.add_column(column, justify=justify)
+    for o in outcomes:
+        observed = "–" if o.observed is None else f"{o.observed:.3f}"
+        result = "[green]pass[/]" if o.passed else f"[bold red]FAIL[/] {escape(o.detail)}".strip()
+        view.add_row(escape(o.name), observed, o.bound, result)
+    console.print(view)
+
+
+def run_cli(
+    file: StudyArg,
+    smoke: SmokeOpt = False,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", help="Cells run in parallel.")] = 1,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Results directory (default results/NAME).")
+    ] = None,
+    device: DeviceOpt = "auto",
+    threads: Annotated[int, typer.Option(help="torch CPU threads per cell.")] = 1,
+    junit: Annotated[
+        Path | None, typer.Option("--junit", help="Write the expectations as JUnit XML here.")
+    ] = None,
+) -> None:
+    """Run a study (finished cells are reused), write its report and check its expectations;
+    exit code 1 when an expectation fails."""
+    study = load_study(file)
+    if smoke:
+        if study.smoke is None:
+            raise ProbeError(f"{file} has no [smoke] section; run it without --smoke.")
+        study = smoke_version(study)
+    out = out or default_out(study)
+    columns = (
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[note]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+    )  # fmt: skip
+    console.print(f"study [bold]{study.name}[/]{' (smoke)' if smoke else ''}: "
+                  f"{len(expand(study))} cells -> {out}")  # fmt: skip
+    with Progress(*columns, console=console) as bar:
+        result = run_study(
+            study, out, jobs=jobs, device=device, threads=threads, progress=CellProgress(bar)
+        )
+    cached = sum(r.cached for r in result.records)
+    trained = sum(not r.cached and r.train_s > 0 for r in result.records)
+    console.print(f"{len(result.records) - cached} cells run ({trained} models trained), {cached} "
+                  f"reused from the cache, {result.manifest['wall_s']:.0f} s")  # fmt: skip
+    path, outcomes = write_report(out, study, result.tables, result.manifest)
+    console.print(f"report: [bold]{path}[/]", soft_wrap=True)
+    finish(study.name, outcomes, junit, result.manifest["wall_s"])
+
+
+def finish(name: str, outcomes: list[Outcome], junit: Path | None, seconds: float) -> None:
+    """Show the expectations, write them as JUnit XML, exit 1 when one failed."""
+    if outcomes:
+        show_outcomes(outcomes)
+    if junit is not None:
+        write_junit(junit, name, outcomes, seconds)
+        console.print(f"JUnit XML: {junit}")
+    failed = [o for o in outcomes if not o.passed]
+    if failed:
+        err_console.print(f"[bold red]{len(failed)} of {len(outcomes)} expectations failed[/]")
+        raise SystemExit(1)
+
+
+def ls_cli(
+    folder: Annotated[Path, typer.Argument(help="Folder of study files.")] = Path("studies"),
+) -> None:
+    """List the study files in a folder with their question and size."""
+    files = sorted(folder.glob("*.toml"))
+    if not files:
+        raise ProbeError(f"No study files (*.toml) in '{folder}'.")
+    view = Table(title=f"studies in {folder}")
+    for column in ("file", "name", "cells", "smoke cells", "question"):
+        view.add_column(column, overflow="fold")
+    for path in files:
+        try:
+            study = load_study(path)
+        except ProbeError as exc:
+            view.add_row(str(path), "[red]invalid[/]", "", "", str(exc))
+            continue
+        smoke = str(len(expand(smoke_version(study)))) if study.smoke is not None else "–"
+        view.add_row(str(path), study.name, str(len(expand(study))), smoke, study.question)
+    console.print(view)
+
+
+def validate_cli(
+    files: Annotated[list[Path], typer.Argument(help="Study files to check.")],
+) -> None:
+    """Check study files (every cell's configuration is built); exit code 2 if one is invalid."""
+    errors = []
+    for path in files:
+        try:
+            study = load_study(path)
+        except ProbeError as exc:
+            errors.append(str(exc))
+            err_console.print(f"[bold red]invalid[/] {exc}", highlight=False, soft_wrap=True)
+            continue
+        smoke = f", smoke {len(expand(smoke_version(study)))}" if study.smoke is not None else ""
+        console.print(f"[green]ok[/] {path}: {len(expand(study))} cells{smoke}", soft_wrap=True)
+    if errors:
+        raise ProbeError(f"{len(errors)} of {len(files)} study files are invalid.")
+
+
+def report_cli(
+    folder: Annotated[Path, typer.Argument(help="A results directory of `probe study run`.")],
+    junit: Annotated[
+        Path | None, typer.Option("--junit", help="Write the expectations as JUnit XML here.")
+    ] = None,
+) -> None:
+    """Rebuild a study's report (and recheck its expectations) from its results directory."""
+    path, outcomes = report_from_dir(folder)
+    console.print(f"report: [bold]{path}[/]", soft_wrap=True)
+    finish(read_manifest(folder)["study"], outcomes, junit, 0.0)
+
+
+app.command("run")(run_cli)
+app.command("ls")(ls_cli)
+app.command("validate")(validate_cli)
+app.command("report")(report_cli)
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="study")

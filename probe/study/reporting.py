@@ -1,0 +1,161 @@
+"""A study's report: results/NAME/report.md with its tables and figures beside it.
+
+The report opens with the question and the findings stated plainly, then the set-up, the result
+sections the study's tables allow (accuracy by length, unseen lengths, attention entropy, pruning,
+training), the comparison with published numbers, the expectations and what produced the files.
+It is rebuilt from the results directory alone (`probe study report DIR`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from probe.errors import ProbeError
+from probe.report.report import MarkdownReport
+from probe.study import sections
+from probe.study.expect import Outcome, check_all
+from probe.study.grid import expand
+from probe.study.runner import MANIFEST, load_tables
+from probe.study.spec import Study, load_study, smoke_version
+from probe.study.steps import options_dict
+
+
+def arm_order(study: Study) -> list[str]:
+    """Arms in the order the study file names them: the `by` axis, then the variants."""
+    seen: list[str] = []
+    for cell in expand(study):
+        if cell.arm not in seen and not cell.variant:
+            seen.append(cell.arm)
+    return seen + [v.name for v in study.variants]
+
+
+def _settings(values: dict[str, Any]) -> str:
+    return ", ".join(f"`{k} = {json.dumps(v)}`" for k, v in values.items()) or "defaults"
+
+
+def _setup(rep: MarkdownReport, study: Study, manifest: dict[str, Any]) -> None:
+    from probe.model import Transformer
+
+    cells = expand(study)
+    first = cells[0]
+    params = Transformer(first.model).parameter_counts()["total"]
+    rep.heading("Set-up")
+    model, train = first.model, first.train
+    items = [
+        f"Model: {model.arch} with {model.n_layer} layer(s), {model.n_head} heads, d_model "
+        f"{model.d_model}, {model.norm}-LN, {params:,} parameters "
+        f"(for {first.task.name}; the vocabulary follows the task). Base settings: "
+        f"{_settings(study.base['model'])}.",
+        f"Task: {_settings(study.base['task'])}.",
+        f"Training: {train.steps} steps, batch {train.batch_size}, lr {train.lr}, lengths "
+        f"{train.train_len[0]} to {train.train_len[1]} (L = {train.train_len[1]}). Base "
+        f"settings: {_settings(study.base['train'])}.",
+    ]
+    for key, values in study.grid.items():
+        items.append(f"Grid `{key}`: {', '.join(str(v) for v in values)}.")
+    for v in study.variants:
+        text = f"Variant **{v.name}**: {_settings(v.overrides)}"
+        items.append(text + (f" ({v.description})." if v.description else "."))
+    for o in study.overrides:
+        when = " and ".join(f"`{k}` in {list(v)}" for k, v in o.where.items())
+        items.append(f"Where {when}: {_settings(o.overrides)}.")
+    for name, options in study.analysis.items():
+        items.append(f"Analysis `{name}`: {_settings(options_dict(options))}.")
+    seeds = ", ".join(str(s) for s in manifest.get("seeds", []))
+    items.append(f"{len(cells)} cells (models), seeds {seeds}; {_run_line(manifest)}.")
+    rep.bullets(items)
+
+
+def _run_line(manifest: dict[str, Any]) -> str:
+    wall = sum(c.get("wall_s") or 0 for c in manifest.get("cells", []))
+    spent = f"{wall:.0f} s" if wall < 120 else f"{wall / 60:.0f} min"
+    return (f"run on {manifest.get('device', '?')}, git {manifest.get('git_commit') or 'unknown'}, "
+            f"{manifest.get('created', '?')}, {spent} of cell time")  # fmt: skip
+
+
+def _expectations(rep: MarkdownReport, outcomes: list[Outcome]) -> list[str]:
+    if not outcomes:
+        return []
+    rep.heading("Expectations")
+    table = pd.DataFrame([{
+        "check": o.name, "observed": "–" if o.observed is None else f"{o.observed:.3f}",
+        "expected": o.bound, "result": "pass" if o.passed else f"**FAIL** {o.detail}".strip(),
+    } for o in outcomes])  # fmt: skip
+    rep.table(table, "expectations.csv")
+    failed = sum(not o.passed for o in outcomes)
+    if failed:
+        return [f"{failed} of {len(outcomes)} expectations FAILED (see Expectations)."]
+    return [f"All {len(outcomes)} expectations pass."]
+
+
+def write_report(
+    out: Path | str, study: Study, tables: dict[str, pd.DataFrame], manifest: dict[str, Any]
+) -> tuple[Path, list[Outcome]]:
+    """Write out/report.md (+ CSV and PNG beside it); returns its path and the expectations'
+    outcomes."""
+    out = Path(out)
+    title = study.title or f"Study: {study.name}"
+    rep = MarkdownReport(out, title + (" (smoke run)" if study.is_smoke else ""))
+    rep.paragraph(f"**Question.** {study.question}")
+    if study.description:
+        rep.paragraph(study.description)
+    if study.is_smoke:
+        rep.paragraph("> This is the **smoke** version (scaled down for CI): the numbers check "
+                      "that the pipeline works, not what the study finds.")  # fmt: skip
+    findings_at = len(rep.blocks)
+    _setup(rep, study, manifest)
+    order = arm_order(study)
+    findings: list[str] = []
+    if "eval" in tables:
+        findings += sections.accuracy(rep, tables["eval"], order)
+    if "attention" in tables:
+        findings += sections.attention(rep, tables["attention"], order)
+    if "pruning" in tables:
+        findings += sections.pruning(rep, tables["pruning"], order)
+    if study.reference is not None and "eval" in tables:
+        findings += sections.reference(rep, tables["eval"], study.reference)
+    if "train" in tables:
+        sections.training(rep, tables["train"], order)
+    outcomes = check_all(study.expectations, tables, study.is_smoke)
+    findings += _expectations(rep, outcomes)
+    rep.heading("Files")
+    rep.bullets([
+        "`tables/*.csv`: every cell's tidy results, one row per seed, with the cell's identity "
+        "columns (cell hash, arm, variant, grid factors, task, seed, L_min, L).",
+        "`manifest.json`: config hash, seeds and wall time per cell, package versions, device, "
+        "git commit. `study.toml` / `study.json`: the study as run.",
+        f"Reproduce: `probe study run {manifest.get('file', study.where)}"
+        f"{' --smoke' if study.is_smoke else ''}` "
+        "(finished cells are reused from `cells/`).",
+    ])  # fmt: skip
+    rep.blocks.insert(findings_at, "## Findings\n\n" + "\n".join(f"- {f}" for f in findings))
+    return rep.write(), outcomes
+
+
+def read_manifest(out: Path | str) -> dict[str, Any]:
+    path = Path(out) / MANIFEST
+    if not path.exists():
+        raise ProbeError(f"{out} has no {MANIFEST}; is it the output of `probe study run`?")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def report_from_dir(out: Path | str) -> tuple[Path, list[Outcome]]:
+    """Rebuild the report of a finished results directory from its own files."""
+    out = Path(out)
+    manifest = read_manifest(out)
+    if not (out / "study.toml").exists():
+        raise ProbeError(f"{out} has no study.toml copy; rerun the study to rebuild its report.")
+    study = dataclasses.replace(load_study(out / "study.toml"), name=manifest["study"])
+    if manifest.get("smoke"):
+        study = smoke_version(study)
+    if manifest.get("n_done") != manifest.get("n_cells"):
+        raise ProbeError(
+            f"{out} is unfinished ({manifest.get('n_done')} of {manifest.get('n_cells')} cells); "
+            "run the study again to finish it (finished cells are kept)."
+        )
+    return write_report(out, study, load_tables(out), manifest)

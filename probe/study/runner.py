@@ -1,0 +1,250 @@
+"""Running a study: cells in order (or in parallel processes), cached, resumable, with a manifest.
+
+A run takes an exclusive lock on its results directory, skips every cell whose `done.json`
+exists, and after each finished cell rewrites `manifest.json` atomically. When all cells are done
+it gathers each table over the cells into `tables/<name>.csv`. Killing it at any moment and
+starting it again finishes the rest and gives the same tables as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import queue
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from probe import provenance
+from probe.errors import ProbeError
+from probe.report.files import atomic_write_csv, atomic_write_json, atomic_write_text
+from probe.study.cells import (
+    CellEvent,
+    CellRecord,
+    cached_record,
+    read_cell_tables,
+    read_table,
+    run_cell,
+)
+from probe.study.grid import Cell, expand
+from probe.study.spec import Study, study_dict
+from probe.train import resolve_device
+
+MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True)
+class StudyEvent:
+    """Progress of a run: kind is "start", "cell-start", "cell" (inside a cell) or "cell-done"."""
+
+    kind: str
+    n_cells: int
+    index: int = -1
+    label: str = ""
+    phase: str = ""
+    done: int = 0
+    total: int = 0
+    note: str = ""
+    cached: bool = False
+
+
+@dataclass
+class RunResult:
+    out: Path
+    cells: list[Cell]
+    records: list[CellRecord]
+    tables: dict[str, pd.DataFrame]
+    manifest: dict[str, Any]
+
+
+@contextmanager
+def _locked(out: Path) -> Iterator[None]:
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / ".lock").open("w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ProbeError(
+                f"another `probe study run` is writing to {out}; wait for it or use --out."
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _clean_temporaries(out: Path) -> None:
+    """Remove what a killed run left half-written (nothing else is running: we hold the lock)."""
+    for tmp in (out / "models").glob(".*.tmp-*"):
+        shutil.rmtree(tmp, ignore_errors=True)
+    for tmp in out.rglob(".*.tmp"):
+        tmp.unlink(missing_ok=True)
+
+
+def _manifest(study: Study, cells: list[Cell], records: dict[int, CellRecord],
+              context: dict[str, Any], started: float) -> dict[str, Any]:  # fmt: skip
+    rows = []
+    for cell in cells:
+        record = records.get(cell.index)
+        rows.append({
+            "index": cell.index, "key": cell.key, "train_key": cell.train_key, "label": cell.label,
+            "arm": cell.arm, "variant": cell.variant, "factors": dict(cell.factors),
+            "seed": cell.seed, "status": "pending" if record is None else
+            ("cached" if record.cached else "done"),
+            "wall_s": None if record is None else round(record.wall_s, 2),
+            "train_s": None if record is None else round(record.train_s, 2),
+        })  # fmt: skip
+    analysis_seeds = {name: getattr(o, "seed", None) for name, o in study.analysis.items()}
+    return {
+        "study": study.name, "file": study.where, "smoke": study.is_smoke,
+        **context,
+        "seeds": sorted({c.seed for c in cells}), "analysis_seeds": analysis_seeds,
+        "n_cells": len(cells), "n_done": len(records),
+        "wall_s": round(time.perf_counter() - started, 2),
+        "cells": rows,
+    }  # fmt: skip
+
+
+@contextmanager
+def _threads(n: int) -> Iterator[None]:
+    """torch's intra-op threads set to `n` for the block, restored afterwards."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _worker_init(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _run_in_worker(cell: Cell, root: Path, device: str, events: Any) -> CellRecord:
+    return run_cell(cell, root, device, events.put)
+
+
+def run_study(
+    study: Study,
+    out: Path | str,
+    *,
+    jobs: int = 1,
+    device: str = "auto",
+    threads: int = 1,
+    progress: Callable[[StudyEvent], None] | None = None,
+) -> RunResult:
+    """Run (or resume) every cell of `study` into results directory `out`.
+
+    jobs: cells run at once, each in its own process (1: in this process). threads: torch CPU
+    threads per cell; one is fastest for the small models of the shipped studies (the cores are
+    better spent on --jobs)."""
+    if jobs < 1 or threads < 1:
+        raise ProbeError(f"--jobs and --threads must be at least 1, got {jobs} and {threads}.")
+    out = Path(out)
+    cells = expand(study)
+    emit = progress or (lambda event: None)
+    started = time.perf_counter()
+    with _locked(out), _threads(threads):
+        context = {**provenance.context(resolve_device(device)), "requested_device": device,
+                   "jobs": jobs, "threads": threads}  # fmt: skip
+        _clean_temporaries(out)
+        if study.path is not None:
+            atomic_write_text(out / "study.toml", study.path.read_text(encoding="utf-8"))
+        atomic_write_json(out / "study.json", study_dict(study))
+        records: dict[int, CellRecord] = {}
+
+        def finished(record: CellRecord) -> None:
+            records[record.index] = record
+            cell = cells[record.index]
+            emit(StudyEvent("cell-done", len(cells), cell.index, cell.label, cached=record.cached))
+            atomic_write_json(out / MANIFEST, _manifest(study, cells, records, context, started))
+
+        def relay(event: CellEvent) -> None:
+            cell = cells[event.index]
+            emit(StudyEvent("cell", len(cells), event.index, cell.label, event.phase,
+                            event.done, event.total, event.note))  # fmt: skip
+
+        emit(StudyEvent("start", len(cells)))
+        todo = []
+        for cell in cells:
+            record = cached_record(out, cell)
+            if record is None:
+                todo.append(cell)
+            else:
+                finished(record)
+        if jobs == 1 or len(todo) <= 1:
+            for cell in todo:
+                emit(StudyEvent("cell-start", len(cells), cell.index, cell.label))
+                finished(run_cell(cell, out, device, relay))
+        else:
+            _run_parallel(todo, cells, out, device, jobs, threads, emit, relay, finished)
+        tables = _gather(out, cells, records)
+        manifest = _manifest(study, cells, records, context, started)
+        atomic_write_json(out / MANIFEST, manifest)
+    return RunResult(out, cells, [records[c.index] for c in cells], tables, manifest)
+
+
+def _run_parallel(todo, cells, out, device, jobs, threads, emit, relay, finished) -> None:
+    import multiprocessing as mp
+
+    context = mp.get_context("spawn")
+    with (
+        context.Manager() as manager,
+        ProcessPoolExecutor(
+            max_workers=jobs, mp_context=context, initializer=_worker_init, initargs=(threads,)
+        ) as pool,
+    ):
+        events = manager.Queue()
+        pending = {}
+        for cell in todo:
+            pending[pool.submit(_run_in_worker, cell, out, device, events)] = cell
+        started: set[int] = set()
+        while pending:
+            done, _ = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            while True:
+                try:
+                    event = events.get_nowait()
+                except queue.Empty:
+                    break
+                if event.index not in started:
+                    started.add(event.index)
+                    emit(
+                        StudyEvent("cell-start", len(cells), event.index, cells[event.index].label)
+                    )
+                relay(event)
+            for future in done:
+                pending.pop(future)
+                finished(future.result())
+
+
+def _gather(
+    out: Path, cells: list[Cell], records: dict[int, CellRecord]
+) -> dict[str, pd.DataFrame]:
+    """Each table over all cells, in cell order, written to tables/<name>.csv."""
+    parts: dict[str, list[pd.DataFrame]] = {}
+    for cell in cells:
+        for name, table in read_cell_tables(out, cell, records[cell.index].tables).items():
+            parts.setdefault(name, []).append(table)
+    tables = {}
+    for name, frames in parts.items():
+        tables[name] = pd.concat(frames, ignore_index=True)
+        atomic_write_csv(out / "tables" / f"{name}.csv", tables[name])
+    return {name: read_table(out / "tables" / f"{name}.csv") for name in tables}
+
+
+def load_tables(out: Path | str) -> dict[str, pd.DataFrame]:
+    """The gathered tables of a finished results directory."""
+    folder = Path(out) / "tables"
+    if not folder.is_dir():
+        raise ProbeError(f"{out} holds no tables/ folder; is it a finished `probe study run`?")
+    return {p.stem: read_table(p) for p in sorted(folder.glob("*.csv"))}

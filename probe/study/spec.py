@@ -1,0 +1,337 @@
+"""Study files: `studies/*.toml` read with tomllib and validated into frozen objects.
+
+A study is a base config, a grid of overrides crossed with each other, named variants (extra
+cells), the analyses run on every trained model, expectations on the result tables, a report
+section and a `[smoke]` section that scales it all down for CI. Every error names the file, the
+section and the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from probe.config import ModelConfig, TrainConfig, did_you_mean
+from probe.errors import ProbeError
+from probe.study.expect import Expectation, parse_expectation
+from probe.study.steps import parse_options
+from probe.tasks import TaskConfig
+
+SECTIONS = {"model": ModelConfig, "task": TaskConfig, "train": TrainConfig}
+TOP_LEVEL = (
+    "study",
+    "base",
+    "grid",
+    "variant",
+    "override",
+    "analysis",
+    "expect",
+    "report",
+    "reference",
+    "smoke",
+)
+STUDY_KEYS = ("name", "question", "description")
+VARIANT_KEYS = ("name", "description", *SECTIONS)
+REPORT_KEYS = ("by", "title")
+REFERENCE_KEYS = ("source", "setting", "metric", "lengths", "values", "mrr", "names", "notes")
+SMOKE_KEYS = ("grid", "variants", "analysis", *SECTIONS)
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    overrides: dict[str, Any]  # dotted key ("train.random_positions") -> value
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Override:
+    """Settings applied to every cell whose configuration matches `where` (for example a shorter
+    training range for one task)."""
+
+    where: dict[str, tuple[Any, ...]]  # dotted key -> the values that match
+    overrides: dict[str, Any]  # dotted key -> value
+
+
+@dataclass(frozen=True)
+class Reference:
+    """Published numbers to put beside the study's own (see REFERENCES.md)."""
+
+    source: str
+    setting: str = ""
+    metric: str = "exact_match"
+    lengths: str = "unseen"  # which lengths of ours to compare: "unseen" (> L) or "seen"
+    values: dict[str, dict[str, float]] = field(default_factory=dict)  # task -> arm -> value
+    mrr: dict[str, float] = field(default_factory=dict)  # arm -> mean reciprocal rank
+    names: dict[str, str] = field(default_factory=dict)  # arm -> the paper's name for it
+    notes: str = ""
+
+
+@dataclass(frozen=True)
+class Study:
+    name: str
+    question: str
+    path: Path | None
+    base: dict[str, dict[str, Any]]  # "model"/"task"/"train" -> settings
+    grid: dict[str, tuple[Any, ...]]  # dotted key -> values, crossed in file order
+    variants: tuple[Variant, ...] = ()
+    overrides: tuple[Override, ...] = ()
+    analysis: dict[str, Any] = field(default_factory=dict)  # step name -> options, in run order
+    expectations: tuple[Expectation, ...] = ()
+    by: str = "model.pe"  # the factor the report compares (variants show under their name)
+    title: str = ""
+    description: str = ""
+    reference: Reference | None = None
+    smoke: dict[str, Any] | None = None  # the raw [smoke] table, applied by `smoke_version`
+    is_smoke: bool = False
+
+    @property
+    def where(self) -> str:
+        return str(self.path) if self.path is not None else f"study '{self.name}'"
+
+
+def flatten(table: dict[str, Any], where: str, allow: tuple[str, ...] = tuple(SECTIONS)) -> dict:
+    """{"model": {"pe": x}} or {"model.pe": x} -> {"model.pe": x}; the first part must be a
+    config section and the rest one of its fields."""
+    flat: dict[str, Any] = {}
+    for key, value in table.items():
+        if "." not in key and isinstance(value, dict):
+            for sub, inner in value.items():
+                flat[f"{key}.{sub}"] = inner
+        else:
+            flat[key] = value
+    for key in flat:
+        check_key(key, where, allow)
+    return flat
+
+
+def check_key(key: str, where: str, allow: tuple[str, ...] = tuple(SECTIONS)) -> None:
+    section, _, name = key.partition(".")
+    if section not in allow or not name:
+        raise ProbeError(
+            f"{where}: '{key}' is not a setting; write section.field with section one of "
+            f"{', '.join(allow)} (for example 'model.pe' or 'train.seed')."
+        )
+    names = [f.name for f in dataclasses.fields(SECTIONS[section])]
+    if name not in names:
+        raise ProbeError(
+            f"{where}: unknown {section} field '{name}'.{did_you_mean(name, names)} "
+            f"Valid fields: {', '.join(names)}."
+        )
+
+
+def _keys(table: Any, allowed: tuple[str, ...], where: str) -> dict[str, Any]:
+    if not isinstance(table, dict):
+        raise ProbeError(f"{where} must be a table, got {type(table).__name__}.")
+    for key in table:
+        if key not in allowed:
+            raise ProbeError(
+                f"{where}: unknown field '{key}'.{did_you_mean(key, list(allowed))} "
+                f"Valid fields: {', '.join(allowed)}."
+            )
+    return table
+
+
+def _section_configs(base: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
+    out = {}
+    for section, cls in SECTIONS.items():
+        settings = dict(base.get(section, {}))
+        try:
+            cls.from_dict(settings)  # validates names and values now
+        except (ProbeError, TypeError) as exc:
+            raise ProbeError(f"{where} [base.{section}] {exc}") from None
+        out[section] = settings
+    return out
+
+
+def _grid(raw: Any, where: str) -> dict[str, tuple[Any, ...]]:
+    if not isinstance(raw, dict):
+        raise ProbeError(f"{where} [grid] must be a table of setting = [values].")
+    grid = {}
+    for key, values in flatten(raw, f"{where} [grid]").items():
+        if not isinstance(values, list) or not values:
+            raise ProbeError(
+                f"{where} [grid] '{key}' must be a non-empty list of values, got {values!r}."
+            )
+        grid[key] = tuple(values)
+    return grid
+
+
+def _variants(raw: Any, where: str) -> tuple[Variant, ...]:
+    if not isinstance(raw, list):
+        raise ProbeError(f"{where}: write variants as [[variant]] tables.")
+    variants, seen = [], set()
+    for i, table in enumerate(raw):
+        here = f"{where} [[variant]] #{i + 1}"
+        _keys(table, VARIANT_KEYS, here)
+        name = table.get("name")
+        if not isinstance(name, str) or not name:
+            raise ProbeError(f"{here} needs a name (a short label used in tables and plots).")
+        if name in seen:
+            raise ProbeError(f"{here}: the variant name '{name}' is used twice.")
+        seen.add(name)
+        overrides = flatten({k: v for k, v in table.items() if k in SECTIONS}, here)
+        variants.append(Variant(name, overrides, str(table.get("description", ""))))
+    return tuple(variants)
+
+
+def _overrides(raw: Any, where: str) -> tuple[Override, ...]:
+    if not isinstance(raw, list):
+        raise ProbeError(f"{where}: write conditional settings as [[override]] tables.")
+    out = []
+    for i, table in enumerate(raw):
+        here = f"{where} [[override]] #{i + 1}"
+        _keys(table, ("where", *SECTIONS), here)
+        if not isinstance(table.get("where"), dict) or not table["where"]:
+            raise ProbeError(f'{here} needs where = {{ "task.name" = "addition" }} or similar.')
+        match = flatten(table["where"], f"{here} where")
+        settings = flatten({k: v for k, v in table.items() if k in SECTIONS}, here)
+        if not settings:
+            raise ProbeError(f"{here} sets nothing; add settings such as train.steps = 4000.")
+        values = {k: tuple(v) if isinstance(v, list) else (v,) for k, v in match.items()}
+        out.append(Override(values, settings))
+    return tuple(out)
+
+
+def _analysis(raw: Any, where: str) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise ProbeError(f"{where} [analysis] must hold one table per analysis step.")
+    out = {}
+    for name, options in raw.items():
+        try:
+            out[name] = parse_options(name, options if isinstance(options, dict) else {})
+        except (ProbeError, TypeError) as exc:
+            raise ProbeError(f"{where} [analysis] {exc}") from None
+    return out
+
+
+def _reference(raw: Any, where: str) -> Reference:
+    here = f"{where} [reference]"
+    table = dict(_keys(raw, REFERENCE_KEYS, here))
+    if "source" not in table:
+        raise ProbeError(f"{here} needs a source (who published the numbers, and where).")
+    for key in ("values", "mrr", "names"):
+        if not isinstance(table.get(key, {}), dict):
+            raise ProbeError(f"{here} {key} must be a table.")
+    return Reference(**table)
+
+
+def parse_study(data: dict[str, Any], path: Path | None = None) -> Study:
+    """Validate a parsed study file into a `Study` (every cell's configs are checked too)."""
+    where = str(path) if path is not None else "study"
+    _keys(data, TOP_LEVEL, where)
+    head = _keys(data.get("study", {}), STUDY_KEYS, f"{where} [study]")
+    name = head.get("name") or (path.stem if path is not None else None)
+    if not name or not isinstance(name, str):
+        raise ProbeError(f"{where} [study] needs a name.")
+    if not head.get("question"):
+        raise ProbeError(f"{where} [study] needs a question: what does this study find out?")
+    base = _keys(data.get("base", {}), tuple(SECTIONS), f"{where} [base]")
+    report = _keys(data.get("report", {}), REPORT_KEYS, f"{where} [report]")
+    by = report.get("by", "model.pe")
+    check_key(by, f"{where} [report] by")
+    expectations = tuple(
+        parse_expectation(e, f"{where} [[expect]] #{i + 1}")
+        for i, e in enumerate(data.get("expect", []))
+    )
+    smoke = data.get("smoke")
+    if smoke is not None:
+        _keys(smoke, SMOKE_KEYS, f"{where} [smoke]")
+    study = Study(
+        name=name,
+        question=str(head["question"]).strip(),
+        description=str(head.get("description", "")).strip(),
+        path=path,
+        base=_section_configs(base, where),
+        grid=_grid(data.get("grid", {}), where),
+        variants=_variants(data.get("variant", []), where),
+        overrides=_overrides(data.get("override", []), where),
+        analysis=_analysis(data.get("analysis", {}), where),
+        expectations=expectations,
+        by=by,
+        title=str(report.get("title", "")),
+        reference=_reference(data["reference"], where) if "reference" in data else None,
+        smoke=smoke,
+    )
+    from probe.study.grid import expand
+
+    expand(study)  # every cell must build
+    if smoke is not None:
+        expand(smoke_version(study))
+    return study
+
+
+def load_study(path: str | Path) -> Study:
+    path = Path(path)
+    if not path.exists():
+        raise ProbeError(f"No study file at '{path}'. List the shipped ones with `probe study ls`.")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ProbeError(f"{path} is not valid TOML: {exc}.") from None
+    return parse_study(data, path)
+
+
+def smoke_version(study: Study) -> Study:
+    """The study scaled down by its [smoke] section: settings override the base, grid axes are
+    replaced, variants may be narrowed to a list, analysis options are overridden."""
+    if study.is_smoke:
+        return study
+    smoke = study.smoke or {}
+    where = f"{study.where} [smoke]"
+    overrides = flatten({k: v for k, v in smoke.items() if k in SECTIONS}, where)
+    for key in overrides:
+        if key in study.grid:
+            raise ProbeError(f"{where}: '{key}' is a grid axis; shrink it under [smoke.grid].")
+    base = {s: dict(v) for s, v in study.base.items()}
+    for key, value in overrides.items():
+        section, _, name = key.partition(".")
+        base[section][name] = value
+    base = _section_configs(base, f"{where} (merged into base)")
+    grid = dict(study.grid)
+    for key, values in _grid(smoke.get("grid", {}), where).items():
+        if key not in grid:
+            hint = did_you_mean(key, list(grid))
+            raise ProbeError(f"{where} [smoke.grid] '{key}' is not an axis of [grid].{hint}")
+        grid[key] = values
+    variants = study.variants
+    if "variants" in smoke:
+        names = [v.name for v in variants]
+        for n in smoke["variants"]:
+            if n not in names:
+                raise ProbeError(f"{where} variants: no variant '{n}'.{did_you_mean(n, names)}")
+        variants = tuple(v for v in variants if v.name in smoke["variants"])
+    analysis = dict(study.analysis)
+    for name, options in _keys(
+        smoke.get("analysis", {}), tuple(analysis), f"{where} analysis"
+    ).items():
+        merged = {**dataclasses.asdict(analysis[name]), **options}
+        analysis[name] = _analysis({name: merged}, where)[name]
+    return dataclasses.replace(
+        study, base=base, grid=grid, variants=variants, analysis=analysis, is_smoke=True
+    )
+
+
+def study_dict(study: Study) -> dict[str, Any]:
+    """A JSON-ready description of the (possibly smoke) study, stored in its results directory."""
+    from probe.study.steps import options_dict
+
+    return {
+        "name": study.name,
+        "question": study.question,
+        "description": study.description,
+        "title": study.title,
+        "file": study.where,
+        "smoke": study.is_smoke,
+        "base": study.base,
+        "grid": {k: list(v) for k, v in study.grid.items()},
+        "variants": [dataclasses.asdict(v) for v in study.variants],
+        "overrides": [dataclasses.asdict(o) for o in study.overrides],
+        "analysis": {k: options_dict(v) for k, v in study.analysis.items()},
+        "expect": [dataclasses.asdict(e) for e in study.expectations],
+        "by": study.by,
+        "reference": dataclasses.asdict(study.reference) if study.reference else None,
+    }

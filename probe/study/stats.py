@@ -1,0 +1,56 @@
+"""Means over seeds with 95% bootstrap confidence intervals (scipy.stats.bootstrap)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy.stats import bootstrap
+
+CONFIDENCE = 0.95
+N_RESAMPLES = 2000
+
+
+def mean_ci(values, seed: int = 0) -> tuple[float, float, float]:
+    """(mean, low, high): the percentile bootstrap CI of the mean. With fewer than two values,
+    or identical values, the interval collapses to the mean (low = high = mean) or is NaN for
+    a single value, which the report states as 'one seed, no interval'."""
+    x = np.asarray(values, dtype=float)
+    x = x[~np.isnan(x)]
+    if x.size == 0:
+        return (np.nan, np.nan, np.nan)
+    mean = float(x.mean())
+    if x.size < 2:
+        return (mean, np.nan, np.nan)
+    if np.ptp(x) == 0:
+        return (mean, mean, mean)
+    options = {"confidence_level": CONFIDENCE, "n_resamples": N_RESAMPLES, "method": "percentile"}
+    try:
+        result = bootstrap((x,), np.mean, rng=np.random.default_rng(seed), **options)
+    except TypeError:  # scipy < 1.15 calls the generator random_state
+        result = bootstrap((x,), np.mean, random_state=np.random.default_rng(seed), **options)
+    return (mean, float(result.confidence_interval.low), float(result.confidence_interval.high))
+
+
+def over_seeds(df: pd.DataFrame, by: list[str], value: str = "value") -> pd.DataFrame:
+    """Average `value` within each (by, seed), then the mean and CI over seeds per `by` group.
+
+    Columns: by..., mean, low, high, n_seeds, values (the per-seed means, ';'-joined in seed
+    order, so a reader can check the interval)."""
+    per_seed = df.groupby([*by, "seed"], sort=True, dropna=False)[value].mean().reset_index()
+    rows = []
+    for keys, group in per_seed.groupby(by, sort=True, dropna=False):
+        keys = keys if isinstance(keys, tuple) else (keys,)
+        mean, low, high = mean_ci(group[value].to_numpy())
+        seeds = ";".join(f"{v:.4g}" for v in group[value])
+        rows.append({**dict(zip(by, keys, strict=True)), "mean": mean, "low": low, "high": high,
+                     "n_seeds": len(group), "values": seeds})  # fmt: skip
+    return pd.DataFrame(rows, columns=[*by, "mean", "low", "high", "n_seeds", "values"])
+
+
+def fmt_ci(mean: float, low: float, high: float, digits: int = 2) -> str:
+    """'0.82 [0.75, 0.90]', or '0.82' when there is no interval."""
+    if np.isnan(mean):
+        return "–"
+    if np.isnan(low) or np.isnan(high):
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"

@@ -1,0 +1,231 @@
+"""The analyses a study runs on each trained model: a registry of named steps.
+
+A step takes the trained model and the cell's configs (a `StepContext`) plus its own validated
+options and returns tidy DataFrames by table name. Steps that need another part of probe import it
+lazily, so a study that does not use them runs without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import torch
+
+from probe.config import TrainConfig, choice, did_you_mean, from_dict
+from probe.errors import ProbeError
+from probe.model import Transformer
+from probe.tasks import TaskConfig, parse_lengths
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass
+class StepContext:
+    model: Transformer  # trained, in eval mode
+    task: TaskConfig
+    train: TrainConfig
+    device: torch.device
+    progress: Progress | None = None  # (done, total) within the step
+
+    @property
+    def train_max(self) -> int:
+        """L: the longest training length."""
+        return self.train.train_len[1]
+
+
+def resolve_lengths(spec: str | list[int], train_max: int) -> list[int]:
+    """Lengths from a spec such as "1:2L", "4:L,24,32" or [8, 16]; `L` is the longest training
+    length and `kL` is k times it."""
+    if isinstance(spec, list | tuple):
+        return parse_lengths(",".join(str(int(n)) for n in spec))
+    if not isinstance(spec, str):
+        raise ProbeError(f"lengths must be a string like '1:2L' or a list, got {spec!r}.")
+    text = re.sub(r"(\d*)L", lambda m: str(int(m.group(1) or 1) * train_max), spec)
+    return parse_lengths(text)
+
+
+# ------------------------------------------------------------------------------------ options
+
+
+@dataclass(frozen=True)
+class EvalLengthsOptions:
+    lengths: str | tuple[int, ...] = "1:2L"  # task lengths to evaluate at (L: longest trained)
+    batch_size: int = 64  # examples per batch
+    n_batches: int = 2  # batches per length
+    seed: int = 1234  # evaluation data seed (the same data for every cell)
+
+
+@dataclass(frozen=True)
+class AttentionOptions:
+    lengths: str | tuple[int, ...] = "L,2L"  # lengths at which to record attention statistics
+    statistics: tuple[str, ...] = (
+        "entropy",
+        "normalized_entropy",
+        "p_max",
+        "max_logit",
+        "sink_mass",
+        "attention_distance",
+    )  # see probe.streaming
+    batch_size: int = 32
+    n_batches: int = 1
+    seed: int = 4321
+
+
+@dataclass(frozen=True)
+class PruneOptions:
+    fractions: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75)  # of all heads (rounded to whole heads)
+    methods: tuple[str, ...] = ("gradient", "random")  # importance estimators ranking the heads
+    lengths: str | tuple[int, ...] = "L"  # lengths of the importance and scoring data
+    splits: int = 1  # importance data splits (each also reseeds the random ranking)
+    batch_size: int = 64
+    n_batches: int = 2
+    seed: int = 2468  # scoring data; importance split r comes from seed + 1 + r, disjoint
+
+
+# -------------------------------------------------------------------------------------- steps
+
+
+def _eval_lengths(ctx: StepContext, opts: EvalLengthsOptions) -> dict[str, pd.DataFrame]:
+    from probe.evaluate import evaluate
+
+    lengths = resolve_lengths(opts.lengths, ctx.train_max)
+    table = evaluate(
+        ctx.model, ctx.task, lengths, batch_size=opts.batch_size, n_batches=opts.n_batches,
+        seed=opts.seed, device=ctx.device, progress=ctx.progress,
+    )  # fmt: skip
+    return {"eval": table}
+
+
+def _attention(ctx: StepContext, opts: AttentionOptions) -> dict[str, pd.DataFrame]:
+    observe = _require("attention", "probe.observe")
+    from probe.evaluate import eval_batches, form_for
+
+    form = form_for(ctx.model.cfg.arch)
+    batches = [
+        batch
+        for n in resolve_lengths(opts.lengths, ctx.train_max)
+        for batch in eval_batches(
+            ctx.task, form, [n], opts.batch_size, opts.n_batches, opts.seed + n
+        )
+    ]
+    table = observe.attention_stats(
+        ctx.model, batches, list(opts.statistics), progress=ctx.progress
+    )
+    return {"attention": table}
+
+
+def _prune(ctx: StepContext, opts: PruneOptions) -> dict[str, pd.DataFrame]:
+    """`probe.analysis.pruning_runs.pruning_curve`: the metrics after masking the least important
+    heads, per estimator and fraction (0: the unpruned model), importance measured on data
+    disjoint from the scoring data."""
+    runs = _require("prune", "probe.analysis.pruning_runs")
+    from probe.analysis.importance import disjoint_splits
+    from probe.analysis.pruning import present_heads
+    from probe.evaluate import form_for
+
+    lengths = resolve_lengths(opts.lengths, ctx.train_max)
+    splits, scoring = disjoint_splits(
+        ctx.task, form_for(ctx.model.cfg.arch), lengths, batch_size=opts.batch_size,
+        n_batches=opts.n_batches, seed=opts.seed, n_importance=opts.splits,
+    )  # fmt: skip
+    table = runs.pruning_curve(
+        ctx.model, splits, scoring, list(opts.methods), [0.0, *opts.fractions],
+        progress=ctx.progress,
+    )  # fmt: skip
+    n_heads = sum(len(h) for h in present_heads(ctx.model))
+    table = table.rename(columns={"seed": "split"}).assign(n_heads=n_heads)
+    return {"pruning": table}
+
+
+def _check_attention(opts: AttentionOptions) -> None:
+    observe = _require("attention", "probe.observe")
+    observe.check_statistics(list(opts.statistics))
+
+
+def _check_prune(opts: PruneOptions) -> None:
+    from probe.analysis.importance import Method
+
+    for method in opts.methods:
+        choice(Method, method, "importance method")
+    for fraction in opts.fractions:
+        if not 0.0 < float(fraction) <= 1.0:
+            raise ProbeError(f"fractions must lie in (0, 1], got {fraction}.")
+
+
+def _require(step: str, module: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not module.startswith(exc.name):
+            raise
+        raise ProbeError(
+            f"analysis '{step}' needs {module}, which this installation of probe does not have; "
+            f"remove [analysis.{step}] from the study or update probe."
+        ) from None
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    options: type
+    run: Callable[[StepContext, Any], dict[str, pd.DataFrame]]
+    tables: tuple[str, ...]  # the tables the step returns
+    doc: str
+    check: Callable[[Any], None] | None = None  # more validation of the options
+
+
+STEPS: dict[str, Step] = {
+    s.name: s
+    for s in (
+        Step("eval_lengths", EvalLengthsOptions, _eval_lengths, ("eval",),
+             "exact match, token accuracy and loss at each task length"),
+        Step("attention", AttentionOptions, _attention, ("attention",),
+             "per-head attention statistics (entropy, max logit, ...) at each length",
+             _check_attention),
+        Step("prune", PruneOptions, _prune, ("pruning",),
+             "accuracy after removing a growing fraction of heads, by importance and at random",
+             _check_prune),
+    )
+}  # fmt: skip
+
+
+def get_step(name: str) -> Step:
+    if name not in STEPS:
+        raise ProbeError(
+            f"Unknown analysis '{name}'.{did_you_mean(name, list(STEPS))} "
+            f"Available: {', '.join(STEPS)}."
+        )
+    return STEPS[name]
+
+
+def parse_options(name: str, raw: dict[str, Any]) -> Any:
+    """Validated options of step `name` from a study file's [analysis.NAME] table."""
+    step = get_step(name)
+    data = {k: tuple(v) if isinstance(v, list) else v for k, v in dict(raw).items()}
+    options = from_dict(step.options, data, f"analysis.{name}")
+    if hasattr(options, "lengths"):
+        resolve_lengths(options.lengths, 16)  # fail now on a malformed spec, not mid-study
+    if step.check is not None:
+        step.check(options)
+    for f in dataclasses.fields(options):
+        value = getattr(options, f.name)
+        if f.name in ("batch_size", "n_batches", "splits") and (
+            not isinstance(value, int) or value < 1
+        ):
+            raise ProbeError(
+                f"[analysis.{name}] {f.name} must be a whole number >= 1, got {value!r}."
+            )
+    return options
+
+
+def options_dict(options: Any) -> dict[str, Any]:
+    """JSON-ready options (for hashing and the manifest)."""
+    return {
+        k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(options).items()
+    }

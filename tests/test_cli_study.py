@@ -1,0 +1,123 @@
+"""`probe study run | ls | validate | report` through the real entry point."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from probe_cli.main import main
+
+TINY = """
+[study]
+name = "tiny"
+question = "Does the command line work?"
+
+[base.model]
+n_layer = 1
+n_head = 2
+d_model = 16
+max_len = 32
+
+[base.task]
+name = "copy"
+n_symbols = 4
+
+[base.train]
+steps = 3
+batch_size = 4
+warmup = 1
+train_len = [2, 3]
+eval_every = 0
+eval_batches = 1
+
+[grid]
+model.pe = ["rope"]
+train.seed = [0, 1]
+
+[analysis.eval_lengths]
+lengths = "1:2L"
+batch_size = 4
+n_batches = 1
+
+[[expect]]
+table = "eval"
+metric = "loss"
+bound = ">= 0"
+
+[[expect]]
+name = "impossible in smoke"
+table = "eval"
+metric = "exact_match"
+bound = "> 1"
+when = "smoke"
+
+[smoke]
+train.steps = 2
+[smoke.grid]
+train.seed = [0]
+"""
+
+
+def run(args: list[str]) -> int:
+    try:
+        main(args)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
+
+
+@pytest.fixture
+def study_file(tmp_path) -> Path:
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY)
+    return path
+
+
+def test_validate_ok_and_invalid(study_file, tmp_path, capsys):
+    assert run(["study", "validate", str(study_file)]) == 0
+    assert "2 cells, smoke 1" in capsys.readouterr().out
+    bad = tmp_path / "bad.toml"
+    bad.write_text(TINY.replace("n_head = 2", "n_heads = 2"))
+    assert run(["study", "validate", str(study_file), str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "n_heads" in err and "Did you mean 'n_head'?" in err and "1 of 2" in err
+
+
+def test_ls_lists_the_folder(study_file, capsys):
+    assert run(["study", "ls", str(study_file.parent)]) == 0
+    out = capsys.readouterr().out
+    assert "tiny" in out and "Does the command line" in out
+
+
+def test_run_report_and_junit(study_file, tmp_path, capsys):
+    out, junit = tmp_path / "out", tmp_path / "junit.xml"
+    code = run(["study", "run", str(study_file), "--out", str(out), "--device", "cpu",
+                "--junit", str(junit)])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    assert (out / "report.md").exists() and (out / "manifest.json").exists()
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite.get("tests") == "1" and suite.get("failures") == "0"
+    assert "cells run" in capsys.readouterr().out
+    (out / "report.md").unlink()
+    assert run(["study", "report", str(out)]) == 0
+    assert (out / "report.md").exists()
+
+
+def test_failed_expectation_exits_1(study_file, tmp_path, capsys):
+    junit = tmp_path / "junit.xml"
+    code = run(["study", "run", str(study_file), "--smoke", "--out", str(tmp_path / "s"),
+                "--device", "cpu", "--junit", str(junit)])  # fmt: skip
+    assert code == 1
+    captured = capsys.readouterr()
+    assert "FAIL" in captured.out and "impossible in smoke" in captured.out
+    assert "1 of 2 expectations failed" in captured.err
+    assert ET.parse(junit).getroot().find("testsuite").get("failures") == "1"
+
+
+def test_bad_input_exits_2(study_file, tmp_path, capsys):
+    assert run(["study", "run", str(tmp_path / "nope.toml")]) == 2
+    assert "No study file" in capsys.readouterr().err
+    assert run(["study", "run", str(study_file), "--jobs", "0", "--out", str(tmp_path / "o")]) == 2
+    assert run(["study", "report", str(tmp_path)]) == 2
+    assert "manifest.json" in capsys.readouterr().err

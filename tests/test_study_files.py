@@ -1,0 +1,27 @@
+"""Every shipped study file validates, full and smoke, and the smoke versions stay small."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from probe.study.grid import expand
+from probe.study.spec import load_study, smoke_version
+
+STUDIES = sorted((Path(__file__).resolve().parents[1] / "studies").glob("*.toml"))
+
+
+def test_there_are_shipped_studies():
+    names = {p.stem for p in STUDIES}
+    assert {"quickstart", "positions"} <= names
+
+
+@pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.stem)
+def test_study_validates_with_a_small_smoke_version(path):
+    study = load_study(path)
+    assert study.smoke is not None, "every shipped study needs a [smoke] section for CI"
+    full, smoke = expand(study), expand(smoke_version(study))
+    assert len(smoke) <= len(full)
+    assert len(smoke) <= 16
+    assert all(c.train.steps <= 400 for c in smoke)

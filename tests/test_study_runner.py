@@ -1,0 +1,171 @@
+"""The runner: cache hits skip work, kill -9 and resume, same seed same tables, --jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from probe.errors import ProbeError
+from probe.study import cells as cells_module
+from probe.study.runner import load_tables, run_study
+from probe.study.spec import load_study
+
+TINY = """
+[study]
+name = "tiny"
+question = "Does the runner work?"
+
+[base.model]
+n_layer = 1
+n_head = 2
+d_model = 16
+max_len = 32
+
+[base.task]
+name = "copy"
+n_symbols = 4
+
+[base.train]
+steps = STEPS
+batch_size = 4
+warmup = 1
+train_len = [2, 3]
+eval_every = 0
+eval_batches = 1
+
+[grid]
+model.pe = ["learned", "rope"]
+train.seed = [0, 1]
+
+[analysis.eval_lengths]
+lengths = "1:2L"
+batch_size = 4
+n_batches = 1
+"""
+
+
+def write_study(tmp_path: Path, steps: int = 4) -> Path:
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY.replace("STEPS", str(steps)))
+    return path
+
+
+def assert_same_tables(a: Path, b: Path) -> None:
+    ta, tb = load_tables(a), load_tables(b)
+    assert sorted(ta) == sorted(tb) == ["eval", "train"]
+    for name in ta:
+        pd.testing.assert_frame_equal(ta[name], tb[name], check_exact=True)
+
+
+def test_run_writes_tables_manifest_and_cell_files(tmp_path):
+    study = load_study(write_study(tmp_path))
+    result = run_study(study, tmp_path / "out", device="cpu")
+    out = tmp_path / "out"
+    assert [r.cached for r in result.records] == [False] * 4
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["n_cells"] == manifest["n_done"] == 4
+    assert manifest["seeds"] == [0, 1]
+    assert {"versions", "git_commit", "device", "created"} <= set(manifest)
+    assert all(c["status"] == "done" and c["wall_s"] >= 0 for c in manifest["cells"])
+    eval_table = result.tables["eval"]
+    assert set(eval_table["arm"]) == {"learned", "rope"}
+    assert sorted(eval_table["length"].unique()) == list(range(1, 7))  # 1:2L with L = 3
+    assert len(eval_table) == 4 * 6 * 3  # cells x lengths x metrics
+    for cell in result.cells:
+        assert (out / "cells" / cell.key / "done.json").exists()
+    assert (out / "study.toml").read_text() == study.path.read_text()
+    assert not list(out.rglob("*.tmp*"))
+
+
+def test_a_rerun_skips_finished_cells_and_trains_nothing(tmp_path, monkeypatch):
+    study = load_study(write_study(tmp_path))
+    first = run_study(study, tmp_path / "out", device="cpu")
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a cached cell was trained again")
+
+    monkeypatch.setattr("probe.train.train", no_training)
+    monkeypatch.setattr(cells_module, "get_step", lambda name: pytest.fail("analysis rerun"))
+    again = run_study(study, tmp_path / "out", device="cpu")
+    assert [r.cached for r in again.records] == [True] * 4
+    for name in first.tables:
+        pd.testing.assert_frame_equal(first.tables[name], again.tables[name], check_exact=True)
+
+
+def test_finished_models_are_reused_when_only_the_analyses_change(tmp_path, monkeypatch):
+    path = write_study(tmp_path)
+    run_study(load_study(path), tmp_path / "out", device="cpu")
+    path.write_text(path.read_text().replace('lengths = "1:2L"', 'lengths = "1:3L"'))
+    monkeypatch.setattr("probe.train.train", lambda *a, **k: pytest.fail("model retrained"))
+    result = run_study(load_study(path), tmp_path / "out", device="cpu")
+    assert [r.cached for r in result.records] == [False] * 4
+    assert all(r.train_s == 0 for r in result.records)
+    assert result.tables["eval"]["length"].max() == 9
+
+
+def test_the_same_seeds_give_identical_tables(tmp_path):
+    study = load_study(write_study(tmp_path))
+    run_study(study, tmp_path / "a", device="cpu")
+    run_study(study, tmp_path / "b", device="cpu")
+    assert_same_tables(tmp_path / "a", tmp_path / "b")
+
+
+def test_a_second_run_on_the_same_directory_is_refused_while_one_holds_it(tmp_path):
+    import fcntl
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with (out / ".lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        with pytest.raises(ProbeError, match="another `probe study run`"):
+            run_study(load_study(write_study(tmp_path)), out, device="cpu")
+
+
+def test_killed_run_resumes_to_the_same_tables(tmp_path):
+    """kill -9 a run in a subprocess once a cell has finished, rerun it, compare with an
+    uninterrupted run."""
+    path = write_study(tmp_path, steps=40)
+    killed = tmp_path / "killed"
+    command = [sys.executable, "-m", "probe_cli.main", "study", "run", str(path), "--out",
+               str(killed), "--device", "cpu"]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not list(killed.glob("cells/*/done.json")):
+        assert process.poll() is None, process.stderr.read().decode()
+        assert time.time() < deadline, "no cell finished in time"
+        time.sleep(0.02)
+    time.sleep(0.1)  # now inside a later cell: training, evaluating or writing
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    finished = {p.parent.name: p.stat().st_mtime_ns for p in killed.glob("cells/*/done.json")}
+    assert 1 <= len(finished) < 4, "the run was not interrupted mid-way"
+
+    resumed = run_study(load_study(path), killed, device="cpu")
+    for record in resumed.records:
+        assert record.cached == (record.key in finished)
+    for key, mtime in finished.items():
+        assert (killed / "cells" / key / "done.json").stat().st_mtime_ns == mtime
+    assert not list(killed.rglob("*.tmp*"))
+
+    run_study(load_study(path), tmp_path / "whole", device="cpu")
+    assert_same_tables(killed, tmp_path / "whole")
+
+
+@pytest.mark.slow
+def test_parallel_jobs_give_the_same_tables(tmp_path):
+    study = load_study(write_study(tmp_path))
+    events = []
+    run_study(study, tmp_path / "serial", device="cpu")
+    result = run_study(study, tmp_path / "parallel", device="cpu", jobs=2, progress=events.append)
+    assert [r.cached for r in result.records] == [False] * 4
+    assert sum(e.kind == "cell-done" for e in events) == 4
+    assert any(e.kind == "cell" and e.phase == "train" for e in events)
+    assert_same_tables(tmp_path / "serial", tmp_path / "parallel")
