@@ -48,7 +48,9 @@ def device_name(device) -> str:
     device = torch.device(device)
     if device.type == "cuda":
         return f"cuda ({torch.cuda.get_device_name(device)})"
-    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    threads = torch.get_num_threads()
+    unit = "thread" if threads == 1 else "threads"
+    return f"cpu ({platform.processor() or platform.machine()}, {threads} {unit})"
 
 
 def context(device="cpu") -> dict:
