@@ -22,7 +22,8 @@ def versions() -> dict[str, str]:
 
 
 def git_commit(start: Path | None = None) -> str | None:
-    """The commit of the git checkout holding probe (None outside one); '+dirty' if modified."""
+    """The commit of the git checkout holding probe (None outside one); '+dirty' if its code
+    (anything outside results/) differs from that commit."""
     where = start or Path(__file__).resolve().parent
     try:
         commit = subprocess.run(
@@ -31,7 +32,16 @@ def git_commit(start: Path | None = None) -> str | None:
         if commit.returncode != 0:
             return None
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            # outputs under results/ do not make the code dirty
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ":(top)",
+                ":(top,exclude)results",
+            ],
             cwd=where,
             capture_output=True,
             text=True,
