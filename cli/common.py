@@ -20,3 +20,7 @@ DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cud
 LengthsOpt = Annotated[
     str, typer.Option("--lengths", help="Task lengths: 'lo:hi' (inclusive) or '8,16,32'.")
 ]
+PickleOpt = Annotated[
+    bool, typer.Option("--allow-pickle", help="Allow loading pickle weights (runs code: trust it).")
+]
+BatchSizeOpt = Annotated[int, typer.Option("--batch-size", help="Examples per batch.")]

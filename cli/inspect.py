@@ -6,7 +6,16 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from probe_cli.common import CheckpointArg, DeviceOpt, LengthsOpt, OutOpt, SeedOpt, console
+from probe_cli.common import (
+    BatchSizeOpt,
+    CheckpointArg,
+    DeviceOpt,
+    LengthsOpt,
+    OutOpt,
+    PickleOpt,
+    SeedOpt,
+    console,
+)
 from probe_cli.train import parse_range
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -56,7 +65,7 @@ def inspect_cli(
     checkpoint: CheckpointArg,
     out: OutOpt,
     lengths: LengthsOpt = "8,16,32",
-    batch_size: Annotated[int, typer.Option(help="Examples per batch.")] = 32,
+    batch_size: BatchSizeOpt = 32,
     batches: Annotated[int, typer.Option(help="Batches per length.")] = 2,
     streaming: Annotated[
         str, typer.Option(help="Key tiles with an online softmax: auto (long inputs), on, off.")
@@ -69,9 +78,7 @@ def inspect_cli(
     ] = None,
     seed: SeedOpt = 0,
     device: DeviceOpt = "cpu",
-    allow_pickle: Annotated[
-        bool, typer.Option("--allow-pickle", help="Allow pickle weights (runs code: trust it).")
-    ] = False,
+    allow_pickle: PickleOpt = False,
 ) -> None:
     """Per-head attention statistics and head roles of a checkpoint at several lengths.
 

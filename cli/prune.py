@@ -8,7 +8,15 @@ from typing import Annotated
 
 import pandas as pd
 import typer
-from probe_cli.common import CheckpointArg, DeviceOpt, OutOpt, SeedOpt, console
+from probe_cli.common import (
+    BatchSizeOpt,
+    CheckpointArg,
+    DeviceOpt,
+    OutOpt,
+    PickleOpt,
+    SeedOpt,
+    console,
+)
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -31,13 +39,9 @@ LengthsOpt = Annotated[
     str | None,
     typer.Option("--lengths", help="Task lengths, 'lo:hi' or '8,16' (default: the training ones)."),
 ]
-BatchOpt = Annotated[int, typer.Option("--batch-size", help="Examples per batch.")]
 BatchesOpt = Annotated[int, typer.Option("--batches", help="Batches per length in each split.")]
 NormalizeOpt = Annotated[
     bool, typer.Option("--normalize", help="L2-normalize importance within each layer.")
-]
-PickleOpt = Annotated[
-    bool, typer.Option("--allow-pickle", help="Allow loading pickle weights (runs code: trust it).")
 ]
 
 
@@ -115,7 +119,7 @@ def importance_cli(
         ),
     ] = "gradient",
     lengths: LengthsOpt = None,
-    batch_size: BatchOpt = 64,
+    batch_size: BatchSizeOpt = 64,
     batches: BatchesOpt = 1,
     normalize: NormalizeOpt = False,
     seed: SeedOpt = 0,
@@ -271,7 +275,7 @@ def prune_cli(
         typer.Option(help="Sweep: fractions like '0,0.25,0.5' (default: every head count)."),
     ] = None,
     lengths: LengthsOpt = None,
-    batch_size: BatchOpt = 64,
+    batch_size: BatchSizeOpt = 64,
     batches: BatchesOpt = 1,
     timing: Annotated[
         bool, typer.Option("--timing/--no-timing", help="Time original, masked and pruned.")

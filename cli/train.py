@@ -6,7 +6,16 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from probe_cli.common import CheckpointArg, DeviceOpt, LengthsOpt, OutOpt, SeedOpt, console
+from probe_cli.common import (
+    BatchSizeOpt,
+    CheckpointArg,
+    DeviceOpt,
+    LengthsOpt,
+    OutOpt,
+    PickleOpt,
+    SeedOpt,
+    console,
+)
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -16,10 +25,6 @@ from probe.errors import ProbeError
 from probe.evaluate import evaluate
 from probe.tasks import TaskConfig, parse_lengths
 from probe.train import TrainProgress, resolve_device, train
-
-PickleOpt = Annotated[
-    bool, typer.Option("--allow-pickle", help="Allow loading pickle weights (runs code: trust it).")
-]
 
 
 def parse_range(spec: str, what: str) -> tuple[int, int]:
@@ -122,7 +127,7 @@ def eval_cli(
     checkpoint: CheckpointArg,
     out: OutOpt,
     lengths: LengthsOpt = "1:32",
-    batch_size: Annotated[int, typer.Option(help="Examples per batch.")] = 64,
+    batch_size: BatchSizeOpt = 64,
     batches: Annotated[int, typer.Option(help="Batches per length.")] = 2,
     seed: SeedOpt = 1234,
     device: DeviceOpt = "cpu",
