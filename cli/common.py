@@ -8,6 +8,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from probe.checkpoint import Checkpoint
+from probe.provenance import context
+from probe.report.files import atomic_write_json
+
 console = Console()
 err_console = Console(stderr=True)
 
@@ -24,3 +28,12 @@ PickleOpt = Annotated[
     bool, typer.Option("--allow-pickle", help="Allow loading pickle weights (runs code: trust it).")
 ]
 BatchSizeOpt = Annotated[int, typer.Option("--batch-size", help="Examples per batch.")]
+
+
+def write_manifest(out: Path, ckpt: Checkpoint, device: str, **settings) -> None:
+    """OUT/manifest.json: the command, its settings, the checkpoint's config and provenance."""
+    atomic_write_json(
+        out / "manifest.json",
+        {"command": settings.pop("command"), "checkpoint": str(ckpt.path), "settings": settings,
+         "model": ckpt.model_cfg.to_dict(), "task": ckpt.task.to_dict(), **context(device)},
+    )  # fmt: skip

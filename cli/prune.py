@@ -16,6 +16,7 @@ from probe_cli.common import (
     PickleOpt,
     SeedOpt,
     console,
+    write_manifest,
 )
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -25,8 +26,7 @@ from probe.analysis.pruning_runs import prune_and_compare, pruning_curve
 from probe.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from probe.errors import ProbeError
 from probe.evaluate import check_lengths, form_for
-from probe.provenance import context
-from probe.report.files import atomic_save_figure, atomic_write_csv, atomic_write_json
+from probe.report.files import atomic_save_figure, atomic_write_csv
 from probe.report.pruning_plots import (
     correlation_heatmap,
     importance_heatmap,
@@ -85,14 +85,6 @@ def _phased(bar: Progress) -> Callable[[str, int, int], None]:
     return update
 
 
-def _manifest(out: Path, ckpt: Checkpoint, device: str, **settings) -> None:
-    atomic_write_json(
-        out / "manifest.json",
-        {"command": settings.pop("command"), "checkpoint": str(ckpt.path), "settings": settings,
-         "model": ckpt.model_cfg.to_dict(), "task": ckpt.task.to_dict(), **context(device)},
-    )  # fmt: skip
-
-
 def _importance_view(table: pd.DataFrame, method: str, sites: list[str], n_head: int) -> Table:
     view = Table(title=f"{method} importance (blank: pruned)")
     view.add_column("site")
@@ -142,7 +134,7 @@ def importance_cli(
     if len(methods) > 1:
         atomic_write_csv(out / "correlations.csv", corr)
         atomic_save_figure(out / "correlations.png", correlation_heatmap(corr))
-    _manifest(
+    write_manifest(
         out, ckpt, device, command="importance", methods=methods, lengths=chosen,
         batch_size=batch_size, batches=batches, normalize=normalize, seed=seed,
     )  # fmt: skip
@@ -302,7 +294,7 @@ def prune_cli(
         names = _sweep(
             ckpt, out, methods, seeds, fractions, chosen, batch_size, batches, seed, select
         )
-        _manifest(
+        write_manifest(
             out, ckpt, device, command="prune --sweep", methods=names, seeds=seeds, **settings
         )
         return

@@ -15,6 +15,7 @@ from probe_cli.common import (
     PickleOpt,
     SeedOpt,
     console,
+    write_manifest,
 )
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
@@ -23,6 +24,7 @@ from probe.checkpoint import load_checkpoint
 from probe.config import ModelConfig, TrainConfig
 from probe.errors import ProbeError
 from probe.evaluate import evaluate
+from probe.report.files import atomic_write_csv
 from probe.tasks import TaskConfig, parse_lengths
 from probe.train import TrainProgress, resolve_device, train
 
@@ -140,7 +142,11 @@ def eval_cli(
         seed=seed,
     )  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "eval.csv", index=False)
+    atomic_write_csv(out / "eval.csv", table)
+    write_manifest(
+        out, ckpt, device, command="eval", lengths=lengths, batch_size=batch_size,
+        batches=batches, seed=seed,
+    )  # fmt: skip
     lo, hi = ckpt.train_cfg.train_len
     wide = table.pivot(index="length", columns="metric", values="value")
     view = Table(title=f"{ckpt.task.name}: trained on lengths {lo}-{hi}")
