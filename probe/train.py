@@ -24,6 +24,8 @@ from probe.evaluate import batch_loss, check_lengths, evaluate, form_for, forwar
 from probe.model import Transformer
 from probe.tasks import Batch, TaskConfig, make_batch, sample_length, score
 
+# per-head statistics logged every stats_every steps: entropy collapse and max-logit growth
+MONITORED = ("entropy", "normalized_entropy", "max_logit", "p_max", "sink_mass")
 METRIC_COLUMNS = ["step", "split", "length", "layer", "head", "metric", "value", "n"]
 
 
@@ -226,7 +228,7 @@ def _attention_rows(model: Transformer, batch: Batch, step: int) -> list[dict]:
     from probe.observe import attention_stats
 
     was_training = model.training
-    table = attention_stats(model, [batch])
+    table = attention_stats(model, [batch], statistics=MONITORED)
     model.train(was_training)
     return [
         {"step": step, "split": "attention", "length": r.get("length"), "layer": r["layer"],

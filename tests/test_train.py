@@ -89,3 +89,13 @@ def test_a_small_decoder_learns_copy():
     final = metrics.query("split == 'eval' and metric == 'exact_match'")
     exact = (final.value * final.n).sum() / final.n.sum()
     assert exact >= 0.99, f"copy exact match {exact:.3f} < 0.99"
+
+
+def test_attention_statistics_are_logged_per_head_during_training():
+    model_cfg, task, train_cfg = tiny(steps=10, stats_every=5)
+    metrics = train(model_cfg, task, train_cfg).metrics
+    heads = metrics.query("split == 'attention' and metric == 'max_logit'")
+    assert sorted(heads.step.unique()) == [5, 10]
+    assert len(heads.groupby(["step", "layer", "head"])) == 2 * 2 * 2  # steps x layers x heads
+    entropy = metrics.query("split == 'attention' and metric == 'entropy'").value
+    assert (entropy > 0).all() and (entropy < torch.log(torch.tensor(20.0)).item()).all()
