@@ -5,10 +5,12 @@
         model(tokens)
     stats.table()  # layer, site, head, statistic, value, min, max, n
 
-`AttentionStats` is an observer (see `probe.model.attention.Observer`): the model keeps its fused
-attention path (it never asks for the weights), each attention call is summarised per query row
-from the call's q and k (`probe.streaming.row_statistics`, tile by tile above a length threshold)
-and only per-head sums, minima and maxima are kept, so no n x n matrix outlives the call.
+`AttentionStats` is an observer (see `probe.model.attention.Observer`): each attention call is
+summarised per query row from the call's q and k (`probe.streaming`) and only per-head sums,
+minima and maxima are kept, so no n x n matrix outlives the call. Below the streaming threshold
+the statistics materialize the weights of a few examples at a time anyway, and hand the model
+softmax(logits) @ v through `attend`, so attention runs once; above it the model keeps its fused
+path and the statistics go over key tiles with an online softmax.
 `model.observe` removes the observer when the block ends, even on error.
 """
 
@@ -22,7 +24,14 @@ import torch
 from probe.config import did_you_mean
 from probe.errors import ProbeError
 from probe.model import AttentionCall, Transformer
-from probe.streaming import MAX_STATISTICS, STATISTICS, STREAM_ABOVE, row_values
+from probe.streaming import (
+    MAX_STATISTICS,
+    STATISTICS,
+    STREAM_ABOVE,
+    finish_rows,
+    row_values,
+    rows_and_output,
+)
 from probe.tasks import Batch
 
 TABLE_COLUMNS = ["layer", "site", "head", "statistic", "value", "min", "max", "n"]
@@ -82,7 +91,7 @@ class AttentionStats:
     a call has more than `stream_above` keys); `tile` keys per tile (None: sized automatically).
     """
 
-    needs_weights = False  # the model keeps its fused attention path
+    needs_weights = False  # never the explicit path: `attend` or the fused one
 
     def __init__(
         self,
@@ -97,12 +106,30 @@ class AttentionStats:
         self.stream_above = int(stream_above)
         self.tile = tile
         self._sites: dict[int, _SiteTotals] = {}
+        self._pending: tuple[AttentionCall, object] | None = None  # rows from attend()
+
+    def _stream(self, call: AttentionCall) -> bool:
+        k_len = call.k.shape[2]
+        return self.streaming is True or (self.streaming == "auto" and k_len > self.stream_above)
+
+    def attend(self, call: AttentionCall) -> torch.Tensor | None:
+        """Below the streaming threshold the statistics materialize the attention weights
+        anyway: return softmax(logits) @ v from them so the model does not compute attention
+        twice (None: the model computes its output itself)."""
+        if self._stream(call):
+            return None
+        with torch.no_grad():
+            rows, out = rows_and_output(call, self.statistics)
+        self._pending = (call, rows)  # record() finishes them once head_out is known
+        return out
 
     def record(self, call: AttentionCall) -> None:
-        k_len = call.k.shape[2]
-        stream = self.streaming is True or (self.streaming == "auto" and k_len > self.stream_above)
+        pending, self._pending = self._pending, None
         with torch.no_grad():
-            values = row_values(call, self.statistics, self.tile, stream)  # [stat, b, head, q]
+            if pending is not None and pending[0] is call:
+                values = finish_rows(call, self.statistics, pending[1])  # [stat, b, head, q]
+            else:
+                values = row_values(call, self.statistics, self.tile, self._stream(call))
             totals = self._sites.get(call.layer)
             if totals is None:
                 totals = self._sites[call.layer] = _SiteTotals(call.site, tuple(call.heads))

@@ -115,7 +115,9 @@ def _row_factor(call: AttentionCall) -> torch.Tensor:
     return factor
 
 
-def _materialized(call: AttentionCall, need: set[str]) -> RowSums:
+def _materialized(
+    call: AttentionCall, need: set[str], outputs: list[torch.Tensor] | None = None
+) -> RowSums:
     """Row sums from the full logits of a few examples at a time (about CHUNK_ELEMENTS logits,
     so the passes over them stay in cache).
 
@@ -180,6 +182,8 @@ def _materialized(call: AttentionCall, need: set[str]) -> RowSums:
             part["u"] = lsum * ((p * scores).sum(-1) - part["m"])
             if gap is not None:
                 part["dist"] = lsum * (p * gap).sum(-1)
+            if outputs is not None:  # the attention output itself, from the same weights
+                outputs.append(p.to(call.v.dtype) @ call.v[sl])  # [chunk, head, q, d_head]
         parts.append(part)
     rows = RowSums(count=count)
     for name in parts[0]:
@@ -285,6 +289,25 @@ def row_values(
     if stream:
         return _finish(statistics, _streamed(call, need, tile_size(call, tile)), call)
     return _finish(statistics, _materialized(call, need), call)
+
+
+def rows_and_output(
+    call: AttentionCall, statistics: Sequence[str]
+) -> tuple[RowSums, torch.Tensor | None]:
+    """Materialized row sums, plus the attention output softmax(logits) @ v computed from the
+    same weights when the statistics need the softmax (None otherwise): an observer can hand
+    that output to the model instead of letting it run attention a second time."""
+    need = needs(statistics)
+    outputs: list[torch.Tensor] | None = [] if "softmax" in need else None
+    rows = _materialized(call, need, outputs)
+    out = None if not outputs else torch.cat(outputs) if len(outputs) > 1 else outputs[0]
+    return rows, out
+
+
+def finish_rows(call: AttentionCall, statistics: Sequence[str], rows: RowSums) -> torch.Tensor:
+    """[statistic, batch, head, q_len] from row sums of `rows_and_output` (after the call's
+    head_out is known)."""
+    return _finish(statistics, rows, call)
 
 
 def row_statistics(

@@ -78,7 +78,9 @@ def test_no_hooks_remain_and_output_unchanged():
         before = model(tokens)
     stats = AttentionStats()
     observed = run(model, tokens, stats)
-    assert torch.equal(before, observed)  # the fused path, untouched
+    # the statistics hand the model softmax(logits) @ v from the weights they computed: the
+    # same numbers as the fused kernel up to float rounding
+    torch.testing.assert_close(observed, before, atol=1e-6, rtol=1e-5)
     assert all(m.observer is None for m in model.attention_modules())
     with pytest.raises(RuntimeError), model.observe(AttentionStats()):
         raise RuntimeError("boom")
@@ -172,3 +174,22 @@ def test_attention_stats_groups_by_length_and_restores_mode():
     assert isinstance(table, pd.DataFrame) and table.value.notna().all()
     with pytest.raises(ProbeError):
         attention_stats(model, [])
+
+
+@pytest.mark.parametrize("pe", ["learned", "rope", "alibi", "t5"])
+@pytest.mark.parametrize("arch", ["decoder", "encoder", "encoder-decoder"])
+def test_observed_model_gives_the_same_logits(pe, arch):
+    """AttentionStats hands the model softmax(logits) @ v from the weights it materializes;
+    the logits must equal those of the unobserved fused path."""
+    torch.manual_seed(7)
+    cfg = ModelConfig(arch=arch, pe=pe, n_head=4, d_model=32, log_scale_len=5)
+    model = Transformer(cfg).eval()
+    tokens = torch.randint(0, 32, (3, 9))
+    source = torch.randint(0, 32, (3, 6)) if arch == "encoder-decoder" else None
+    with torch.no_grad():
+        plain = model(tokens, source)
+        stats = AttentionStats(streaming=False)
+        with model.observe(stats):
+            observed = model(tokens, source)
+    assert (plain - observed).abs().max() < 1e-5
+    assert len(stats.table()) > 0

@@ -56,7 +56,12 @@ class AttentionCall:
 
 
 class Observer(Protocol):
-    """What an attention module calls when observed (see `Transformer.observe`)."""
+    """What an attention module calls when observed (see `Transformer.observe`).
+
+    An observer may also define `attend(call) -> Tensor | None`, called before the output is
+    computed: an observer that materializes the weights anyway can return softmax(logits) @ v
+    ([batch, head, q_len, d_head]) so attention is not computed twice (None: the model does it).
+    """
 
     needs_weights: bool  # True: run the explicit path and fill AttentionCall.probs
 
@@ -180,14 +185,19 @@ class Attention(nn.Module):
             call = AttentionCall(
                 self.site, self.layer, self.heads, q, k, v, scale, factor, bias, visible
             )
-        if observer is not None and observer.needs_weights:
+        out = None
+        attend = getattr(observer, "attend", None)
+        plain = not torch.is_grad_enabled() and not (self.training and self.dropout > 0)
+        if attend is not None and plain and not observer.needs_weights:
+            out = attend(call)  # an observer that materialized the weights may give the output
+        if out is None and observer is not None and observer.needs_weights:
             _, logits = call.logits()  # [batch, head, q_len, k_len]
             probs = logits.softmax(dim=-1).to(v.dtype)  # [batch, head, q_len, k_len]
             call.probs = probs
             if self.training and self.dropout > 0:
                 probs = F.dropout(probs, self.dropout)
             out = probs @ v  # [batch, head, q_len, d_head]
-        else:
+        elif out is None:
             out = self._fused(q, k, v, scale, factor, bias, visible, key_mask)
         out = out * self.gate.to(out.dtype).view(1, -1, 1, 1)  # [batch, head, q_len, d_head]
         if call is not None:
