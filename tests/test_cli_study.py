@@ -7,39 +7,13 @@ from pathlib import Path
 
 import pytest
 from probe_cli.main import main
+from tiny_study import SMOKE, tiny_study
 
-TINY = """
-[study]
-name = "tiny"
-question = "Does the command line work?"
-
-[base.model]
-n_layer = 1
-n_head = 2
-d_model = 16
-max_len = 32
-
-[base.task]
-name = "copy"
-n_symbols = 4
-
-[base.train]
-steps = 3
-batch_size = 4
-warmup = 1
-train_len = [2, 3]
-eval_every = 0
-eval_batches = 1
-
-[grid]
-model.pe = ["rope"]
-train.seed = [0, 1]
-
-[analysis.eval_lengths]
-lengths = "1:2L"
-batch_size = 4
-n_batches = 1
-
+TINY = tiny_study(
+    steps=3,
+    pes=("rope",),
+    question="Does the command line work?",
+    extra="""
 [[expect]]
 table = "eval"
 metric = "loss"
@@ -51,12 +25,9 @@ table = "eval"
 metric = "exact_match"
 bound = "> 1"
 when = "smoke"
-
-[smoke]
-train.steps = 2
-[smoke.grid]
-train.seed = [0]
 """
+    + SMOKE,
+)
 
 
 def run(args: list[str]) -> int:

@@ -12,49 +12,17 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from tiny_study import tiny_study
 
 from probe.errors import ProbeError
 from probe.study import cells as cells_module
 from probe.study.runner import load_tables, run_study
 from probe.study.spec import load_study
 
-TINY = """
-[study]
-name = "tiny"
-question = "Does the runner work?"
-
-[base.model]
-n_layer = 1
-n_head = 2
-d_model = 16
-max_len = 32
-
-[base.task]
-name = "copy"
-n_symbols = 4
-
-[base.train]
-steps = STEPS
-batch_size = 4
-warmup = 1
-train_len = [2, 3]
-eval_every = 0
-eval_batches = 1
-
-[grid]
-model.pe = ["learned", "rope"]
-train.seed = [0, 1]
-
-[analysis.eval_lengths]
-lengths = "1:2L"
-batch_size = 4
-n_batches = 1
-"""
-
 
 def write_study(tmp_path: Path, steps: int = 4) -> Path:
     path = tmp_path / "tiny.toml"
-    path.write_text(TINY.replace("STEPS", str(steps)))
+    path.write_text(tiny_study(steps=steps))
     return path
 
 

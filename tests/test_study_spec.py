@@ -6,47 +6,12 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from tiny_study import SMOKE, tiny_study
 
 from probe.errors import ProbeError
 from probe.study.spec import load_study, parse_study, smoke_version
 
-TINY = """
-[study]
-name = "tiny"
-question = "Does the runner work?"
-
-[base.model]
-n_layer = 1
-n_head = 2
-d_model = 16
-max_len = 32
-
-[base.task]
-name = "copy"
-n_symbols = 4
-
-[base.train]
-steps = 4
-batch_size = 4
-warmup = 1
-train_len = [2, 3]
-eval_every = 0
-eval_batches = 1
-
-[grid]
-model.pe = ["learned", "rope"]
-"train.seed" = [0, 1]
-
-[analysis.eval_lengths]
-lengths = "1:2L"
-batch_size = 4
-n_batches = 1
-
-[smoke]
-train.steps = 2
-[smoke.grid]
-train.seed = [0]
-"""
+TINY = tiny_study(seed_key='"train.seed"', extra=SMOKE)  # a quoted dotted key too
 
 
 def parse(text: str, name: str = "x.toml"):
