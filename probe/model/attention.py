@@ -185,19 +185,8 @@ class Attention(nn.Module):
             call = AttentionCall(
                 self.site, self.layer, self.heads, q, k, v, scale, factor, bias, visible
             )
-        out = None
-        attend = getattr(observer, "attend", None)
-        plain = not torch.is_grad_enabled() and not (self.training and self.dropout > 0)
-        if attend is not None and plain and not observer.needs_weights:
-            out = attend(call)  # an observer that materialized the weights may give the output
-        if out is None and observer is not None and observer.needs_weights:
-            _, logits = call.logits()  # [batch, head, q_len, k_len]
-            probs = logits.softmax(dim=-1).to(v.dtype)  # [batch, head, q_len, k_len]
-            call.probs = probs
-            if self.training and self.dropout > 0:
-                probs = F.dropout(probs, self.dropout)
-            out = probs @ v  # [batch, head, q_len, d_head]
-        elif out is None:
+        out = self._observed(observer, call, v) if observer is not None else None
+        if out is None:
             out = self._fused(q, k, v, scale, factor, bias, visible, key_mask)
         out = out * self.gate.to(out.dtype).view(1, -1, 1, 1)  # [batch, head, q_len, d_head]
         if call is not None:
@@ -205,6 +194,20 @@ class Attention(nn.Module):
             observer.record(call)
         merged = out.transpose(1, 2).reshape(b, q_len, self.n_head * self.d_head)
         return self.o(merged)  # [batch, q_len, d_model]
+
+    def _observed(self, observer: Observer, call: AttentionCall, v: torch.Tensor):
+        """The output computed from the weights when an observer has them, else None."""
+        if observer.needs_weights:  # the explicit path: the observer sees the weights
+            _, logits = call.logits()  # [batch, head, q_len, k_len]
+            probs = logits.softmax(dim=-1).to(v.dtype)  # [batch, head, q_len, k_len]
+            call.probs = probs
+            if self.training and self.dropout > 0:
+                probs = F.dropout(probs, self.dropout)
+            return probs @ v  # [batch, head, q_len, d_head]
+        attend = getattr(observer, "attend", None)
+        if attend is None or torch.is_grad_enabled() or (self.training and self.dropout > 0):
+            return None
+        return attend(call)  # statistics that materialized the weights give softmax(.) @ v
 
     def _fused(self, q, k, v, scale, factor, bias, visible, key_mask) -> torch.Tensor:
         """The same computation through torch's scaled_dot_product_attention."""
