@@ -39,6 +39,20 @@ def choice(enum: type[E], value: Any, what: str) -> E:
         ) from None
 
 
+def check_keys(table: Any, allowed: tuple[str, ...], where: str) -> dict[str, Any]:
+    """`table` itself, once it is a dict whose keys are all in `allowed` (else a ProbeError
+    naming `where`, the key and a suggestion)."""
+    if not isinstance(table, dict):
+        raise ProbeError(f"{where} must be a table, got {type(table).__name__}.")
+    for key in table:
+        if key not in allowed:
+            raise ProbeError(
+                f"{where}: unknown field '{key}'.{did_you_mean(key, list(allowed))} "
+                f"Valid fields: {', '.join(allowed)}."
+            )
+    return table
+
+
 def from_dict(cls: type[C], data: dict[str, Any], what: str) -> C:
     """Build dataclass `cls` from `data`, rejecting unknown keys by name."""
     if not isinstance(data, dict):

@@ -26,7 +26,7 @@ from typing import Any
 
 import pandas as pd
 
-from probe.config import did_you_mean
+from probe.config import check_keys, did_you_mean
 from probe.errors import ProbeError
 
 OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt,
@@ -133,14 +133,7 @@ def _conditions(table: Any, where: str) -> tuple[Condition, ...]:
 
 
 def parse_expectation(raw: Any, where: str) -> Expectation:
-    if not isinstance(raw, dict):
-        raise ProbeError(f"{where} must be a table.")
-    for key in raw:
-        if key not in KEYS:
-            raise ProbeError(
-                f"{where}: unknown field '{key}'.{did_you_mean(key, list(KEYS))} "
-                f"Valid fields: {', '.join(KEYS)}."
-            )
+    check_keys(raw, tuple(KEYS), where)
     for key in ("table", "metric", "bound"):
         if key not in raw:
             raise ProbeError(f"{where} needs '{key}' (for example table = \"eval\", "

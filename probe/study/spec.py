@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from probe.config import ModelConfig, TrainConfig, did_you_mean
+from probe.config import ModelConfig, TrainConfig, check_keys, did_you_mean
 from probe.errors import ProbeError
 from probe.study.expect import Expectation, parse_expectation
 from probe.study.steps import parse_options
@@ -123,18 +123,6 @@ def check_key(key: str, where: str, allow: tuple[str, ...] = tuple(SECTIONS)) ->
         )
 
 
-def _keys(table: Any, allowed: tuple[str, ...], where: str) -> dict[str, Any]:
-    if not isinstance(table, dict):
-        raise ProbeError(f"{where} must be a table, got {type(table).__name__}.")
-    for key in table:
-        if key not in allowed:
-            raise ProbeError(
-                f"{where}: unknown field '{key}'.{did_you_mean(key, list(allowed))} "
-                f"Valid fields: {', '.join(allowed)}."
-            )
-    return table
-
-
 def _section_configs(base: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
     out = {}
     for section, cls in SECTIONS.items():
@@ -166,7 +154,7 @@ def _variants(raw: Any, where: str) -> tuple[Variant, ...]:
     variants, seen = [], set()
     for i, table in enumerate(raw):
         here = f"{where} [[variant]] #{i + 1}"
-        _keys(table, VARIANT_KEYS, here)
+        check_keys(table, VARIANT_KEYS, here)
         name = table.get("name")
         if not isinstance(name, str) or not name:
             raise ProbeError(f"{here} needs a name (a short label used in tables and plots).")
@@ -184,7 +172,7 @@ def _overrides(raw: Any, where: str) -> tuple[Override, ...]:
     out = []
     for i, table in enumerate(raw):
         here = f"{where} [[override]] #{i + 1}"
-        _keys(table, ("where", *SECTIONS), here)
+        check_keys(table, ("where", *SECTIONS), here)
         if not isinstance(table.get("where"), dict) or not table["where"]:
             raise ProbeError(f'{here} needs where = {{ "task.name" = "addition" }} or similar.')
         match = flatten(table["where"], f"{here} where")
@@ -210,7 +198,7 @@ def _analysis(raw: Any, where: str) -> dict[str, Any]:
 
 def _reference(raw: Any, where: str) -> Reference:
     here = f"{where} [reference]"
-    table = dict(_keys(raw, REFERENCE_KEYS, here))
+    table = dict(check_keys(raw, REFERENCE_KEYS, here))
     if "source" not in table:
         raise ProbeError(f"{here} needs a source (who published the numbers, and where).")
     for key in ("values", "mrr", "names"):
@@ -222,15 +210,15 @@ def _reference(raw: Any, where: str) -> Reference:
 def parse_study(data: dict[str, Any], path: Path | None = None) -> Study:
     """Validate a parsed study file into a `Study` (every cell's configs are checked too)."""
     where = str(path) if path is not None else "study"
-    _keys(data, TOP_LEVEL, where)
-    head = _keys(data.get("study", {}), STUDY_KEYS, f"{where} [study]")
+    check_keys(data, TOP_LEVEL, where)
+    head = check_keys(data.get("study", {}), STUDY_KEYS, f"{where} [study]")
     name = head.get("name") or (path.stem if path is not None else None)
     if not name or not isinstance(name, str):
         raise ProbeError(f"{where} [study] needs a name.")
     if not head.get("question"):
         raise ProbeError(f"{where} [study] needs a question: what does this study find out?")
-    base = _keys(data.get("base", {}), tuple(SECTIONS), f"{where} [base]")
-    report = _keys(data.get("report", {}), REPORT_KEYS, f"{where} [report]")
+    base = check_keys(data.get("base", {}), tuple(SECTIONS), f"{where} [base]")
+    report = check_keys(data.get("report", {}), REPORT_KEYS, f"{where} [report]")
     by = report.get("by", "model.pe")
     check_key(by, f"{where} [report] by")
     expectations = tuple(
@@ -239,7 +227,7 @@ def parse_study(data: dict[str, Any], path: Path | None = None) -> Study:
     )
     smoke = data.get("smoke")
     if smoke is not None:
-        _keys(smoke, SMOKE_KEYS, f"{where} [smoke]")
+        check_keys(smoke, SMOKE_KEYS, f"{where} [smoke]")
     study = Study(
         name=name,
         question=str(head["question"]).strip(),
@@ -305,7 +293,7 @@ def smoke_version(study: Study) -> Study:
                 raise ProbeError(f"{where} variants: no variant '{n}'.{did_you_mean(n, names)}")
         variants = tuple(v for v in variants if v.name in smoke["variants"])
     analysis = dict(study.analysis)
-    for name, options in _keys(
+    for name, options in check_keys(
         smoke.get("analysis", {}), tuple(analysis), f"{where} analysis"
     ).items():
         merged = {**dataclasses.asdict(analysis[name]), **options}
