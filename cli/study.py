@@ -154,9 +154,12 @@ def ls_cli(
 
 
 def validate_cli(
-    files: Annotated[list[Path], typer.Argument(help="Study files to check.")],
+    paths: Annotated[list[Path], typer.Argument(help="Study files to check, or folders of them.")],
 ) -> None:
     """Check study files (every cell's configuration is built); exit code 2 if one is invalid."""
+    files = [f for p in paths for f in (sorted(p.glob("*.toml")) if p.is_dir() else [p])]
+    if not files:
+        raise ProbeError(f"No study files (*.toml) in {', '.join(map(str, paths))}.")
     errors = []
     for path in files:
         try:

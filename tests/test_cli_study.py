@@ -55,6 +55,18 @@ def test_validate_ok_and_invalid(study_file, tmp_path, capsys):
     assert "n_heads" in err and "Did you mean 'n_head'?" in err and "1 of 2" in err
 
 
+def test_validate_takes_a_folder_and_run_refuses_one(study_file, tmp_path, capsys):
+    assert run(["study", "validate", str(study_file.parent)]) == 0
+    assert f"ok {study_file}" in capsys.readouterr().out
+    assert run(["study", "validate", str(tmp_path / "empty")]) == 2
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert run(["study", "validate", str(empty)]) == 2
+    assert "No study files" in capsys.readouterr().err
+    assert run(["study", "run", str(study_file.parent)]) == 2
+    assert "is a folder" in capsys.readouterr().err
+
+
 def test_ls_lists_the_folder(study_file, capsys):
     assert run(["study", "ls", str(study_file.parent)]) == 0
     out = capsys.readouterr().out

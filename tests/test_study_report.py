@@ -153,3 +153,24 @@ def test_plain_statement_of_agreement_in_the_report(report):
     section = text.split("## Comparison with published results")[1]
     assert "copy: agrees with the paper" in section
     assert "NoPE" in section
+
+
+def test_reciprocal_rank_leaves_out_tasks_no_arm_learns(tmp_path):
+    tables = fake_tables()
+    ev = tables["eval"]
+    addition = ev[ev.task == "copy"].assign(task="addition")
+    # nobody learns addition (0.1 at the training lengths); past L, learned is ahead by noise
+    past = addition.length > 4
+    addition["value"] = 0.1
+    addition.loc[past, "value"] = 0.0
+    addition.loc[past & (addition.arm == "learned"), "value"] = 0.02
+    tables["eval"] = pd.concat([ev, addition], ignore_index=True)
+    study = parse_study(tomllib.loads(STUDY), Path("fake.toml"))
+    path, _ = write_report(tmp_path, study, tables, MANIFEST)
+    ranks = pd.read_csv(tmp_path / "mean_reciprocal_rank.csv").set_index("arm")
+    assert "rank addition" not in ranks.columns
+    assert ranks.loc["learned", "mrr"] == pytest.approx(1 / 3)  # as without addition
+    assert "MRR leaves out addition" in path.read_text()
+    exact = summary.metric_rows(tables["eval"], "exact_match")
+    seen = summary.by_arm_task(exact[summary.seen(exact)])
+    assert summary.fitted_tasks(seen, 0.5) == ["copy", "reverse"]

@@ -13,6 +13,7 @@ from probe.study.spec import Reference
 from probe.study.stats import fmt_ci
 
 FIT = 0.95  # in-distribution exact match counted as fitting the training lengths
+LEARNED = 0.5  # ... and as having learned the task at all (tasks below it are not ranked)
 
 
 def _ci(row) -> str:
@@ -78,12 +79,13 @@ def accuracy(rep: MarkdownReport, eval_table: pd.DataFrame, order: list[str]) ->
         return findings
     rep.heading("Unseen lengths")
     table = summary.by_arm_task(unseen_rows)
-    ranks = summary.mean_reciprocal_rank(table)
+    ranked, note = _ranked_tasks(table, seen)
+    ranks = summary.mean_reciprocal_rank(table[table["task"].isin(ranked)])
     over_tasks = table.groupby("arm")["mean"].mean()
     rep.paragraph(
         "Exact match averaged over the lengths longer than L; 'all tasks' is the mean over tasks "
-        "and MRR the mean reciprocal rank of the arm across tasks (1 = best on every task). "
-        + _seed_note(table)
+        "and MRR the mean reciprocal rank of the arm across tasks (1 = best on every task)."
+        f"{note} " + _seed_note(table)
     )
     wide = _wide(table, order, {"all tasks": over_tasks.round(2),
                                 "MRR": ranks.set_index("arm")["mrr"].round(2)})  # fmt: skip
@@ -109,6 +111,18 @@ def accuracy(rep: MarkdownReport, eval_table: pd.DataFrame, order: list[str]) ->
         )
     rep.paragraph(findings[-1])
     return findings
+
+
+def _ranked_tasks(unseen_summary: pd.DataFrame, seen_summary: pd.DataFrame) -> tuple[list, str]:
+    """The tasks the MRR ranks over (those some arm learns; all when none does) and a sentence
+    naming the ones left out."""
+    tasks = sorted(unseen_summary["task"].unique())
+    learned = [t for t in summary.fitted_tasks(seen_summary, LEARNED) if t in tasks]
+    if not learned or len(learned) == len(tasks):
+        return tasks, ""
+    left_out = ", ".join(t for t in tasks if t not in learned)
+    return learned, (f" MRR leaves out {left_out}: no arm reaches {LEARNED} exact match there "
+                     "even at the training lengths, so the arms' order is noise.")  # fmt: skip
 
 
 def attention(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list[str]:
@@ -212,14 +226,15 @@ def reference(rep: MarkdownReport, eval_table: pd.DataFrame, ref: Reference) -> 
     rep.table(shown[["task", "arm", "published_as", "ours", "published"]],
               "reference_comparison.csv", data=rows)  # fmt: skip
     findings = [_task_verdict(v) for v in verdicts.itertuples()]
-    ranks = summary.mean_reciprocal_rank(ours)
+    seen = summary.by_arm_task(exact[summary.seen(exact)])
+    ranked, note = _ranked_tasks(ours, seen)
+    ranks = summary.mean_reciprocal_rank(ours[ours["task"].isin(ranked)])
     mrr_table, mrr_verdict = summary.compare_mrr(ranks, ref)
     if not mrr_table.empty:
         rep.table(mrr_table, "reference_mrr.csv",
-                  caption="Mean reciprocal rank across tasks, ours (these tasks) and published "
-                          "(all of theirs).")  # fmt: skip
+                  caption="Mean reciprocal rank across tasks, ours (these tasks) and "
+                          f"published (all of theirs).{note}")  # fmt: skip
         findings.append(f"Ranking across tasks (MRR): {mrr_verdict}.")
-    seen = summary.by_arm_task(exact[summary.seen(exact)])
     misfit = sorted(set(seen.loc[seen["mean"] < FIT, "arm"]) & set(rows["arm"]))
     if misfit:
         findings.append(f"Caution: {', '.join(misfit)} did not fit every training length here, "

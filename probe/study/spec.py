@@ -256,6 +256,10 @@ def load_study(path: str | Path) -> Study:
     path = Path(path)
     if not path.exists():
         raise ProbeError(f"No study file at '{path}'. List the shipped ones with `probe study ls`.")
+    if path.is_dir():
+        raise ProbeError(
+            f"'{path}' is a folder; give a study file in it (`probe study ls {path}`)."
+        )
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:

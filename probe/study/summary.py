@@ -42,9 +42,18 @@ def mean_reciprocal_rank(summary: pd.DataFrame, value: str = "mean") -> pd.DataF
     )  # fmt: skip
     wide = ranks.pivot_table(index="arm", columns="task", values="rank", aggfunc="first")
     mrr = (1.0 / wide).mean(axis=1)
+    wide = wide.astype("Int64")  # method="min" ranks are whole numbers
     out = wide.add_prefix("rank ").assign(mrr=mrr).reset_index()
     out = out[["arm", "mrr", *[c for c in out.columns if c.startswith("rank ")]]]
     return out.sort_values(["mrr", "arm"], ascending=[False, True]).reset_index(drop=True)
+
+
+def fitted_tasks(seen_summary: pd.DataFrame, threshold: float) -> list[str]:
+    """Tasks on which at least one arm reaches `threshold` at the training lengths: the only
+    ones where a rank at unseen lengths says something (where no arm fits, all score about 0
+    and their order is noise)."""
+    best = seen_summary.groupby("task")["mean"].max()
+    return sorted(best[best >= threshold].index)
 
 
 def entropy_by_length(attention: pd.DataFrame, statistic: str) -> pd.DataFrame:
