@@ -7,7 +7,8 @@ import json
 import pandas as pd
 import pytest
 import torch
-from probe_cli.main import app, main
+from cli_run import exit_code
+from probe_cli.main import app
 from typer.testing import CliRunner
 
 from probe.checkpoint import save_checkpoint
@@ -23,12 +24,6 @@ def checkpoint(tmp_path, arch="decoder", pe="learned"):
     task = TaskConfig(n_symbols=8)
     cfg = ModelConfig(arch=arch, pe=pe, n_layer=2, n_head=2, d_model=16, vocab_size=13)
     return save_checkpoint(tmp_path / f"ckpt-{arch}", Transformer(cfg), task, TrainConfig())
-
-
-def exit_code(args: list[str]) -> int:
-    with pytest.raises(SystemExit) as exc:
-        main(args)
-    return exc.value.code
 
 
 @pytest.mark.parametrize(("arch", "pe"), [("decoder", "learned"), ("encoder-decoder", "t5")])

@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 import torch
-from probe_cli.main import main
+from cli_run import exit_code
 
 from probe.analysis.pruning import masked
 from probe.checkpoint import load_checkpoint, save_checkpoint
@@ -34,17 +34,11 @@ def checkpoint(tmp_path_factory):
     return path
 
 
-def run(args: list[str]) -> int:
-    try:
-        main(args)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return 0
-
-
 def test_importance_writes_table_heatmap_and_correlations(checkpoint, tmp_path):
     out = tmp_path / "imp"
-    code = run(["importance", str(checkpoint), "--method", "gradient,entropy", "--out", str(out)])
+    code = exit_code(
+        ["importance", str(checkpoint), "--method", "gradient,entropy", "--out", str(out)]
+    )
     assert code == 0
     table = pd.read_csv(out / "importance.csv")
     assert list(table.columns) == ["layer", "head", "method", "value"]
@@ -59,7 +53,7 @@ def test_prune_writes_a_smaller_checkpoint_that_matches_the_masked_model(checkpo
     out = tmp_path / "pruned"
     args = ["prune", str(checkpoint), "--fraction", "0.5", "--method", "ablation"]
     fast = ["--repeats", "1", "--timing-sizes", "1,4"]
-    assert run([*args, "--out", str(out), *SMALL, *fast]) == 0
+    assert exit_code([*args, "--out", str(out), *SMALL, *fast]) == 0
     pruned = load_checkpoint(out)
     original = load_checkpoint(checkpoint)
     removed = pd.read_csv(out / "removed_heads.csv")
@@ -79,7 +73,7 @@ def test_prune_writes_a_smaller_checkpoint_that_matches_the_masked_model(checkpo
     # pruning the pruned checkpoint keeps the original head ids
     again = tmp_path / "again"
     args = ["prune", str(out), "--fraction", "0.5", "--method", "random", "--no-timing"]
-    assert run([*args, "--out", str(again), *SMALL]) == 0
+    assert exit_code([*args, "--out", str(again), *SMALL]) == 0
     twice = load_checkpoint(again)
     for before, after in zip(pruned.model_cfg.heads, twice.model_cfg.heads, strict=True):
         assert set(after) <= set(before)
@@ -90,7 +84,7 @@ def test_prune_writes_a_smaller_checkpoint_that_matches_the_masked_model(checkpo
 def test_prune_sweep_writes_curve_and_plot(checkpoint, tmp_path):
     out = tmp_path / "sweep"
     args = ["prune", str(checkpoint), "--sweep", "--methods", "gradient", "--seeds", "2"]
-    assert run([*args, "--fractions", "0,0.5,1", "--out", str(out), *SMALL]) == 0
+    assert exit_code([*args, "--fractions", "0,0.5,1", "--out", str(out), *SMALL]) == 0
     curve = pd.read_csv(out / "pruning.csv")
     assert list(curve.columns[:5]) == ["fraction", "method", "seed", "metric", "value"]
     assert set(curve["method"]) == {"gradient", "random"}  # the random baseline is added
@@ -109,12 +103,12 @@ def test_prune_sweep_writes_curve_and_plot(checkpoint, tmp_path):
 )
 def test_bad_input_is_one_line_and_exit_code_2(checkpoint, tmp_path, capsys, extra, message):
     args = ["prune", str(checkpoint), "--out", str(tmp_path / "x"), "--no-timing", *SMALL]
-    assert run([*args, *extra]) == 2
+    assert exit_code([*args, *extra]) == 2
     err = capsys.readouterr().err
     assert message in err.replace("\n", " ")
     assert "Traceback" not in err
 
 
 def test_missing_checkpoint_is_exit_code_2(tmp_path, capsys):
-    assert run(["importance", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
+    assert exit_code(["importance", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
     assert "does not exist" in capsys.readouterr().err

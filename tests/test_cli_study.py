@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from probe_cli.main import main
+from cli_run import exit_code
 from tiny_study import SMOKE, tiny_study
 
 TINY = tiny_study(
@@ -30,14 +30,6 @@ when = "smoke"
 )
 
 
-def run(args: list[str]) -> int:
-    try:
-        main(args)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return 0
-
-
 @pytest.fixture
 def study_file(tmp_path) -> Path:
     path = tmp_path / "tiny.toml"
@@ -46,36 +38,36 @@ def study_file(tmp_path) -> Path:
 
 
 def test_validate_ok_and_invalid(study_file, tmp_path, capsys):
-    assert run(["study", "validate", str(study_file)]) == 0
+    assert exit_code(["study", "validate", str(study_file)]) == 0
     assert "2 cells, smoke 1" in capsys.readouterr().out
     bad = tmp_path / "bad.toml"
     bad.write_text(TINY.replace("n_head = 2", "n_heads = 2"))
-    assert run(["study", "validate", str(study_file), str(bad)]) == 2
+    assert exit_code(["study", "validate", str(study_file), str(bad)]) == 2
     err = capsys.readouterr().err
     assert "n_heads" in err and "Did you mean 'n_head'?" in err and "1 of 2" in err
 
 
 def test_validate_takes_a_folder_and_run_refuses_one(study_file, tmp_path, capsys):
-    assert run(["study", "validate", str(study_file.parent)]) == 0
+    assert exit_code(["study", "validate", str(study_file.parent)]) == 0
     assert f"ok {study_file}" in capsys.readouterr().out
-    assert run(["study", "validate", str(tmp_path / "empty")]) == 2
+    assert exit_code(["study", "validate", str(tmp_path / "empty")]) == 2
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert run(["study", "validate", str(empty)]) == 2
+    assert exit_code(["study", "validate", str(empty)]) == 2
     assert "No study files" in capsys.readouterr().err
-    assert run(["study", "run", str(study_file.parent)]) == 2
+    assert exit_code(["study", "run", str(study_file.parent)]) == 2
     assert "is a folder" in capsys.readouterr().err
 
 
 def test_ls_lists_the_folder(study_file, capsys):
-    assert run(["study", "ls", str(study_file.parent)]) == 0
+    assert exit_code(["study", "ls", str(study_file.parent)]) == 0
     out = capsys.readouterr().out
     assert "tiny" in out and "Does the command line" in out
 
 
 def test_run_report_and_junit(study_file, tmp_path, capsys):
     out, junit = tmp_path / "out", tmp_path / "junit.xml"
-    code = run(["study", "run", str(study_file), "--out", str(out), "--device", "cpu",
+    code = exit_code(["study", "run", str(study_file), "--out", str(out), "--device", "cpu",
                 "--junit", str(junit)])  # fmt: skip
     assert code == 0, capsys.readouterr().err
     assert (out / "report.md").exists() and (out / "manifest.json").exists()
@@ -83,13 +75,13 @@ def test_run_report_and_junit(study_file, tmp_path, capsys):
     assert suite.get("tests") == "1" and suite.get("failures") == "0"
     assert "cells run" in capsys.readouterr().out
     (out / "report.md").unlink()
-    assert run(["study", "report", str(out)]) == 0
+    assert exit_code(["study", "report", str(out)]) == 0
     assert (out / "report.md").exists()
 
 
 def test_failed_expectation_exits_1(study_file, tmp_path, capsys):
     junit = tmp_path / "junit.xml"
-    code = run(["study", "run", str(study_file), "--smoke", "--out", str(tmp_path / "s"),
+    code = exit_code(["study", "run", str(study_file), "--smoke", "--out", str(tmp_path / "s"),
                 "--device", "cpu", "--junit", str(junit)])  # fmt: skip
     assert code == 1
     captured = capsys.readouterr()
@@ -99,8 +91,11 @@ def test_failed_expectation_exits_1(study_file, tmp_path, capsys):
 
 
 def test_bad_input_exits_2(study_file, tmp_path, capsys):
-    assert run(["study", "run", str(tmp_path / "nope.toml")]) == 2
+    assert exit_code(["study", "run", str(tmp_path / "nope.toml")]) == 2
     assert "No study file" in capsys.readouterr().err
-    assert run(["study", "run", str(study_file), "--jobs", "0", "--out", str(tmp_path / "o")]) == 2
-    assert run(["study", "report", str(tmp_path)]) == 2
+    assert (
+        exit_code(["study", "run", str(study_file), "--jobs", "0", "--out", str(tmp_path / "o")])
+        == 2
+    )
+    assert exit_code(["study", "report", str(tmp_path)]) == 2
     assert "manifest.json" in capsys.readouterr().err

@@ -4,17 +4,14 @@ import json
 
 import pandas as pd
 import pytest
+from cli_run import exit_code
 from probe_cli.main import app, main
 from typer.testing import CliRunner
 
 
 def run(args, capsys):
     """Run the `probe` entry point; returns (exit code, stdout, stderr)."""
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+    code = exit_code(args)
     out = capsys.readouterr()
     return code, out.out, out.err
 
