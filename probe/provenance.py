@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import platform
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 
@@ -21,10 +24,35 @@ def versions() -> dict[str, str]:
     return out
 
 
+PIN = "PROBE_GIT_COMMIT"  # set while a study runs: what its cells' code was loaded from
+
+
 def git_commit(start: Path | None = None) -> str | None:
     """The commit of the git checkout holding probe (None outside one); '+dirty' if its code
-    (anything outside results/) differs from that commit."""
-    where = start or Path(__file__).resolve().parent
+    (anything outside results/) differs from that commit. While a study runs, the commit it
+    started from (`pinned`): its processes keep the code they loaded even if HEAD moves."""
+    pinned = os.environ.get(PIN)
+    if pinned and start is None:
+        return pinned
+    return _read_git(start or Path(__file__).resolve().parent)
+
+
+@contextmanager
+def pinned(commit: str | None) -> Iterator[None]:
+    """git_commit() returns `commit` inside the block, here and in processes started in it."""
+    before = os.environ.get(PIN)
+    if commit:
+        os.environ[PIN] = commit
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(PIN, None)
+        else:
+            os.environ[PIN] = before
+
+
+def _read_git(where: Path) -> str | None:
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=5

@@ -137,3 +137,25 @@ def test_parallel_jobs_give_the_same_tables(tmp_path):
     assert sum(e.kind == "cell-done" for e in events) == 4
     assert any(e.kind == "cell" and e.phase == "train" for e in events)
     assert_same_tables(tmp_path / "serial", tmp_path / "parallel")
+    # the workers record the commit the run started from (passed on to them pinned)
+    assert {r.git_commit for r in result.records} == {result.manifest["git_commit"]}
+
+
+def test_every_cell_records_the_commit_the_run_started_from(tmp_path, monkeypatch):
+    from probe import provenance
+
+    commits = iter(f"commit-{i}" for i in range(1, 100))  # HEAD moves at every look
+    monkeypatch.setattr(provenance, "_read_git", lambda where: next(commits))
+    monkeypatch.delenv(provenance.PIN, raising=False)
+    study = load_study(write_study(tmp_path))
+    result = run_study(study, tmp_path / "out", device="cpu")
+    out = tmp_path / "out"
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["git_commit"] == "commit-1"
+    assert [c["git_commit"] for c in manifest["cells"]] == ["commit-1"] * 4
+    for cell in result.cells:
+        done = json.loads((out / "cells" / cell.key / "done.json").read_text())
+        model = json.loads((out / "models" / cell.train_key / "config.json").read_text())
+        assert done["git_commit"] == model["meta"]["git_commit"] == "commit-1"
+    assert provenance.PIN not in os.environ
+    assert provenance.git_commit() == "commit-2"  # unpinned after the run

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from probe import provenance
 from probe.errors import ProbeError
 from probe.report.files import atomic_write_csv, atomic_write_json
 from probe.study.grid import Cell
@@ -45,6 +46,7 @@ class CellRecord:
     wall_s: float  # seconds the run that computed the cell spent on it
     train_s: float  # seconds spent training (0 when the model came from the cache)
     cached: bool  # finished in an earlier run
+    git_commit: str | None = None  # the code that computed it (None: not recorded)
 
 
 def cell_dir(root: Path, cell: Cell) -> Path:
@@ -106,7 +108,7 @@ def cached_record(root: Path, cell: Cell) -> CellRecord | None:
     if done is None:
         return None
     return CellRecord(cell.index, cell.key, tuple(done["tables"]), done["wall_s"],
-                      done["train_s"], cached=True)  # fmt: skip
+                      done["train_s"], cached=True, git_commit=done.get("git_commit"))  # fmt: skip
 
 
 def run_cell(
@@ -140,11 +142,13 @@ def _run(cell: Cell, root: Path, device: str, report: Callable[[CellEvent], None
     for name, table in tables.items():
         atomic_write_csv(out / f"{name}.csv", with_identity(table, cell))
     wall = time.perf_counter() - start
-    record = CellRecord(cell.index, cell.key, tuple(tables), wall, train_s, cached=False)
+    commit = provenance.git_commit()
+    record = CellRecord(cell.index, cell.key, tuple(tables), wall, train_s, cached=False,
+                        git_commit=commit)  # fmt: skip
     atomic_write_json(out / DONE, {
         "key": cell.key, "train_key": cell.train_key, "label": cell.label,
         "identity": cell.identity(), "tables": list(tables), "wall_s": round(wall, 2),
-        "train_s": round(train_s, 2), "device": str(device_),
+        "train_s": round(train_s, 2), "device": str(device_), "git_commit": commit,
     })  # fmt: skip
     return record
 

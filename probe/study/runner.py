@@ -99,6 +99,7 @@ def _manifest(study: Study, cells: list[Cell], records: dict[int, CellRecord],
             ("cached" if record.cached else "done"),
             "wall_s": None if record is None else round(record.wall_s, 2),
             "train_s": None if record is None else round(record.train_s, 2),
+            "git_commit": None if record is None else record.git_commit,
         })  # fmt: skip
     analysis_seeds = {name: getattr(o, "seed", None) for name, o in study.analysis.items()}
     return {
@@ -154,7 +155,7 @@ def run_study(
     cells = expand(study)
     emit = progress or (lambda event: None)
     started = time.perf_counter()
-    with _locked(out), _threads(threads):
+    with _locked(out), _threads(threads), provenance.pinned(provenance.git_commit()):
         context = {**provenance.context(resolve_device(device)), "requested_device": device,
                    "jobs": jobs, "threads": threads}  # fmt: skip
         _clean_temporaries(out)
