@@ -79,8 +79,7 @@ def accuracy(rep: MarkdownReport, eval_table: pd.DataFrame, order: list[str]) ->
         return findings
     rep.heading("Unseen lengths")
     table = summary.by_arm_task(unseen_rows)
-    ranked, note = _ranked_tasks(table, seen)
-    ranks = summary.mean_reciprocal_rank(table[table["task"].isin(ranked)])
+    ranks, note = _mrr(table, seen)
     over_tasks = table.groupby("arm")["mean"].mean()
     rep.paragraph(
         "Exact match averaged over the lengths longer than L; 'all tasks' is the mean over tasks "
@@ -113,15 +112,16 @@ def accuracy(rep: MarkdownReport, eval_table: pd.DataFrame, order: list[str]) ->
     return findings
 
 
-def _ranked_tasks(unseen_summary: pd.DataFrame, seen_summary: pd.DataFrame) -> tuple[list, str]:
-    """The tasks the MRR ranks over (those some arm learns; all when none does) and a sentence
-    naming the ones left out."""
+def _mrr(unseen_summary: pd.DataFrame, seen_summary: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """Mean reciprocal rank over the tasks some arm learns (all when none does), and a sentence
+    naming the tasks left out."""
     tasks = sorted(unseen_summary["task"].unique())
     learned = [t for t in summary.fitted_tasks(seen_summary, LEARNED) if t in tasks]
     if not learned or len(learned) == len(tasks):
-        return tasks, ""
+        return summary.mean_reciprocal_rank(unseen_summary), ""
+    ranks = summary.mean_reciprocal_rank(unseen_summary[unseen_summary["task"].isin(learned)])
     left_out = ", ".join(t for t in tasks if t not in learned)
-    return learned, (f" MRR leaves out {left_out}: no arm reaches {LEARNED} exact match there "
+    return ranks, (f" MRR leaves out {left_out}: no arm reaches {LEARNED} exact match there "
                      "even at the training lengths, so the arms' order is noise.")  # fmt: skip
 
 
@@ -227,8 +227,7 @@ def reference(rep: MarkdownReport, eval_table: pd.DataFrame, ref: Reference) -> 
               "reference_comparison.csv", data=rows)  # fmt: skip
     findings = [_task_verdict(v) for v in verdicts.itertuples()]
     seen = summary.by_arm_task(exact[summary.seen(exact)])
-    ranked, note = _ranked_tasks(ours, seen)
-    ranks = summary.mean_reciprocal_rank(ours[ours["task"].isin(ranked)])
+    ranks, note = _mrr(ours, seen)
     mrr_table, mrr_verdict = summary.compare_mrr(ranks, ref)
     if not mrr_table.empty:
         rep.table(mrr_table, "reference_mrr.csv",
