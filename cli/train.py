@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated
 
@@ -21,9 +22,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from rich.table import Table
 
 from probe.checkpoint import load_checkpoint
-from probe.config import ModelConfig, TrainConfig
+from probe.config import ModelConfig, Schedule, TrainConfig
 from probe.errors import ProbeError
 from probe.evaluate import evaluate
+from probe.presets import with_preset
 from probe.report.files import atomic_write_csv
 from probe.tasks import TaskConfig, parse_lengths
 from probe.train import TrainProgress, resolve_device, train
@@ -36,14 +38,34 @@ def parse_range(spec: str, what: str) -> tuple[int, int]:
     return lengths[0], lengths[-1]
 
 
+# CLI option -> (config section, field) for the options a preset may set
+PRESET_OPTIONS = {
+    "pe": ("model", "pe"), "ffn": ("model", "ffn"), "ffn_mult": ("model", "ffn_mult"),
+    "norm": ("model", "norm"), "scale": ("model", "scale"), "dropout": ("model", "dropout"),
+    "lr": ("train", "lr"), "warmup": ("train", "warmup"),
+    "label_smoothing": ("train", "label_smoothing"),
+}  # fmt: skip
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """True when option `name` was typed on the command line (not left at its default)."""
+    source = ctx.get_parameter_source(name)  # an enum of (Typer's) click: compare by name
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
 def train_cli(
+    ctx: typer.Context,
     out: OutOpt,
+    preset: Annotated[
+        str | None,
+        typer.Option(help="paper: the 2017 model and optimizer (options given here still win)."),
+    ] = None,
     task: Annotated[
         str, typer.Option(help="copy, reverse, sort, addition, parity, recall, repeat-copy.")
     ] = "copy",
     arch: Annotated[str, typer.Option(help="decoder, encoder or encoder-decoder.")] = "decoder",
     pe: Annotated[
-        str, typer.Option(help="sinusoidal, learned, none, rope, alibi, t5.")
+        str, typer.Option(help="sinusoidal, learned, none, rope, alibi, t5, fire.")
     ] = "learned",
     train_len: Annotated[str, typer.Option(help="Task lengths to train on, 'lo:hi'.")] = "4:16",
     steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 400,
@@ -72,7 +94,10 @@ def train_cli(
     max_len: Annotated[
         int, typer.Option(help="Positions of a learned table / random range.")
     ] = 256,
-    dropout: float = 0.0,
+    dropout: Annotated[float, typer.Option(help="Dropout on sub-layers and weights.")] = 0.0,
+    label_smoothing: Annotated[
+        float, typer.Option(help="Label smoothing of the training loss (the paper: 0.1).")
+    ] = 0.0,
     batch_size: Annotated[int, typer.Option(help="Examples per step.")] = 32,
     lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 1e-3,
     warmup: Annotated[int, typer.Option(help="Warm-up steps.")] = 40,
@@ -89,16 +114,28 @@ def train_cli(
     """Train a model on a synthetic task and write a checkpoint directory."""
     task_cfg = TaskConfig(name=task, n_symbols=n_symbols)
     lo, hi = parse_range(train_len, "--train-len")
+    values = {
+        "pe": pe, "ffn": ffn, "ffn_mult": ffn_mult, "norm": norm, "scale": scale,
+        "dropout": dropout, "lr": lr, "warmup": warmup, "label_smoothing": label_smoothing,
+    }  # fmt: skip
+    chosen: dict[str, dict] = {"model": {}, "train": {}}
+    for option, (section, name) in PRESET_OPTIONS.items():
+        if preset is None or _given(ctx, option):
+            chosen[section][name] = values[option]
+    settings = with_preset(preset, chosen)
     model_cfg = ModelConfig(
         arch=arch, vocab_size=task_cfg.vocab_size, n_layer=layers, n_head=heads, d_model=d_model,
-        d_head=d_head, ffn=ffn, ffn_mult=ffn_mult, norm=norm, pe=pe, max_len=max_len, scale=scale,
-        qk_norm=qk_norm, log_scale_len=hi if log_scale else None, dropout=dropout,
+        d_head=d_head, max_len=max_len, qk_norm=qk_norm, log_scale_len=hi if log_scale else None,
+        **settings["model"],
     )  # fmt: skip
     train_cfg = TrainConfig(
-        steps=steps, batch_size=batch_size, lr=lr, warmup=min(warmup, steps), train_len=(lo, hi),
+        steps=steps, batch_size=batch_size, train_len=(lo, hi),
         random_positions=random_positions, seed=seed, eval_every=eval_every,
-        stats_every=stats_every, device=device,
+        stats_every=stats_every, device=device, **settings["train"],
     )  # fmt: skip
+    if train_cfg.schedule == Schedule.COSINE and train_cfg.warmup > steps:
+        train_cfg = dataclasses.replace(train_cfg, warmup=steps)
+    pe = model_cfg.pe
     resolve_device(device)
     console.print(
         f"training a {arch} ({pe}, {layers} layers x {heads} heads, d_model {d_model}) on "

@@ -67,17 +67,18 @@ def from_dict(cls: type[C], data: dict[str, Any], what: str) -> C:
     return cls(**data)
 
 
+def to_plain(value: Any) -> Any:
+    """A config value as JSON has it: enums as strings, tuples as lists."""
+    if isinstance(value, StrEnum):
+        return value.value
+    if isinstance(value, tuple | list):
+        return [to_plain(x) for x in value]
+    return value
+
+
 def to_dict(obj: Any) -> dict[str, Any]:
     """A JSON-ready dict of a config dataclass (enums as strings, tuples as lists)."""
-
-    def plain(v: Any) -> Any:
-        if isinstance(v, StrEnum):
-            return v.value
-        if isinstance(v, tuple | list):
-            return [plain(x) for x in v]
-        return v
-
-    return {f.name: plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
 
 
 class Arch(StrEnum):
@@ -95,6 +96,7 @@ class PE(StrEnum):
     ROPE = "rope"  # on q and k: rotary (Su et al. 2021)
     ALIBI = "alibi"  # on the scores: linear distance penalty (Press et al. 2021)
     T5 = "t5"  # on the scores: learned bucketed relative bias (Raffel et al. 2020)
+    FIRE = "fire"  # on the scores: learned function of log-distance, normalized (Li et al. 2023)
 
 
 class Scale(StrEnum):
@@ -116,6 +118,13 @@ class FFN(StrEnum):
     GELU = "gelu"  # BERT (exact erf form)
     GELU_TANH = "gelu-tanh"  # GPT-2 (tanh approximation)
     NONE = "none"  # attention-only blocks
+
+
+class Schedule(StrEnum):
+    """The learning rate over training."""
+
+    COSINE = "cosine"  # linear warm-up to lr, then cosine decay to lr * lr_min_ratio
+    PAPER = "paper"  # lr * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (the paper: lr = 1)
 
 
 @dataclass(frozen=True)
@@ -249,7 +258,10 @@ class TrainConfig:
     weight_decay: float = 0.01
     warmup: int = 40  # linear warm-up steps, then cosine decay to lr_min_ratio * lr
     lr_min_ratio: float = 0.1
-    grad_clip: float = 1.0
+    grad_clip: float = 1.0  # max global gradient norm (0: no clipping, as in the paper)
+    schedule: Schedule = Schedule.COSINE
+    adam_eps: float = 1e-8  # the paper: 1e-9
+    label_smoothing: float = 0.0  # on the training loss only (the paper: 0.1)
     train_len: tuple[int, int] = (4, 16)  # task lengths drawn uniformly, inclusive
     random_positions: bool = False  # Ruoss et al. 2023: sorted random positions from [0, max_len)
     seed: int = 0
@@ -260,6 +272,7 @@ class TrainConfig:
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes kept with the run
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "schedule", choice(Schedule, self.schedule, "schedule"))
         lo, hi = (int(x) for x in self.train_len)
         object.__setattr__(self, "train_len", (lo, hi))
         if not 1 <= lo <= hi:
@@ -271,6 +284,14 @@ class TrainConfig:
             raise ProbeError(f"lr must be a positive number, got {self.lr}.")
         if self.warmup < 0 or self.eval_every < 0 or self.stats_every < 0:
             raise ProbeError("warmup, eval_every and stats_every must not be negative.")
+        if self.schedule == Schedule.PAPER and self.warmup < 1:
+            raise ProbeError("the paper's schedule needs warmup of at least 1 step.")
+        if not self.grad_clip >= 0:
+            raise ProbeError(f"grad_clip must be 0 (off) or positive, got {self.grad_clip}.")
+        if not self.adam_eps > 0:
+            raise ProbeError(f"adam_eps must be positive, got {self.adam_eps}.")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ProbeError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}.")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:

@@ -32,12 +32,17 @@ def batch_loss(
     reduction: str = "mean",
     logits: torch.Tensor | None = None,
     positions: torch.Tensor | None = None,
+    label_smoothing: float = 0.0,
 ) -> torch.Tensor:
-    """Cross-entropy over the answer positions: a scalar ("mean") or one per example ("none")."""
+    """Cross-entropy over the answer positions: a scalar ("mean") or one per example ("none");
+    `label_smoothing` mixes the targets with a uniform distribution (training only)."""
     if logits is None:
         logits = forward_batch(model, batch, positions)  # [batch, seq, vocab]
     token_loss = F.cross_entropy(
-        logits.float().transpose(1, 2), batch.targets, reduction="none"
+        logits.float().transpose(1, 2),
+        batch.targets,
+        reduction="none",
+        label_smoothing=label_smoothing,
     )  # [batch, seq]
     mask = batch.loss_mask.float()  # [batch, seq]
     per_example = (token_loss * mask).sum(1) / mask.sum(1).clamp_min(1)  # [batch]

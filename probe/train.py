@@ -18,7 +18,7 @@ import torch
 
 from probe import provenance
 from probe.checkpoint import CONFIG, METRICS, WEIGHTS, save_checkpoint
-from probe.config import ModelConfig, TrainConfig
+from probe.config import ModelConfig, Schedule, TrainConfig
 from probe.errors import ProbeError
 from probe.evaluate import batch_loss, check_lengths, evaluate, form_for, forward_batch
 from probe.model import Transformer
@@ -64,8 +64,13 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warm-up to cfg.lr, then cosine decay to cfg.lr * cfg.lr_min_ratio."""
+def lr_at(step: int, cfg: TrainConfig, d_model: int) -> float:
+    """The learning rate of (0-based) `step`: with the cosine schedule, linear warm-up to cfg.lr,
+    then cosine decay to cfg.lr * cfg.lr_min_ratio; with the paper's (section 5.3),
+    cfg.lr * d_model^-0.5 * min(t^-0.5, t * warmup^-1.5) at step number t = step + 1."""
+    if cfg.schedule == Schedule.PAPER:
+        t = step + 1
+        return cfg.lr * d_model**-0.5 * min(t**-0.5, t * cfg.warmup**-1.5)
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     span = max(1, cfg.steps - cfg.warmup)
@@ -92,12 +97,13 @@ def _optimizer(model: Transformer, cfg: TrainConfig) -> torch.optim.AdamW:
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        (decay if p.dim() >= 2 and "table" not in name else no_decay).append(p)
+        positional = "table" in name or "score_bias" in name  # tables and learned score biases
+        (decay if p.dim() >= 2 and not positional else no_decay).append(p)
     groups = [
         {"params": decay, "weight_decay": cfg.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.98))
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.98), eps=cfg.adam_eps)
 
 
 class MetricsLog:
@@ -182,7 +188,7 @@ def train(
         return float((exact.value * exact.n).sum() / exact.n.sum())
 
     for step in range(1, train_cfg.steps + 1):
-        lr = lr_at(step - 1, train_cfg)
+        lr = lr_at(step - 1, train_cfg, model_cfg.d_model)
         for group in optimizer.param_groups:
             group["lr"] = lr
         n = sample_length(lo, hi, data_gen)
@@ -190,7 +196,7 @@ def train(
         positions = _positions_for(model, batch, train_cfg, pos_gen)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
             logits = forward_batch(model, batch, positions)  # [batch, seq, vocab]
-        loss = batch_loss(model, batch, logits=logits)
+        loss = batch_loss(model, batch, logits=logits, label_smoothing=train_cfg.label_smoothing)
         if not torch.isfinite(loss):
             where = f"; the last good checkpoint in {out} is kept" if out is not None else ""
             raise TrainingDiverged(
@@ -199,7 +205,8 @@ def train(
             )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), train_cfg.grad_clip)
+        clip = train_cfg.grad_clip or float("inf")  # 0: measure the norm, clip nothing
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         optimizer.step()
 
         last = step == train_cfg.steps

@@ -57,7 +57,7 @@ def test_attention_matches_textbook_formula(arch, observed):
     torch.testing.assert_close(got, textbook_attention(attn, x), atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("pe", ["sinusoidal", "learned", "none", "rope", "alibi", "t5"])
+@pytest.mark.parametrize("pe", ["sinusoidal", "learned", "none", "rope", "alibi", "t5", "fire"])
 @pytest.mark.parametrize("arch", ["decoder", "encoder", "encoder-decoder"])
 def test_fused_and_explicit_paths_agree(pe, arch):
     torch.manual_seed(1)
@@ -127,7 +127,7 @@ def test_sinusoidal_table_matches_formula():
             assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-5)
 
 
-@pytest.mark.parametrize("pe", ["learned", "rope", "alibi", "t5", "none"])
+@pytest.mark.parametrize("pe", ["learned", "rope", "alibi", "t5", "fire", "none"])
 def test_causal_mask_blocks_the_future(pe):
     torch.manual_seed(4)
     model = Transformer(ModelConfig(pe=pe, n_head=2, d_model=16)).eval()

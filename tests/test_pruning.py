@@ -61,6 +61,8 @@ CASES = [
     ("decoder", "alibi", {"scale": "learned"}),
     ("decoder", "rope", {"qk_norm": True}),
     ("encoder", "t5", {}),
+    ("decoder", "fire", {}),
+    ("encoder", "fire", {"scale": "learned"}),
     ("encoder-decoder", "t5", {"scale": "learned"}),
     ("encoder-decoder", "sinusoidal", {"norm": "post"}),
 ]

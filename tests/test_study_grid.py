@@ -10,7 +10,7 @@ import pytest
 
 from probe.errors import ProbeError
 from probe.study.grid import expand, factor_column
-from probe.study.spec import parse_study
+from probe.study.spec import parse_study, smoke_version
 
 STUDY = """
 [study]
@@ -106,6 +106,16 @@ def test_overrides_apply_to_matching_cells_only():
         study(STUDY + "[[override]]\ntrain.steps = 5\n")
     with pytest.raises(ProbeError, match="'stepz'"):
         study(STUDY + '[[override]]\nwhere = { "task.name" = "copy" }\ntrain.stepz = 5\n')
+
+
+def test_smoke_settings_win_over_overrides():
+    text = STUDY + '[[override]]\nwhere = { "task.name" = "reverse" }\ntrain.steps = 500\n'
+    text += "train.batch_size = 7\n[smoke]\ntrain.steps = 2\n"
+    full = expand(study(text))
+    smoke = expand(smoke_version(study(text)))
+    assert {c.train.steps for c in full if str(c.task.name) == "reverse"} == {500}
+    assert {c.train.steps for c in smoke} == {2}  # the smoke setting wins
+    assert {c.train.batch_size for c in smoke if str(c.task.name) == "reverse"} == {7}
 
 
 def test_a_variant_that_repeats_a_grid_cell_is_refused():

@@ -15,11 +15,11 @@ from probe.train import TrainingDiverged, lr_at, random_positions, train
 
 def test_lr_schedule_warms_up_then_decays_by_cosine():
     cfg = TrainConfig(steps=110, lr=1.0, warmup=10, lr_min_ratio=0.1)
-    assert lr_at(0, cfg) == pytest.approx(0.1)
-    assert lr_at(9, cfg) == pytest.approx(1.0)
+    assert lr_at(0, cfg, 64) == pytest.approx(0.1)
+    assert lr_at(9, cfg, 64) == pytest.approx(1.0)
     mid = 10 + 50  # halfway through the decay
-    assert lr_at(mid, cfg) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 2)))
-    assert lr_at(110, cfg) == pytest.approx(0.1)
+    assert lr_at(mid, cfg, 64) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 2)))
+    assert lr_at(110, cfg, 64) == pytest.approx(0.1)
 
 
 def test_random_positions_are_sorted_distinct_and_in_range():

@@ -8,8 +8,8 @@ the numbers they had before any pruning.
 - `plan_removal`: which heads go, from an importance table (global or per-layer quota, a minimum of
   heads kept per layer);
 - `prune_heads`: a NEW, smaller Transformer whose W_Q, W_K, W_V rows, W_O columns and every per-head
-  parameter (gate, learned temperature, ALiBi slope, T5 bias column) are sliced to the kept heads.
-  Its logits equal the masked model's.
+  parameter (gate, learned temperature, the tensors a score bias names in its PER_HEAD) are sliced
+  to the kept heads. Its logits equal the masked model's.
 """
 
 from __future__ import annotations
@@ -124,9 +124,11 @@ def _slice_site(
         "o.weight": (1, rows),
         "gate": (0, local),
         "log_scale": (0, local),
-        "score_bias.slopes": (0, local),  # ALiBi
-        "score_bias.table.weight": (1, local),  # T5 bias [bucket, head]
     }
+    if attn.score_bias is not None:  # the bias module names its own per-head tensors
+        cuts.update(
+            {f"score_bias.{n}": (dim, local) for n, dim in attn.score_bias.PER_HEAD.items()}
+        )
     handled = set()
     for suffix, (dim, index) in cuts.items():
         name = f"{prefix}.{suffix}"

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from probe.config import PE, ModelConfig, Scale
-from probe.model.positional import ALiBi, Rotary, T5Bias
+from probe.model.positional import FIRE, ALiBi, Rotary, T5Bias
 
 
 @dataclass
@@ -93,11 +93,10 @@ class Attention(nn.Module):
         self.q_norm = nn.LayerNorm(self.d_head, eps=cfg.ln_eps) if cfg.qk_norm else None
         self.k_norm = nn.LayerNorm(self.d_head, eps=cfg.ln_eps) if cfg.qk_norm else None
         self.rotary = Rotary(cfg) if cfg.pe == PE.ROPE and not cross else None
-        self.score_bias: ALiBi | T5Bias | None = None
-        if not cross and cfg.pe == PE.ALIBI:
-            self.score_bias = ALiBi(cfg, self.heads)
-        elif not cross and cfg.pe == PE.T5:
-            self.score_bias = T5Bias(cfg, self.heads)
+        score_biases = {PE.ALIBI: ALiBi, PE.T5: T5Bias, PE.FIRE: FIRE}
+        self.score_bias: ALiBi | T5Bias | FIRE | None = None
+        if not cross and cfg.pe in score_biases:
+            self.score_bias = score_biases[cfg.pe](cfg, self.heads)
         self.log_scale_len = cfg.log_scale_len
         self.dropout = cfg.dropout
         self.observer: Observer | None = None  # set only inside Transformer.observe(...)

@@ -2,8 +2,9 @@
 
 - on the input: `InputPositions` (sinusoidal, learned, none) adds a vector per position;
 - on q and k: `Rotary` rotates pairs of dimensions by a position-dependent angle;
-- on the scores: `ALiBi` and `T5Bias` share one interface,
-  `bias(q_pos, k_pos) -> [batch, head, q, k]`.
+- on the scores: `ALiBi`, `T5Bias` and `FIRE` share one interface,
+  `bias(q_pos, k_pos) -> [batch, head, q, k]`, and name their per-head tensors in `PER_HEAD`
+  (parameter name -> the dimension that indexes heads) so pruning can slice them.
 
 Positions are integer tensors `[batch, seq]` (the plain `0..seq-1`, or a sorted random subset of a
 larger range when training with randomized positions), so every encoding works at any length.
@@ -12,8 +13,10 @@ larger range when training with randomized positions), so every encoding works a
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from probe.config import PE, ModelConfig
@@ -106,6 +109,8 @@ def relative_distance(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
 class ALiBi(nn.Module):
     """bias = -slope_h * |i - j|; slopes follow the heads' original ids, so pruning keeps them."""
 
+    PER_HEAD: ClassVar[dict[str, int]] = {"slopes": 0}  # [head]
+
     def __init__(self, cfg: ModelConfig, heads: tuple[int, ...]) -> None:
         super().__init__()
         all_slopes = alibi_slopes(cfg.n_head)
@@ -139,6 +144,8 @@ def t5_bucket(
 class T5Bias(nn.Module):
     """A learned scalar per (bucket of relative position, head), added to the scores."""
 
+    PER_HEAD: ClassVar[dict[str, int]] = {"table.weight": 1}  # [bucket, head]
+
     def __init__(self, cfg: ModelConfig, heads: tuple[int, ...]) -> None:
         super().__init__()
         self.bidirectional = not cfg.causal
@@ -151,3 +158,51 @@ class T5Bias(nn.Module):
             relative_distance(q_pos, k_pos), self.bidirectional, self.n_buckets, self.max_distance
         )  # [batch, q, k]
         return self.table(buckets).permute(0, 3, 1, 2)  # [batch, head, q, k]
+
+
+# FIRE's settings, as in the paper's code (Li et al. 2023, appendix): MLP width, initial c and L
+FIRE_WIDTH = 32
+FIRE_INIT_C = 0.1
+FIRE_INIT_L = 512.0
+FIRE_EPS = 1e-6
+
+
+def _batch_invariant(pos: torch.Tensor) -> bool:
+    """True when every row of `pos` [batch, seq] is the same view (positions expanded)."""
+    return pos.shape[0] == 1 or pos.stride(0) == 0
+
+
+class FIRE(nn.Module):
+    """Functional interpolation for relative positions (Li et al. 2023):
+
+        bias_h(i, j) = f_h( psi(i - j) / psi(max(L, i)) ),   psi(x) = log(c x + 1),
+
+    with f a small MLP (1 -> FIRE_WIDTH -> heads, ReLU) shared by the heads of a site, and c, L
+    learned scalars (used as |c|, |L|). Dividing by psi(max(L, i)) maps every distance a query
+    can see into [0, 1], so a longer input interpolates instead of extrapolating. A bidirectional
+    model uses |i - j|; in a causal one the keys after i are masked anyway."""
+
+    PER_HEAD: ClassVar[dict[str, int]] = {
+        "out.weight": 0,
+        "out.bias": 0,
+    }  # the MLP's last layer: one output per head
+
+    def __init__(self, cfg: ModelConfig, heads: tuple[int, ...]) -> None:
+        super().__init__()
+        self.hidden = nn.Linear(1, FIRE_WIDTH)
+        self.out = nn.Linear(FIRE_WIDTH, len(heads))
+        self.c = nn.Parameter(torch.tensor(FIRE_INIT_C))
+        self.L = nn.Parameter(torch.tensor(FIRE_INIT_L))
+
+    def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        if _batch_invariant(q_pos) and _batch_invariant(k_pos):  # compute one row, share it
+            return self._bias(q_pos[:1], k_pos[:1]).expand(q_pos.shape[0], -1, -1, -1)
+        return self._bias(q_pos, k_pos)
+
+    def _bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        c = self.c.abs()
+        distance = relative_distance(q_pos, k_pos).abs().float()  # |i - j| [batch, q, k]
+        reach = torch.maximum(q_pos.float(), self.L.abs())  # max(L, i) [batch, q]
+        scaled = torch.log1p(c * distance) / (torch.log1p(c * reach) + FIRE_EPS).unsqueeze(-1)
+        hidden = F.relu(self.hidden(scaled.unsqueeze(-1)))  # [batch, q, k, width]
+        return self.out(hidden).permute(0, 3, 1, 2)  # [batch, head, q, k]

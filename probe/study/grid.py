@@ -8,13 +8,14 @@ reused on another.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
 from dataclasses import dataclass
 from typing import Any
 
-from probe.config import PE, ModelConfig, TrainConfig
+from probe.config import PE, ModelConfig, TrainConfig, to_plain
 from probe.errors import ProbeError
 from probe.evaluate import form_for
 from probe.study.spec import Study
@@ -22,6 +23,9 @@ from probe.study.steps import options_dict, resolve_lengths
 from probe.tasks import TaskConfig, sequence_length
 
 CELL_FORMAT = 1  # bump when a cell's results change meaning, to invalidate every cache
+# fields added to the configs after cells of this format were first computed: left out of the key
+# while at their default (the behaviour those cells ran with), so adding a field keeps the cache
+LATER_FIELDS = {"train": ("schedule", "adam_eps", "label_smoothing")}
 RESERVED = {"cell", "arm", "variant", "L", "L_min", "length", "metric", "value", "n", "layer",
             "head", "site", "statistic", "step", "split", "fraction", "method"}  # fmt: skip
 
@@ -44,10 +48,10 @@ class Cell:
 
     def train_dict(self) -> dict[str, Any]:
         """Everything that determines the trained weights (not the device)."""
-        train = self.train.to_dict()
-        train.pop("device")
-        return {"model": self.model.to_dict(), "task": self.task.to_dict(), "train": train,
-                "format": CELL_FORMAT}  # fmt: skip
+        configs = {"model": self.model, "task": self.task, "train": self.train}
+        out: dict[str, Any] = {name: _key_dict(cfg, name) for name, cfg in configs.items()}
+        out["train"].pop("device")
+        return {**out, "format": CELL_FORMAT}
 
     @property
     def train_key(self) -> str:
@@ -79,6 +83,16 @@ class Cell:
         parts = [f"{k}={v}" for k, v in self.factors if k not in ("seed", "task")]
         head = self.variant or " ".join(parts) or self.arm
         return f"{head} | {self.task.name} | seed {self.seed}"
+
+
+def _key_dict(cfg: Any, section: str) -> dict[str, Any]:
+    """cfg.to_dict() less the LATER_FIELDS that are at their default."""
+    values = cfg.to_dict()
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    for name in LATER_FIELDS.get(section, ()):
+        if values[name] == to_plain(defaults[name]):
+            del values[name]
+    return values
 
 
 def factor_column(key: str) -> str:

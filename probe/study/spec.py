@@ -16,6 +16,7 @@ from typing import Any
 
 from probe.config import ModelConfig, TrainConfig, check_keys, did_you_mean
 from probe.errors import ProbeError
+from probe.presets import with_preset
 from probe.study.expect import Expectation, parse_expectation
 from probe.study.steps import parse_options
 from probe.tasks import TaskConfig
@@ -124,6 +125,14 @@ def check_key(key: str, where: str, allow: tuple[str, ...] = tuple(SECTIONS)) ->
 
 
 def _section_configs(base: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
+    """Each section's base settings, laid over the `preset` when [base] names one."""
+    name = base.get("preset")
+    if name is not None and not isinstance(name, str):
+        raise ProbeError(f"{where} [base] preset must be a name, got {name!r}.")
+    try:
+        base = with_preset(name, {s: dict(base.get(s, {})) for s in SECTIONS})
+    except ProbeError as exc:
+        raise ProbeError(f"{where} [base] {exc}") from None
     out = {}
     for section, cls in SECTIONS.items():
         settings = dict(base.get(section, {}))
@@ -217,7 +226,7 @@ def parse_study(data: dict[str, Any], path: Path | None = None) -> Study:
         raise ProbeError(f"{where} [study] needs a name.")
     if not head.get("question"):
         raise ProbeError(f"{where} [study] needs a question: what does this study find out?")
-    base = check_keys(data.get("base", {}), tuple(SECTIONS), f"{where} [base]")
+    base = check_keys(data.get("base", {}), (*SECTIONS, "preset"), f"{where} [base]")
     report = check_keys(data.get("report", {}), REPORT_KEYS, f"{where} [report]")
     by = report.get("by", "model.pe")
     check_key(by, f"{where} [report] by")
@@ -268,8 +277,9 @@ def load_study(path: str | Path) -> Study:
 
 
 def smoke_version(study: Study) -> Study:
-    """The study scaled down by its [smoke] section: settings override the base, grid axes are
-    replaced, variants may be narrowed to a list, analysis options are overridden."""
+    """The study scaled down by its [smoke] section: settings override the base and win over the
+    [[override]]s, grid axes are replaced, variants may be narrowed to a list, analysis options
+    are overridden."""
     if study.is_smoke:
         return study
     smoke = study.smoke or {}
@@ -302,8 +312,20 @@ def smoke_version(study: Study) -> Study:
     ).items():
         merged = {**dataclasses.asdict(analysis[name]), **options}
         analysis[name] = _analysis({name: merged}, where)[name]
+    conditionals = tuple(
+        dataclasses.replace(
+            o, overrides={k: v for k, v in o.overrides.items() if k not in overrides}
+        )
+        for o in study.overrides
+    )
     return dataclasses.replace(
-        study, base=base, grid=grid, variants=variants, analysis=analysis, is_smoke=True
+        study,
+        base=base,
+        grid=grid,
+        variants=variants,
+        overrides=conditionals,
+        analysis=analysis,
+        is_smoke=True,
     )
 
 
