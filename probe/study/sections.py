@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import pandas as pd
 
+from probe.references import Published, published
 from probe.report import study_plots as plots
 from probe.report.report import MarkdownReport
 from probe.study import summary
+from probe.study.published import ALPHA, MIN_ARMS, Comparison, compare_ranking, seed_resamples
 from probe.study.spec import Reference
 from probe.study.stats import fmt_ci
 
-FIT = 0.95  # in-distribution exact match counted as fitting the training lengths
-LEARNED = 0.5  # ... and as having learned the task at all (tasks below it are not ranked)
+FIT = summary.FIT
 
 
 def _ci(row) -> str:
@@ -51,7 +52,7 @@ def accuracy(rep: MarkdownReport, eval_table: pd.DataFrame, order: list[str]) ->
         + _seed_note(seen)
     )
     rep.table(_wide(seen, order), "in_distribution.csv", data=seen)
-    misfits = seen[seen["mean"] < FIT]
+    misfits = seen[~summary.fitted(seen)]
     if misfits.empty:
         findings.append(f"Every arm fits the training lengths (exact match >= {FIT} on each task).")
     elif len(misfits) == len(seen):
@@ -79,17 +80,20 @@ def accuracy(rep: MarkdownReport, eval_table: pd.DataFrame, order: list[str]) ->
         return findings
     rep.heading("Unseen lengths")
     table = summary.by_arm_task(unseen_rows)
-    ranks, note = _mrr(table, seen)
+    ranks = summary.fitted_ranks(table, seen)
     over_tasks = table.groupby("arm")["mean"].mean()
     rep.paragraph(
         "Exact match averaged over the lengths longer than L; 'all tasks' is the mean over tasks "
-        "and MRR the mean reciprocal rank of the arm across tasks (1 = best on every task)."
-        f"{note} " + _seed_note(table)
+        "and MRR the mean reciprocal rank of the arm across tasks (1 = best on every task). Only "
+        f"arms that fit a task (exact match >= {FIT} at its training lengths) are ranked on it; "
+        "an arm earns nothing on a task it does not fit, and tasks no arm fits are not ranked. "
+        + _seed_note(table)
     )
     wide = _wide(table, order, {"all tasks": over_tasks.round(2),
                                 "MRR": ranks.set_index("arm")["mrr"].round(2)})  # fmt: skip
     rep.table(wide, "unseen_lengths.csv", data=table)
-    rep.table(ranks, "mean_reciprocal_rank.csv", caption="Rank of each arm per task.")
+    rep.table(ranks, "mean_reciprocal_rank.csv",
+              caption="Rank of each arm per task among the arms that fit it.")  # fmt: skip
     token = summary.by_arm_task(summary.metric_rows(eval_table, "token_accuracy").pipe(
         lambda d: d[summary.unseen(d)]))  # fmt: skip
     rep.paragraph("Token accuracy at unseen lengths (partial credit):")
@@ -99,30 +103,19 @@ def accuracy(rep: MarkdownReport, eval_table: pd.DataFrame, order: list[str]) ->
                             title="Exact match at unseen lengths (mean over seeds)")  # fmt: skip
         rep.figure(fig, "unseen_heatmap.png", "Exact match at unseen lengths, arm by task")
     best = ranks.iloc[0]
-    if over_tasks.max() < 0.05:
+    if best["mrr"] == 0:
+        findings.append("No arm fits a task at its training lengths, so none is ranked.")
+    elif over_tasks.max() < 0.05:
         findings.append("No arm generalizes beyond L: exact match at unseen lengths stays below "
                         "0.05 everywhere.")  # fmt: skip
     else:
         findings.append(
-            f"Best at unseen lengths: {best['arm']} (MRR {best['mrr']:.2f}; mean exact match over "
-            f"tasks {over_tasks[best['arm']]:.2f}); worst: {ranks.iloc[-1]['arm']} "
-            f"(MRR {ranks.iloc[-1]['mrr']:.2f})."
+            f"Best at unseen lengths among the fitted arms: {best['arm']} (MRR {best['mrr']:.2f}; "
+            f"mean exact match over tasks {over_tasks[best['arm']]:.2f}); last: "
+            f"{ranks.iloc[-1]['arm']} (MRR {ranks.iloc[-1]['mrr']:.2f})."
         )
     rep.paragraph(findings[-1])
     return findings
-
-
-def _mrr(unseen_summary: pd.DataFrame, seen_summary: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """Mean reciprocal rank over the tasks some arm learns (all when none does), and a sentence
-    naming the tasks left out."""
-    tasks = sorted(unseen_summary["task"].unique())
-    learned = [t for t in summary.fitted_tasks(seen_summary, LEARNED) if t in tasks]
-    if not learned or len(learned) == len(tasks):
-        return summary.mean_reciprocal_rank(unseen_summary), ""
-    ranks = summary.mean_reciprocal_rank(unseen_summary[unseen_summary["task"].isin(learned)])
-    left_out = ", ".join(t for t in tasks if t not in learned)
-    return ranks, (f" MRR leaves out {left_out}: no arm reaches {LEARNED} exact match there "
-                     "even at the training lengths, so the arms' order is noise.")  # fmt: skip
 
 
 def attention(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list[str]:
@@ -211,46 +204,130 @@ def training(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list
 
 
 def reference(rep: MarkdownReport, eval_table: pd.DataFrame, ref: Reference) -> list[str]:
+    """The study's ranking against the paper's, by the rules of `probe.study.published`."""
+    paper = published(ref.id)
     exact = summary.metric_rows(eval_table, ref.metric)
+    seen = summary.by_arm_task(exact[summary.seen(exact)])
     which = summary.unseen(exact) if ref.lengths == "unseen" else summary.seen(exact)
-    ours = summary.by_arm_task(exact[which])
-    rows, verdicts = summary.compare(ours, ref)
+    per_seed = exact[which].groupby(["arm", "task", "seed"], as_index=False)["value"].mean()
     rep.heading("Comparison with published results")
-    rep.paragraph(f"**{ref.source}**" + (f": {ref.setting}." if ref.setting else "."))
+    rep.paragraph(
+        f"**{paper.cite}.** Setting: {paper.setting} ({paper.setting_source}). Finding: "
+        f"{paper.claim} ({paper.claim_source})."
+    )
     if ref.notes:
         rep.paragraph(ref.notes)
-    if rows.empty:
-        rep.paragraph("None of the published tasks and encodings is in this run.")
-        return ["No overlap with the published results in this run."]
-    shown = rows.assign(ours=rows.apply(_ci, axis=1))
-    rep.table(shown[["task", "arm", "published_as", "ours", "published"]],
-              "reference_comparison.csv", data=rows)  # fmt: skip
-    findings = [_task_verdict(v) for v in verdicts.itertuples()]
-    seen = summary.by_arm_task(exact[summary.seen(exact)])
-    ranks, note = _mrr(ours, seen)
-    mrr_table, mrr_verdict = summary.compare_mrr(ranks, ref)
-    if not mrr_table.empty:
-        rep.table(mrr_table, "reference_mrr.csv",
-                  caption="Mean reciprocal rank across tasks, ours (these tasks) and "
-                          f"published (all of theirs).{note}")  # fmt: skip
-        findings.append(f"Ranking across tasks (MRR): {mrr_verdict}.")
-    misfit = sorted(set(seen.loc[seen["mean"] < FIT, "arm"]) & set(rows["arm"]))
-    if misfit:
-        findings.append(f"Caution: {', '.join(misfit)} did not fit every training length here, "
-                        "so their unseen-length scores are not a fair comparison.")  # fmt: skip
-    rep.bullets(findings)
-    short = [f"{v.verdict.split(' (')[0]} on {v.task}" for v in verdicts.itertuples()]
-    if mrr_verdict:
-        short.append(f"ranking across tasks {mrr_verdict}")
-    return [f"Against {ref.source.split(',')[0]}: {'; '.join(short)}."]
-
-
-def _task_verdict(v) -> str:
-    if v.pairs_ordered == 0:
-        return (f"{v.task}: cannot be compared, every encoding scores the same here "
-                f"(the paper's best is {v.best_published}).")  # fmt: skip
-    return (
-        f"{v.task}: {v.verdict} with the paper (Spearman rho {v.spearman:.2f} over {v.n_arms} "
-        f"encodings; {v.pairs_agree} of {v.pairs_ordered} ordered pairs in the same order, "
-        f"{v.pairs_tied_in_ours} tied here; best here {v.best_ours}, there {v.best_published})."
+    if paper.values:
+        quoted = pd.DataFrame([{"published": v.what, "value": v.value, "source": v.source,
+                                "approximate": "yes" if v.approximate else "no"}
+                               for v in paper.values])  # fmt: skip
+        rep.table(quoted, "reference_values.csv", caption="Numbers quoted from the paper.")
+    if paper.ranking is None:
+        return []
+    ranks = {a: r for a, r in paper.ranking.ranks.items() if a in set(per_seed["arm"])}
+    order = " > ".join(
+        " ~ ".join(paper.name(a) for a in sorted(ranks, key=str) if ranks[a] == r)
+        for r in sorted(set(ranks.values()))
     )
+    rep.paragraph(
+        f"The paper's ranking ({paper.ranking.what}): {order}. Source: {paper.ranking.source}"
+        f"{' (approximate)' if paper.ranking.approximate else ''}. The paper reports per-task "
+        "results as plots, so each of our tasks is compared with this aggregate ranking."
+    )
+    comparisons = compare_ranking(per_seed, seen, ranks)
+    rep.paragraph(
+        f"Rules: on each task only the arms that fit its training lengths (exact match >= {FIT}) "
+        "are ranked, by exact match at unseen lengths, and only over the encodings the paper "
+        f"ranks; with fewer than {MIN_ARMS} such arms there is no verdict. Kendall's S "
+        "(concordant minus discordant pairs) is tested by exact permutation (every ordering of "
+        f"our scores over the arms); 'agrees' needs p <= {float(ALPHA):g} and S > 0 in at least "
+        "97.5% of bootstrap resamples of our seeds ('disagrees' the mirror image), anything "
+        "else is 'inconclusive'. Across tasks the score is the mean reciprocal rank over the "
+        "tasks some arm fits, among the arms that fit every one of them."
+    )
+    table = pd.DataFrame([_comparison_row(c, paper) for c in comparisons])
+    rep.table(table, "reference_comparison.csv")
+    verdicts = "; ".join(f"{c.scope} {_short(c)}" for c in comparisons)
+    finding = _plain_finding(per_seed, seen, paper)
+    rep.bullets([finding, f"Against the paper's ranking: {verdicts}."])
+    return [finding, f"Against the ranking of {paper.short}: {verdicts}."]
+
+
+def _short(c: Comparison) -> str:
+    if c.s is None:
+        return f"too few to compare ({len(c.arms)} fitted encodings)"
+    return f"{c.verdict} (tau {c.tau:.2f}, p {float(c.p_agree):.3f})"
+
+
+def _comparison_row(c: Comparison, paper: Published) -> dict:
+    def fraction(p) -> str:
+        return "" if p is None else f"{p.numerator}/{p.denominator}"
+
+    return {
+        "compared": c.scope,
+        "ours, best first": ", ".join(
+            f"{paper.name(a)} {v:.2f}" for a, v in zip(c.arms, c.ours, strict=True)
+        ),
+        "paper's ranks": ", ".join(f"{r:g}" for r in c.published_rank),
+        "not fitted here": ", ".join(paper.name(a) for a in c.left_out) or "–",
+        "S": "" if c.s is None else c.s,
+        "tau-b": "" if c.tau is None else round(c.tau, 2),
+        "p (agree)": fraction(c.p_agree),
+        "p (disagree)": fraction(c.p_disagree),
+        "S, 95% over seeds": "" if c.s_low is None else f"[{c.s_low}, {c.s_high}]",
+        "verdict": c.verdict,
+    }
+
+
+def _plain_finding(per_seed: pd.DataFrame, seen: pd.DataFrame, paper: Published) -> str:
+    """One sentence: which arm generalizes best here, and whether that matches the paper."""
+    fit = seen[summary.fitted(seen)]
+    tasks = sorted(set(per_seed["task"]) & set(fit["task"]))  # the tasks some arm fits
+    everywhere = [a for a, g in fit.groupby("arm") if set(tasks) <= set(g["task"])]
+    if not tasks or not everywhere:
+        return "No arm fits every task here, so no arm can be called best at unseen lengths."
+    means = per_seed.groupby(["arm", "task"])["value"].mean()
+    scores = {t: {a: float(means[(a, t)]) for a in everywhere} for t in tasks}
+    mrr = summary.reciprocal_ranks(scores)
+    best = max(sorted(mrr), key=lambda a: mrr[a])
+    firsts = sum(max(sorted(everywhere), key=lambda a, t=t: scores[t][a]) == best for t in tasks)
+    share = _first_share(per_seed, everywhere, tasks, best)
+    ranks = paper.ranking.ranks
+    top = min(ranks.values())
+    paper_first = [a for a, r in ranks.items() if r == top]
+    if best in paper_first:
+        verdict = "as in the paper, which also puts it first"
+    elif best in ranks:
+        verdict = (f"unlike the paper, where {paper.name(best)} ranks {ranks[best]:g} and "
+                   f"{' and '.join(paper.name(a) for a in paper_first)} first")  # fmt: skip
+    else:
+        verdict = "an encoding the paper did not test"
+    missing = [a for a in paper_first if a not in everywhere and a != best]
+    extra = ""
+    if missing:
+        extra = (
+            f" ({paper.name(missing[0])} {_status(missing[0], fit, tasks)}, so it is not ranked)"
+        )
+    return (
+        f"At this size on a CPU, {best} generalizes best to unseen lengths among the "
+        f"{len(everywhere)} arms that fit every task some arm fits ({', '.join(everywhere)}): "
+        f"first on {firsts} of {len(tasks)} tasks and first by mean reciprocal rank in {share:.0%} of "
+        f"bootstrap resamples of the seeds, {verdict}{extra}."
+    )
+
+
+def _status(arm: str, fit: pd.DataFrame, tasks: list[str]) -> str:
+    fitted_on = sorted(set(fit.loc[fit["arm"] == arm, "task"]) & set(tasks))
+    if not fitted_on:
+        return "fits none of the tasks here"
+    return f"fits only {', '.join(fitted_on)} here"
+
+
+def _first_share(per_seed: pd.DataFrame, arms: list[str], tasks: list[str], best: str) -> float:
+    """The fraction of seed resamples in which `best` keeps the highest mean reciprocal rank."""
+    hits = 0
+    resamples = seed_resamples(per_seed[per_seed["arm"].isin(arms)])
+    for r in resamples:
+        mrr = summary.reciprocal_ranks({t: {a: float(r[(a, t)]) for a in arms} for t in tasks})
+        hits += max(sorted(mrr), key=lambda a: mrr[a]) == best
+    return hits / len(resamples)

@@ -17,6 +17,7 @@ from typing import Any
 from probe.config import ModelConfig, TrainConfig, check_keys, did_you_mean
 from probe.errors import ProbeError
 from probe.presets import with_preset
+from probe.references import published
 from probe.study.expect import Expectation, parse_expectation
 from probe.study.steps import parse_options
 from probe.tasks import TaskConfig
@@ -37,7 +38,7 @@ TOP_LEVEL = (
 STUDY_KEYS = ("name", "question", "description")
 VARIANT_KEYS = ("name", "description", *SECTIONS)
 REPORT_KEYS = ("by", "title")
-REFERENCE_KEYS = ("source", "setting", "metric", "lengths", "values", "mrr", "names", "notes")
+REFERENCE_KEYS = ("id", "metric", "lengths", "notes")
 SMOKE_KEYS = ("grid", "variants", "analysis", *SECTIONS)
 
 
@@ -59,16 +60,13 @@ class Override:
 
 @dataclass(frozen=True)
 class Reference:
-    """Published numbers to put beside the study's own (see REFERENCES.md)."""
+    """The published result to compare with: an entry of the project's references file
+    (`probe/references.toml`), and which of our numbers to compare with it."""
 
-    source: str
-    setting: str = ""
+    id: str  # the entry's id in the references file
     metric: str = "exact_match"
     lengths: str = "unseen"  # which lengths of ours to compare: "unseen" (> L) or "seen"
-    values: dict[str, dict[str, float]] = field(default_factory=dict)  # task -> arm -> value
-    mrr: dict[str, float] = field(default_factory=dict)  # arm -> mean reciprocal rank
-    names: dict[str, str] = field(default_factory=dict)  # arm -> the paper's name for it
-    notes: str = ""
+    notes: str = ""  # how this study's set-up differs from the paper's
 
 
 @dataclass(frozen=True)
@@ -208,11 +206,14 @@ def _analysis(raw: Any, where: str) -> dict[str, Any]:
 def _reference(raw: Any, where: str) -> Reference:
     here = f"{where} [reference]"
     table = dict(check_keys(raw, REFERENCE_KEYS, here))
-    if "source" not in table:
-        raise ProbeError(f"{here} needs a source (who published the numbers, and where).")
-    for key in ("values", "mrr", "names"):
-        if not isinstance(table.get(key, {}), dict):
-            raise ProbeError(f"{here} {key} must be a table.")
+    if not isinstance(table.get("id"), str):
+        raise ProbeError(f"{here} needs an id: the entry of probe/references.toml to compare with.")
+    if table.get("lengths", "unseen") not in ("unseen", "seen"):
+        raise ProbeError(f"{here} lengths must be 'unseen' or 'seen', got {table['lengths']!r}.")
+    try:
+        published(table["id"])
+    except ProbeError as exc:
+        raise ProbeError(f"{here} {exc}") from None
     return Reference(**table)
 
 
