@@ -311,8 +311,8 @@ def _plain_finding(per_seed: pd.DataFrame, seen: pd.DataFrame, paper: Published)
     return (
         f"At this size on a CPU, {best} generalizes best to unseen lengths among the "
         f"{len(everywhere)} arms that fit every task some arm fits ({', '.join(everywhere)}): "
-        f"first on {firsts} of {len(tasks)} tasks and first by mean reciprocal rank in {share:.0%} of "
-        f"bootstrap resamples of the seeds, {verdict}{extra}."
+        f"first on {firsts} of {len(tasks)} tasks and first by mean reciprocal rank in "
+        f"{share:.0%} of bootstrap resamples of the seeds, {verdict}{extra}."
     )
 
 
