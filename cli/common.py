@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from probe.checkpoint import Checkpoint
+from probe.errors import ProbeError
 from probe.provenance import context
 from probe.report.files import atomic_write_json
 
@@ -28,6 +29,25 @@ PickleOpt = Annotated[
     bool, typer.Option("--allow-pickle", help="Allow loading pickle weights (runs code: trust it).")
 ]
 BatchSizeOpt = Annotated[int, typer.Option("--batch-size", help="Examples per batch.")]
+OverwriteOpt = Annotated[
+    bool, typer.Option("--overwrite", help="Replace the results of an earlier run in --out.")
+]
+
+
+def check_positive(**options: int) -> None:
+    """Each named count option must be at least 1 (`--batches 0` would divide by zero)."""
+    for name, value in options.items():
+        if value < 1:
+            flag = "--" + name.replace("_", "-")
+            raise ProbeError(f"{flag} must be at least 1, got {value}.")
+
+
+def require_heads(ckpt: Checkpoint) -> None:
+    """A model whose every head was pruned has no attention to measure."""
+    if not any(ckpt.model_cfg.kept_heads()):
+        raise ProbeError(
+            f"{ckpt.path}: every attention head was pruned, so there is nothing to measure."
+        )
 
 
 def write_manifest(out: Path, ckpt: Checkpoint, device: str, **settings) -> None:

@@ -12,9 +12,12 @@ from probe_cli.common import (
     DeviceOpt,
     LengthsOpt,
     OutOpt,
+    OverwriteOpt,
     PickleOpt,
     SeedOpt,
+    check_positive,
     console,
+    require_heads,
 )
 from probe_cli.train import parse_range
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -23,7 +26,7 @@ from rich.table import Table
 from probe import provenance
 from probe.analysis.attention import head_summary, inspect_model
 from probe.analysis.scaling import D_KS, NS, SCALES, init_scaling, train_scaling
-from probe.checkpoint import load_checkpoint
+from probe.checkpoint import claim_output, load_checkpoint, remove_outputs
 from probe.errors import ProbeError
 from probe.report.attention_plots import write_inspection, write_scaling
 from probe.tasks import parse_lengths
@@ -79,6 +82,7 @@ def inspect_cli(
     seed: SeedOpt = 0,
     device: DeviceOpt = "cpu",
     allow_pickle: PickleOpt = False,
+    overwrite: OverwriteOpt = False,
 ) -> None:
     """Per-head attention statistics and head roles of a checkpoint at several lengths.
 
@@ -86,7 +90,12 @@ def inspect_cli(
     entropy and max logit, entropy against length per head, and role scores."""
     if streaming not in STREAMING:
         raise ProbeError(f"--streaming must be auto, on or off, got '{streaming}'.")
+    check_positive(
+        batch_size=batch_size, batches=batches, **({} if period is None else {"period": period})
+    )
+    earlier = claim_output(out, ("attention_stats.csv", "roles.csv", "manifest.json"), overwrite)
     ckpt = load_checkpoint(checkpoint, resolve_device(device), allow_pickle)
+    require_heads(ckpt)
     wanted = parse_lengths(lengths)
     with _progress() as bar:
         jobs: dict[str, int] = {}
@@ -120,6 +129,7 @@ def inspect_cli(
         "task": ckpt.task.to_dict(),
         **provenance.context(next(ckpt.model.parameters()).device),
     }
+    remove_outputs(out, earlier)
     written = write_inspection(result.stats, result.roles, out, manifest)
     _show_summary(head_summary(result.stats, result.roles), ckpt, result.lengths)
     console.print(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written))
@@ -205,12 +215,15 @@ def scaling_cli(
     ] = "4:16",
     seed: SeedOpt = 0,
     device: DeviceOpt = "auto",
+    overwrite: OverwriteOpt = False,
 ) -> None:
     """Reproduce the paper's argument for 1/sqrt(d_k): score variance, entropy and saturation at
     initialization for each d_k and n, then loss and entropy curves of models trained identical
     but for the scale. Writes OUT/scaling.csv, OUT/scaling_training.csv and plots."""
     if steps < 0:
         raise ProbeError(f"--steps must be 0 (skip training) or more, got {steps}.")
+    check_positive(queries=queries, stats_every=stats_every, d_k=d_k)
+    earlier = claim_output(out, ("scaling.csv", "scaling_training.csv", "manifest.json"), overwrite)
     init = init_scaling(
         _ints(d_ks, "--d-ks"), _ints(ns, "--ns"), SCALES, n_queries=queries, seed=seed
     )
@@ -246,6 +259,7 @@ def scaling_cli(
         "seed": seed,
         **provenance.context("cpu"),
     }
+    remove_outputs(out, earlier)
     written = write_scaling(init, curves, out, manifest)
     _show_scaling(init, curves)
     console.print(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written))

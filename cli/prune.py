@@ -13,9 +13,12 @@ from probe_cli.common import (
     CheckpointArg,
     DeviceOpt,
     OutOpt,
+    OverwriteOpt,
     PickleOpt,
     SeedOpt,
+    check_positive,
     console,
+    require_heads,
     write_manifest,
 )
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -23,7 +26,14 @@ from rich.table import Table
 
 from probe.analysis.importance import compare_estimators, disjoint_splits, parse_methods
 from probe.analysis.pruning_runs import prune_and_compare, pruning_curve
-from probe.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from probe.checkpoint import (
+    CHECKPOINT_FILES,
+    Checkpoint,
+    claim_output,
+    load_checkpoint,
+    remove_outputs,
+    save_checkpoint,
+)
 from probe.errors import ProbeError
 from probe.evaluate import check_lengths, form_for
 from probe.report.files import atomic_save_figure, atomic_write_csv
@@ -45,7 +55,18 @@ NormalizeOpt = Annotated[
 ]
 
 
+SWEEP_FILES = ("pruning.csv", "pruning.png", "pruning_loss.png", "manifest.json")
+PRUNED_FILES = (*CHECKPOINT_FILES, "removed_heads.csv", "prune_metrics.csv", "prune_timing.csv")
+
+
 # ------------------------------------------------------------------------------ helpers
+def _same_dir(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
+
+
 def _load(checkpoint: Path, device: str, allow_pickle: bool) -> Checkpoint:
     return load_checkpoint(checkpoint, resolve_device(device), allow_pickle)
 
@@ -117,17 +138,23 @@ def importance_cli(
     seed: SeedOpt = 0,
     device: DeviceOpt = "cpu",
     allow_pickle: PickleOpt = False,
+    overwrite: OverwriteOpt = False,
 ) -> None:
     """Score every attention head; writes importance.csv, importance.png (+ correlations)."""
     methods = parse_methods(method)
+    check_positive(batch_size=batch_size, batches=batches)
+    writes = ("importance.csv", "importance.png", "correlations.csv", "correlations.png",
+              "manifest.json")  # fmt: skip
+    earlier = claim_output(out, writes, overwrite)
     ckpt = _load(checkpoint, device, allow_pickle)
+    require_heads(ckpt)
     chosen = _lengths(ckpt, lengths)
     (split,), _ = _splits(ckpt, chosen, batch_size, batches, seed)
     with _bar() as bar:
         table, corr = compare_estimators(
             ckpt.model, split, methods, normalize=normalize, seed=seed, progress=_phased(bar)
         )
-    out.mkdir(parents=True, exist_ok=True)
+    remove_outputs(out, earlier)
     sites, n_head = ckpt.model_cfg.attention_sites(), ckpt.model_cfg.n_head
     atomic_write_csv(out / "importance.csv", table)
     atomic_save_figure(out / "importance.png", importance_heatmap(table, sites, n_head))
@@ -165,7 +192,8 @@ def _fractions(spec: str | None) -> list[float] | None:
     return values
 
 
-def _sweep(ckpt, out, methods, seeds, fractions, lengths, batch_size, batches, seed, select):
+def _sweep(ckpt, out, methods, seeds, fractions, lengths, batch_size, batches, seed, select,
+           earlier):  # fmt: skip
     names = parse_methods(methods)
     if "random" not in names:
         names.append("random")
@@ -179,7 +207,7 @@ def _sweep(ckpt, out, methods, seeds, fractions, lengths, batch_size, batches, s
             ckpt.model, splits, scoring, names, _fractions(fractions),
             progress=lambda d, t: bar.update(job, completed=d, total=t), **select,
         )  # fmt: skip
-    out.mkdir(parents=True, exist_ok=True)
+    remove_outputs(out, earlier)
     atomic_write_csv(out / "pruning.csv", curve)
     title = f"{ckpt.task.name}, {ckpt.model_cfg.arch}: heads pruned by importance"
     atomic_save_figure(out / "pruning.png", pruning_curve_plot(curve, "exact_match", title))
@@ -282,9 +310,20 @@ def prune_cli(
     seed: SeedOpt = 0,
     device: DeviceOpt = "cpu",
     allow_pickle: PickleOpt = False,
+    overwrite: OverwriteOpt = False,
 ) -> None:
     """Remove heads for real (writes a smaller checkpoint), or with --sweep the pruning curve."""
+    check_positive(batch_size=batch_size, batches=batches, repeats=repeats,
+                   timing_threads=timing_threads)  # fmt: skip
+    if not sweep and _same_dir(out, checkpoint) and not overwrite:
+        raise ProbeError(
+            f"--out '{out}' is the checkpoint being pruned; write the pruned model elsewhere, or "
+            "pass --overwrite to replace the original."
+        )
+    writes = SWEEP_FILES if sweep else PRUNED_FILES
+    earlier = claim_output(out, writes, overwrite)
     ckpt = _load(checkpoint, device, allow_pickle)
+    require_heads(ckpt)
     chosen = _lengths(ckpt, lengths)
     select = {"iterative": iterative, "scope": scope, "min_heads_per_layer": min_heads_per_layer,
               "normalize": normalize}  # fmt: skip
@@ -292,7 +331,7 @@ def prune_cli(
                 **select}  # fmt: skip
     if sweep:
         names = _sweep(
-            ckpt, out, methods, seeds, fractions, chosen, batch_size, batches, seed, select
+            ckpt, out, methods, seeds, fractions, chosen, batch_size, batches, seed, select, earlier
         )
         write_manifest(
             out, ckpt, device, command="prune --sweep", methods=names, seeds=seeds, **settings
@@ -312,6 +351,7 @@ def prune_cli(
         "metrics": result.metrics.to_dict("records"),
     }  # fmt: skip
     meta = {**ckpt.meta, "pruning": [*ckpt.meta.get("pruning", []), record]}
+    remove_outputs(out, earlier)
     save_checkpoint(out, result.model, ckpt.task, ckpt.train_cfg, meta=meta)
     atomic_write_csv(out / "removed_heads.csv", result.removed)
     atomic_write_csv(out / "prune_metrics.csv", result.metrics)

@@ -13,15 +13,17 @@ from probe_cli.common import (
     DeviceOpt,
     LengthsOpt,
     OutOpt,
+    OverwriteOpt,
     PickleOpt,
     SeedOpt,
+    check_positive,
     console,
     write_manifest,
 )
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from probe.checkpoint import load_checkpoint
+from probe.checkpoint import CHECKPOINT_FILES, claim_output, load_checkpoint, remove_outputs
 from probe.config import ModelConfig, Schedule, TrainConfig
 from probe.errors import ProbeError
 from probe.evaluate import evaluate
@@ -137,6 +139,7 @@ def train_cli(
         train_cfg = dataclasses.replace(train_cfg, warmup=steps)
     pe = model_cfg.pe
     resolve_device(device)
+    claim_output(out, CHECKPOINT_FILES, overwrite)  # before any work: a bad --out fails now
     console.print(
         f"training a {arch} ({pe}, {layers} layers x {heads} heads, d_model {d_model}) on "
         f"[bold]{task}[/] lengths {lo}-{hi} for {steps} steps -> {out}"
@@ -171,14 +174,17 @@ def eval_cli(
     seed: SeedOpt = 1234,
     device: DeviceOpt = "cpu",
     allow_pickle: PickleOpt = False,
+    overwrite: OverwriteOpt = False,
 ) -> None:
     """Evaluate a checkpoint at each task length; writes OUT/eval.csv."""
+    check_positive(batches=batches, batch_size=batch_size)
+    earlier = claim_output(out, ("eval.csv", "manifest.json"), overwrite)
     ckpt = load_checkpoint(checkpoint, resolve_device(device), allow_pickle)
     table = evaluate(
         ckpt.model, ckpt.task, parse_lengths(lengths), batch_size=batch_size, n_batches=batches,
         seed=seed,
     )  # fmt: skip
-    out.mkdir(parents=True, exist_ok=True)
+    remove_outputs(out, earlier)
     atomic_write_csv(out / "eval.csv", table)
     write_manifest(
         out, ckpt, device, command="eval", lengths=lengths, batch_size=batch_size,

@@ -63,6 +63,41 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+CHECKPOINT_FILES = (WEIGHTS, CONFIG, METRICS)
+
+
+def claim_output(path: str | Path, writes: tuple[str, ...], overwrite: bool = False,
+                 what: str = "--out") -> list[str]:  # fmt: skip
+    """Check an output directory before any work and create it: it must be (or become) a
+    writable directory, and hold none of the files in `writes` unless `overwrite`. Returns the
+    files of `writes` already there: pass them to `remove_outputs` just before writing, so the
+    directory never mixes two runs."""
+    path = Path(path)
+    for parent in [path, *path.parents]:
+        if parent.exists() and not parent.is_dir():
+            where = "is" if parent == path else f"is under '{parent}', which is"
+            raise ProbeError(f"{what} '{path}' {where} a file; give a directory.")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ProbeError(f"cannot create {what} '{path}': {exc.strerror or exc}.") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ProbeError(f"{what} '{path}' is not writable.")
+    present = [name for name in writes if (path / name).exists()]
+    if present and not overwrite:
+        raise ProbeError(
+            f"{what} '{path}' already holds {', '.join(present)} from an earlier run; choose "
+            "another directory or pass --overwrite to replace them."
+        )
+    return present
+
+
+def remove_outputs(path: str | Path, names: list[str]) -> None:
+    """Remove files an earlier run left (those `claim_output` found, with --overwrite)."""
+    for name in names:
+        (Path(path) / name).unlink(missing_ok=True)
+
+
 def _state_for_saving(model: Transformer) -> dict[str, torch.Tensor]:
     state = model.state_dict()
     if model.cfg.tie_embeddings:
@@ -163,6 +198,12 @@ def load_checkpoint(
     path = Path(path)
     if path.is_file():
         path = path.parent
+    version = document.get("format_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version > FORMAT_VERSION:
+        raise ProbeError(
+            f"{path / CONFIG} has format_version {version!r}; this probe reads versions up to "
+            f"{FORMAT_VERSION}. Upgrade probe to read it."
+        )
     try:
         model_cfg = ModelConfig.from_dict(document["model"])
         task = TaskConfig.from_dict(document["task"])
@@ -185,7 +226,22 @@ def load_checkpoint(
             extra = ", ".join(unexpected[:3]) + (" ..." if len(unexpected) > 3 else "")
             parts.append(f"unexpected {extra}")
         raise ProbeError(f"{path}: the weights do not match config.json ({'; '.join(parts)}).")
+    if task.vocab_size > model_cfg.vocab_size:
+        raise ProbeError(
+            f"{path / CONFIG}: task '{task.name}' needs {task.vocab_size} tokens but the model has "
+            f"a vocabulary of {model_cfg.vocab_size}."
+        )
     for name, tensor in state.items():
+        if not tensor.is_floating_point():
+            raise ProbeError(
+                f"{path}: tensor '{name}' holds {tensor.dtype} values; weights must be floating "
+                "point (the file was not written by probe, or was damaged)."
+            )
+        if not torch.isfinite(tensor).all():
+            raise ProbeError(
+                f"{path}: tensor '{name}' holds NaN or infinite values, so every measurement "
+                "would be meaningless (a diverged run?); retrain from an earlier checkpoint."
+            )
         if tuple(tensor.shape) != tuple(expected[name].shape):
             raise ProbeError(
                 f"{path}: tensor '{name}' has shape {tuple(tensor.shape)} but config.json implies "

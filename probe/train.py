@@ -13,11 +13,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 
 from probe import provenance
-from probe.checkpoint import CONFIG, METRICS, WEIGHTS, save_checkpoint
+from probe.checkpoint import (
+    CHECKPOINT_FILES,
+    METRICS,
+    claim_output,
+    remove_outputs,
+    save_checkpoint,
+)
 from probe.config import ModelConfig, Schedule, TrainConfig
 from probe.errors import ProbeError
 from probe.evaluate import batch_loss, check_lengths, evaluate, form_for, forward_batch
@@ -158,11 +165,9 @@ def train(
         model = Transformer(model_cfg)
     model.to(device).train()
     check_lengths(model, task, [hi])
-    out = Path(out) if out is not None else None
-    if out is not None and not overwrite and any((out / f).exists() for f in (WEIGHTS, CONFIG)):
-        raise ProbeError(
-            f"'{out}' already holds a checkpoint; choose another --out or pass --overwrite."
-        )
+    if out is not None:
+        out = Path(out)
+        remove_outputs(out, claim_output(out, CHECKPOINT_FILES, overwrite))
     log = MetricsLog(out / METRICS if out is not None else None)
     meta = {"seed": train_cfg.seed, **provenance.context(device)}
     data_gen = torch.Generator().manual_seed(train_cfg.seed)
@@ -174,16 +179,33 @@ def train(
     start = time.perf_counter()
     eval_exact = None
 
+    saved = {"step": None}  # the step of the last good checkpoint written to `out`
+
+    def kept() -> str:
+        if out is None:
+            return ""
+        if saved["step"] is None:
+            return f"; no checkpoint was written to {out} (none was good yet)"
+        return f"; the last good checkpoint in {out} (step {saved['step']}) is kept"
+
     def evaluate_and_save(step: int) -> float:
         table = evaluate(
             model, task, range(lo, hi + 1), batch_size=train_cfg.batch_size,
             n_batches=train_cfg.eval_batches, seed=10_000 + step, device=device,
         )  # fmt: skip
         log.add([{"step": step, "split": "eval", **r} for r in table.to_dict("records")])
+        loss = table.loc[table.metric == "loss", "value"]
+        finite = all(torch.isfinite(p).all() for p in model.parameters())
+        if not finite or not np.isfinite(loss.to_numpy(dtype=float)).all():
+            raise TrainingDiverged(
+                f"at step {step} the weights or the evaluation loss are no longer finite"
+                f"{kept()}. Lower --lr, raise --warmup, or try --qk-norm."
+            )
         if out is not None:
             meta["steps_done"] = step
             meta["train_seconds"] = round(time.perf_counter() - start, 2)
             save_checkpoint(out, model, task, train_cfg, meta)
+            saved["step"] = step
         exact = table[table.metric == "exact_match"]
         return float((exact.value * exact.n).sum() / exact.n.sum())
 
@@ -198,9 +220,8 @@ def train(
             logits = forward_batch(model, batch, positions)  # [batch, seq, vocab]
         loss = batch_loss(model, batch, logits=logits, label_smoothing=train_cfg.label_smoothing)
         if not torch.isfinite(loss):
-            where = f"; the last good checkpoint in {out} is kept" if out is not None else ""
             raise TrainingDiverged(
-                f"the loss became {loss.item()} at step {step}{where}. Lower --lr, raise "
+                f"the loss became {loss.item()} at step {step}{kept()}. Lower --lr, raise "
                 "--warmup, or try --qk-norm."
             )
         optimizer.zero_grad(set_to_none=True)

@@ -145,6 +145,8 @@ def test_scaling_without_and_with_training(tmp_path):
         "cpu",
     ]
     result = runner.invoke(app, args)
+    assert result.exit_code == 1 and "--overwrite" in str(result.exception)  # the first run's
+    result = runner.invoke(app, [*args, "--overwrite"])
     assert result.exit_code == 0, result.output
     curves = pd.read_csv(out / "scaling_training.csv")
     assert set(curves.scale) == {"sqrt", "none", "inverse"}
