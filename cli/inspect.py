@@ -26,7 +26,7 @@ from rich.table import Table
 from probe import provenance
 from probe.analysis.attention import head_summary, inspect_model
 from probe.analysis.scaling import D_KS, NS, SCALES, init_scaling, train_scaling
-from probe.checkpoint import claim_output, load_checkpoint, remove_outputs
+from probe.checkpoint import claim_output, load_checkpoint, open_output
 from probe.errors import ProbeError
 from probe.report.attention_plots import write_inspection, write_scaling
 from probe.tasks import parse_lengths
@@ -129,7 +129,7 @@ def inspect_cli(
         "task": ckpt.task.to_dict(),
         **provenance.context(next(ckpt.model.parameters()).device),
     }
-    remove_outputs(out, earlier)
+    open_output(out, earlier)
     written = write_inspection(result.stats, result.roles, out, manifest)
     _show_summary(head_summary(result.stats, result.roles), ckpt, result.lengths)
     console.print(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written))
@@ -259,7 +259,7 @@ def scaling_cli(
         "seed": seed,
         **provenance.context("cpu"),
     }
-    remove_outputs(out, earlier)
+    open_output(out, earlier)
     written = write_scaling(init, curves, out, manifest)
     _show_scaling(init, curves)
     console.print(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written))

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import typer
 from probe_cli import inspect, prune, study, train
 from probe_cli.common import err_console
 
-from probe.errors import ProbeError
+from probe.errors import Interrupted, ProbeError
 
 app = typer.Typer(
     name="probe",
@@ -28,6 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     args = [a for a in args if a != "--debug"]
+    previous = signal.signal(signal.SIGINT, _interrupt)
     try:
         app(args=args, prog_name="probe")  # standalone: usage errors exit 2, then sys.exit
     except ProbeError as exc:
@@ -35,8 +37,9 @@ def main(argv: list[str] | None = None) -> None:
             raise
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(2)
-    except KeyboardInterrupt:
-        err_console.print("interrupted")
+    except (KeyboardInterrupt, Interrupted) as exc:
+        kept = str(exc) or "what was already written is kept"
+        err_console.print(f"[bold yellow]interrupted:[/] {kept}", highlight=False, soft_wrap=True)
         sys.exit(130)
     except Exception as exc:
         if debug:
@@ -47,6 +50,14 @@ def main(argv: list[str] | None = None) -> None:
             soft_wrap=True,
         )
         sys.exit(1)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupt(signum, frame) -> None:
+    """Ctrl-C raises Interrupted rather than KeyboardInterrupt, which the Typer app would turn
+    into a silent exit 130; library code adds what it kept, and `main` prints it."""
+    raise Interrupted()
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from probe.checkpoint import (
     Checkpoint,
     claim_output,
     load_checkpoint,
-    remove_outputs,
+    open_output,
     save_checkpoint,
 )
 from probe.errors import ProbeError
@@ -154,7 +154,7 @@ def importance_cli(
         table, corr = compare_estimators(
             ckpt.model, split, methods, normalize=normalize, seed=seed, progress=_phased(bar)
         )
-    remove_outputs(out, earlier)
+    open_output(out, earlier)
     sites, n_head = ckpt.model_cfg.attention_sites(), ckpt.model_cfg.n_head
     atomic_write_csv(out / "importance.csv", table)
     atomic_save_figure(out / "importance.png", importance_heatmap(table, sites, n_head))
@@ -207,7 +207,7 @@ def _sweep(ckpt, out, methods, seeds, fractions, lengths, batch_size, batches, s
             ckpt.model, splits, scoring, names, _fractions(fractions),
             progress=lambda d, t: bar.update(job, completed=d, total=t), **select,
         )  # fmt: skip
-    remove_outputs(out, earlier)
+    open_output(out, earlier)
     atomic_write_csv(out / "pruning.csv", curve)
     title = f"{ckpt.task.name}, {ckpt.model_cfg.arch}: heads pruned by importance"
     atomic_save_figure(out / "pruning.png", pruning_curve_plot(curve, "exact_match", title))
@@ -351,7 +351,7 @@ def prune_cli(
         "metrics": result.metrics.to_dict("records"),
     }  # fmt: skip
     meta = {**ckpt.meta, "pruning": [*ckpt.meta.get("pruning", []), record]}
-    remove_outputs(out, earlier)
+    open_output(out, earlier)
     save_checkpoint(out, result.model, ckpt.task, ckpt.train_cfg, meta=meta)
     atomic_write_csv(out / "removed_heads.csv", result.removed)
     atomic_write_csv(out / "prune_metrics.csv", result.metrics)

@@ -58,6 +58,8 @@ class CellProgress:
         elif event.kind == "cell" and event.index in self.running:
             bar.update(self.running[event.index], completed=event.done, total=event.total,
                        note=f"{event.phase} {event.note}".strip())  # fmt: skip
+        elif event.kind == "cell-stale":
+            bar.console.print(f"  [yellow]recomputing[/] {escape(event.label)}: {event.note}")
         elif event.kind == "cell-done":
             task = self.running.pop(event.index, None)
             if task is not None:
@@ -91,6 +93,13 @@ def run_cli(
     junit: Annotated[
         Path | None, typer.Option("--junit", help="Write the expectations as JUnit XML here.")
     ] = None,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="Write into a folder that holds other files or another study's results.",
+        ),
+    ] = False,
 ) -> None:
     """Run a study (finished cells are reused), write its report and check its expectations;
     exit code 1 when an expectation fails."""
@@ -107,9 +116,8 @@ def run_cli(
     console.print(f"study [bold]{study.name}[/]{' (smoke)' if smoke else ''}: "
                   f"{len(expand(study))} cells -> {out}")  # fmt: skip
     with Progress(*columns, console=console) as bar:
-        result = run_study(
-            study, out, jobs=jobs, device=device, threads=threads, progress=CellProgress(bar)
-        )
+        result = run_study(study, out, jobs=jobs, device=device, threads=threads,
+                           progress=CellProgress(bar), overwrite=overwrite)  # fmt: skip
     cached = sum(r.cached for r in result.records)
     trained = sum(not r.cached and r.train_s > 0 for r in result.records)
     console.print(f"{len(result.records) - cached} cells run ({trained} models trained), {cached} "
@@ -139,17 +147,18 @@ def ls_cli(
     files = sorted(folder.glob("*.toml"))
     if not files:
         raise ProbeError(f"No study files (*.toml) in '{folder}'.")
-    view = Table(title=f"studies in {folder}")
+    view = Table(title=escape(f"studies in {folder}"))
     for column in ("file", "name", "cells", "smoke cells", "question"):
         view.add_column(column, overflow="fold")
     for path in files:
         try:
             study = load_study(path)
         except ProbeError as exc:
-            view.add_row(str(path), "[red]invalid[/]", "", "", str(exc))
+            view.add_row(escape(str(path)), "[red]invalid[/]", "", "", escape(str(exc)))
             continue
         smoke = str(len(expand(smoke_version(study)))) if study.smoke is not None else "–"
-        view.add_row(str(path), study.name, str(len(expand(study))), smoke, study.question)
+        view.add_row(escape(str(path)), escape(study.name), str(len(expand(study))), smoke,
+                     escape(study.question))  # fmt: skip
     console.print(view)
 
 
@@ -165,11 +174,14 @@ def validate_cli(
         try:
             study = load_study(path)
         except ProbeError as exc:
-            errors.append(str(exc))
-            err_console.print(f"[bold red]invalid[/] {exc}", highlight=False, soft_wrap=True)
+            problem = str(exc) if str(path) in str(exc) else f"{path}: {exc}"
+            errors.append(problem)
+            err_console.print(f"[bold red]invalid[/] {escape(problem)}", highlight=False,
+                              soft_wrap=True)  # fmt: skip
             continue
         smoke = f", smoke {len(expand(smoke_version(study)))}" if study.smoke is not None else ""
-        console.print(f"[green]ok[/] {path}: {len(expand(study))} cells{smoke}", soft_wrap=True)
+        console.print(f"[green]ok[/] {escape(str(path))}: {len(expand(study))} cells{smoke}",
+                      soft_wrap=True)  # fmt: skip
     if errors:
         raise ProbeError(f"{len(errors)} of {len(files)} study files are invalid.")
 

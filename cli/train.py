@@ -23,7 +23,7 @@ from probe_cli.common import (
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from probe.checkpoint import CHECKPOINT_FILES, claim_output, load_checkpoint, remove_outputs
+from probe.checkpoint import CHECKPOINT_FILES, claim_output, load_checkpoint, open_output
 from probe.config import ModelConfig, Schedule, TrainConfig
 from probe.errors import ProbeError
 from probe.evaluate import evaluate
@@ -184,7 +184,7 @@ def eval_cli(
         ckpt.model, ckpt.task, parse_lengths(lengths), batch_size=batch_size, n_batches=batches,
         seed=seed,
     )  # fmt: skip
-    remove_outputs(out, earlier)
+    open_output(out, earlier)
     atomic_write_csv(out / "eval.csv", table)
     write_manifest(
         out, ckpt, device, command="eval", lengths=lengths, batch_size=batch_size,

@@ -18,6 +18,7 @@ import torch
 
 from probe.config import ModelConfig, TrainConfig
 from probe.errors import ProbeError
+from probe.memory import check_model
 from probe.model import Transformer
 from probe.tasks import TaskConfig
 
@@ -27,6 +28,7 @@ WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 METRICS = "metrics.csv"
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".ckpt")
+TMP_SUFFIX = ".probe-tmp"  # temporary files of atomic writes: `.NAME.XXXX.probe-tmp`
 
 
 @dataclass
@@ -46,7 +48,7 @@ class Checkpoint:
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write `data` to `path` through a temporary file in the same directory, then rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -68,21 +70,17 @@ CHECKPOINT_FILES = (WEIGHTS, CONFIG, METRICS)
 
 def claim_output(path: str | Path, writes: tuple[str, ...], overwrite: bool = False,
                  what: str = "--out") -> list[str]:  # fmt: skip
-    """Check an output directory before any work and create it: it must be (or become) a
-    writable directory, and hold none of the files in `writes` unless `overwrite`. Returns the
-    files of `writes` already there: pass them to `remove_outputs` just before writing, so the
-    directory never mixes two runs."""
+    """Check an output directory before any work, creating nothing: it must be a directory or
+    creatable under a writable one, and hold none of the files in `writes` unless `overwrite`.
+    Returns the files of `writes` already there, for `open_output`."""
     path = Path(path)
     for parent in [path, *path.parents]:
         if parent.exists() and not parent.is_dir():
             where = "is" if parent == path else f"is under '{parent}', which is"
             raise ProbeError(f"{what} '{path}' {where} a file; give a directory.")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ProbeError(f"cannot create {what} '{path}': {exc.strerror or exc}.") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise ProbeError(f"{what} '{path}' is not writable.")
+    existing = next(p for p in [path, *path.parents] if p.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ProbeError(f"{what} '{path}' cannot be written: '{existing}' is not writable.")
     present = [name for name in writes if (path / name).exists()]
     if present and not overwrite:
         raise ProbeError(
@@ -92,10 +90,17 @@ def claim_output(path: str | Path, writes: tuple[str, ...], overwrite: bool = Fa
     return present
 
 
-def remove_outputs(path: str | Path, names: list[str]) -> None:
-    """Remove files an earlier run left (those `claim_output` found, with --overwrite)."""
-    for name in names:
-        (Path(path) / name).unlink(missing_ok=True)
+def open_output(path: str | Path, earlier: list[str]) -> Path:
+    """Create the output directory and remove the files an earlier run left there (those
+    `claim_output` found, with --overwrite), just before writing, so no directory mixes runs."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ProbeError(f"cannot create '{path}': {exc.strerror or exc}.") from None
+    for name in earlier:
+        (path / name).unlink(missing_ok=True)
+    return path
 
 
 def _state_for_saving(model: Transformer) -> dict[str, torch.Tensor]:
@@ -210,6 +215,7 @@ def load_checkpoint(
         train_cfg = TrainConfig.from_dict(document["train"])
     except (ProbeError, TypeError) as exc:
         raise ProbeError(f"{path / CONFIG} does not describe a valid model: {exc}") from exc
+    check_model(model_cfg)
     state = _load_weights(path, allow_pickle)
     model = Transformer(model_cfg)
     expected = model.state_dict()

@@ -1,7 +1,8 @@
 """Frozen, validated configuration objects.
 
 Every choice that has more than two values is a `StrEnum`; every config has `from_dict`, which
-rejects unknown keys with a did-you-mean message, and `to_dict`, which is JSON-ready.
+rejects unknown keys with a did-you-mean message and values of the wrong type by field name, and
+`to_dict`, which is JSON-ready.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import types
+import typing
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -25,16 +28,18 @@ def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
     return f" Did you mean '{close[0]}'?" if close else ""
 
 
-def choice(enum: type[E], value: Any, what: str) -> E:
-    """Coerce `value` to `enum`, with an error that lists the valid values."""
+def choice(enum: type[E], value: Any, what: str, field: str = "") -> E:
+    """Coerce `value` to `enum`, with an error that lists the valid values (and names the config
+    field `field`, when given)."""
     if isinstance(value, enum):
         return value
     try:
         return enum(value)
     except ValueError:
         valid = [m.value for m in enum]
+        named = f" (field '{field}')" if field else ""
         raise ProbeError(
-            f"Unknown {what} '{value}'.{did_you_mean(str(value), valid)} "
+            f"Unknown {what} '{value}'{named}.{did_you_mean(str(value), valid)} "
             f"Available: {', '.join(valid)}."
         ) from None
 
@@ -53,18 +58,128 @@ def check_keys(table: Any, allowed: tuple[str, ...], where: str) -> dict[str, An
     return table
 
 
+# ------------------------------------------------------------------------------ field types
+#
+# Values arrive from JSON (checkpoints) and TOML (study files), so each is checked against the
+# field's declared type before the dataclass sees it: a bool is not an int, a float is not an int
+# (an int is a fine float), a float is finite, None only where the type says `| None`, an enum
+# field takes a string (its value is checked by `choice`), lists stand for tuples.
+
+
+class _Mismatch(Exception):
+    """A value does not have the declared type (turned into a ProbeError naming the field)."""
+
+
+def _conform(tp: Any, value: Any) -> Any:
+    """`value` as a field of type `tp` holds it (lists become tuples), else _Mismatch."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (types.UnionType, typing.Union):
+        for arg in args:
+            try:
+                return _conform(arg, value)
+            except _Mismatch:
+                pass
+    elif tp is type(None):
+        if value is None:
+            return value
+    elif tp is bool or tp is str:
+        if isinstance(value, tp):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if _finite_number(value):
+            return value  # an int stays an int: configs hash their values as written
+    elif isinstance(tp, type) and issubclass(tp, StrEnum):
+        if isinstance(value, str):
+            return value  # `choice` in __post_init__ checks it is one of the values
+    elif origin is tuple:
+        if isinstance(value, list | tuple):
+            if len(args) == 2 and args[1] is Ellipsis:
+                return tuple(_conform(args[0], v) for v in value)
+            if len(value) == len(args):
+                return tuple(_conform(a, v) for a, v in zip(args, value, strict=True))
+    elif origin is dict or tp is dict:
+        if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+            return value
+    else:
+        raise TypeError(f"no field check for type {tp!r}")  # a new field type: teach _conform
+    raise _Mismatch
+
+
+def _finite_number(value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+def _expected(tp: Any, plural: bool = False) -> str:
+    """What type `tp` asks for, in words: 'an integer', 'a list of 2 integers', ..."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (types.UnionType, typing.Union):
+        parts = [_expected(a, plural) for a in args if a is not type(None)]
+        return " or ".join(parts + (["null"] if type(None) in args else []))
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return f"{'lists' if plural else 'a list'} of {_expected(args[0], plural=True)}"
+        inner = _expected(args[0], plural=True) if len(set(args)) == 1 else "values"
+        return f"{'lists' if plural else 'a list'} of {len(args)} {inner}"
+    if isinstance(tp, type) and issubclass(tp, StrEnum):
+        return f"one of {', '.join(m.value for m in tp)}"
+    words = {
+        bool: ("true or false", "booleans"),
+        int: ("an integer", "integers"),
+        float: ("a finite number", "finite numbers"),
+        str: ("a string", "strings"),
+        dict: ("a table", "tables"),
+    }
+    return words.get(origin or tp, ("anything", "anything"))[plural]
+
+
+def shown(value: Any) -> str:
+    """A value in an error message: short, with its type ('two' (str), null)."""
+    if value is None:
+        return "null"
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:56] + " ..."
+    return f"{text} ({type(value).__name__})"
+
+
+def check_field(cls: type, name: str, value: Any, what: str) -> Any:
+    """`value` for field `name` of dataclass `cls` (lists as tuples), or a ProbeError such as
+    "model field 'n_head' must be an integer, got 'two' (str)." (`what` names the config)."""
+    return _field(typing.get_type_hints(cls)[name], name, value, what)
+
+
+def _field(tp: Any, name: str, value: Any, what: str) -> Any:
+    try:
+        return _conform(tp, value)
+    except _Mismatch:
+        raise ProbeError(
+            f"{what} field '{name}' must be {_expected(tp)}, got {shown(value)}."
+        ) from None
+
+
 def from_dict(cls: type[C], data: dict[str, Any], what: str) -> C:
-    """Build dataclass `cls` from `data`, rejecting unknown keys by name."""
+    """Build dataclass `cls` from `data`, rejecting unknown keys and mistyped values by name."""
     if not isinstance(data, dict):
         raise ProbeError(f"{what} must be a table of settings, got {type(data).__name__}.")
     names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
     for key in data:
         if key not in names:
             raise ProbeError(
-                f"Unknown {what} field '{key}'.{did_you_mean(key, names)} "
+                f"Unknown {what} field '{key}'.{did_you_mean(str(key), names)} "
                 f"Valid fields: {', '.join(names)}."
             )
-    return cls(**data)
+    hints = typing.get_type_hints(cls)
+    return cls(**{key: _field(hints[key], key, value, what) for key, value in data.items()})
 
 
 def to_plain(value: Any) -> Any:
@@ -158,11 +273,11 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        set_(self, "arch", choice(Arch, self.arch, "architecture"))
-        set_(self, "pe", choice(PE, self.pe, "positional encoding"))
-        set_(self, "scale", choice(Scale, self.scale, "attention scale"))
-        set_(self, "norm", choice(Norm, self.norm, "norm placement"))
-        set_(self, "ffn", choice(FFN, self.ffn, "FFN activation"))
+        set_(self, "arch", choice(Arch, self.arch, "architecture", "arch"))
+        set_(self, "pe", choice(PE, self.pe, "positional encoding", "pe"))
+        set_(self, "scale", choice(Scale, self.scale, "attention scale", "scale"))
+        set_(self, "norm", choice(Norm, self.norm, "norm placement", "norm"))
+        set_(self, "ffn", choice(FFN, self.ffn, "FFN activation", "ffn"))
         for name in ("vocab_size", "n_layer", "n_head", "d_model", "max_len", "t5_buckets"):
             if int(getattr(self, name)) < 1:
                 raise ProbeError(f"{name} must be at least 1, got {getattr(self, name)}.")
@@ -181,12 +296,22 @@ class ModelConfig:
             raise ProbeError(f"rope_fraction must be in (0, 1], got {self.rope_fraction}.")
         if self.pe == PE.ROPE and self.rotary_dims < 2:
             raise ProbeError(
-                f"rope_fraction {self.rope_fraction} of d_head {self.d_head} rotates no dimension."
+                f"rope_fraction {self.rope_fraction} of d_head {self.d_head} (d_model "
+                f"{self.d_model}, n_head {self.n_head}) rotates no dimension; use fewer heads, a "
+                "wider d_head or a larger rope_fraction."
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ProbeError(f"dropout must be in [0, 1), got {self.dropout}.")
         if self.ffn_mult <= 0:
             raise ProbeError(f"ffn_mult must be positive, got {self.ffn_mult}.")
+        if not self.rope_base > 1:
+            raise ProbeError(
+                f"rope_base must be greater than 1 (usually 10000), got {self.rope_base}."
+            )
+        if self.t5_max_distance < 1:
+            raise ProbeError(f"t5_max_distance must be at least 1, got {self.t5_max_distance}.")
+        if not self.ln_eps > 0:
+            raise ProbeError(f"ln_eps must be positive, got {self.ln_eps}.")
         if self.log_scale_len is not None and self.log_scale_len < 2:
             raise ProbeError(
                 f"log_scale_len (L_train) must be at least 2, got {self.log_scale_len}."
@@ -241,9 +366,6 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
-        data = dict(data)
-        if data.get("heads") is not None:
-            data["heads"] = tuple(tuple(site) for site in data["heads"])
         return from_dict(cls, data, "model")
 
     def to_dict(self) -> dict[str, Any]:
@@ -272,7 +394,9 @@ class TrainConfig:
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes kept with the run
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "schedule", choice(Schedule, self.schedule, "schedule"))
+        object.__setattr__(
+            self, "schedule", choice(Schedule, self.schedule, "schedule", "schedule")
+        )
         lo, hi = (int(x) for x in self.train_len)
         object.__setattr__(self, "train_len", (lo, hi))
         if not 1 <= lo <= hi:
@@ -282,6 +406,12 @@ class TrainConfig:
                 raise ProbeError(f"{name} must be at least 1, got {getattr(self, name)}.")
         if self.lr <= 0 or not math.isfinite(self.lr):
             raise ProbeError(f"lr must be a positive number, got {self.lr}.")
+        if not self.weight_decay >= 0:
+            raise ProbeError(f"weight_decay must not be negative, got {self.weight_decay}.")
+        if not 0.0 <= self.lr_min_ratio <= 1.0:
+            raise ProbeError(f"lr_min_ratio must be in [0, 1], got {self.lr_min_ratio}.")
+        if not 0 <= self.seed < 2**63:
+            raise ProbeError(f"seed must be in [0, 2**63), got {self.seed}.")
         if self.warmup < 0 or self.eval_every < 0 or self.stats_every < 0:
             raise ProbeError("warmup, eval_every and stats_every must not be negative.")
         if self.schedule == Schedule.PAPER and self.warmup < 1:
@@ -295,10 +425,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        data = dict(data)
-        if "train_len" in data:
-            data["train_len"] = tuple(data["train_len"])
-        return from_dict(cls, data, "training")
+        return from_dict(cls, data, "train")
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from probe.config import Arch
 from probe.errors import ProbeError
+from probe.memory import check_forward
 from probe.model import Transformer
 from probe.tasks import Batch, Form, TaskConfig, make_batch, score, sequence_length
 
@@ -100,6 +101,10 @@ def evaluate(
     for exact match."""
     lengths = list(lengths)
     check_lengths(model, task, lengths)
+    if lengths:
+        check_forward(
+            model.cfg, batch_size, sequence_length(task, form_for(model.cfg.arch), max(lengths))
+        )
     device = device or next(model.parameters()).device
     was_training = model.training
     model.eval()

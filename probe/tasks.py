@@ -72,7 +72,7 @@ class TaskConfig:
     lsb_first: bool = False  # addition: operands and answer written least-significant digit first
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "name", choice(TaskName, self.name, "task"))
+        object.__setattr__(self, "name", choice(TaskName, self.name, "task", "name"))
         _check_int(self.n_symbols, "n_symbols", 2)
         if not isinstance(self.lsb_first, bool):
             raise ProbeError(f"lsb_first must be true or false, got {self.lsb_first!r}.")

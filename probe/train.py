@@ -22,14 +22,15 @@ from probe.checkpoint import (
     CHECKPOINT_FILES,
     METRICS,
     claim_output,
-    remove_outputs,
+    open_output,
     save_checkpoint,
 )
 from probe.config import ModelConfig, Schedule, TrainConfig
-from probe.errors import ProbeError
+from probe.errors import Interrupted, ProbeError
 from probe.evaluate import batch_loss, check_lengths, evaluate, form_for, forward_batch
+from probe.memory import check_forward, check_model
 from probe.model import Transformer
-from probe.tasks import Batch, TaskConfig, make_batch, sample_length, score
+from probe.tasks import Batch, TaskConfig, make_batch, sample_length, score, sequence_length
 
 # per-head statistics logged every stats_every steps: entropy collapse and max-logit growth
 MONITORED = ("entropy", "normalized_entropy", "max_logit", "p_max", "sink_mass")
@@ -160,14 +161,18 @@ def train(
         )
     device = resolve_device(train_cfg.device)
     lo, hi = train_cfg.train_len
+    out = Path(out) if out is not None else None
+    earlier = claim_output(out, CHECKPOINT_FILES, overwrite) if out is not None else []
     torch.manual_seed(train_cfg.seed)
     if model is None:
+        check_model(model_cfg, training=True)
+        longest = sequence_length(task, form_for(model_cfg.arch), hi)
+        check_forward(model_cfg, train_cfg.batch_size, longest, backward=True)
         model = Transformer(model_cfg)
     model.to(device).train()
     check_lengths(model, task, [hi])
     if out is not None:
-        out = Path(out)
-        remove_outputs(out, claim_output(out, CHECKPOINT_FILES, overwrite))
+        open_output(out, earlier)
     log = MetricsLog(out / METRICS if out is not None else None)
     meta = {"seed": train_cfg.seed, **provenance.context(device)}
     data_gen = torch.Generator().manual_seed(train_cfg.seed)
@@ -209,43 +214,51 @@ def train(
         exact = table[table.metric == "exact_match"]
         return float((exact.value * exact.n).sum() / exact.n.sum())
 
-    for step in range(1, train_cfg.steps + 1):
-        lr = lr_at(step - 1, train_cfg, model_cfg.d_model)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        n = sample_length(lo, hi, data_gen)
-        batch = make_batch(task, form, n, train_cfg.batch_size, data_gen).to(device)
-        positions = _positions_for(model, batch, train_cfg, pos_gen)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-            logits = forward_batch(model, batch, positions)  # [batch, seq, vocab]
-        loss = batch_loss(model, batch, logits=logits, label_smoothing=train_cfg.label_smoothing)
-        if not torch.isfinite(loss):
-            raise TrainingDiverged(
-                f"the loss became {loss.item()} at step {step}{kept()}. Lower --lr, raise "
-                "--warmup, or try --qk-norm."
+    step = 0
+    try:
+        for step in range(1, train_cfg.steps + 1):
+            lr = lr_at(step - 1, train_cfg, model_cfg.d_model)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            n = sample_length(lo, hi, data_gen)
+            batch = make_batch(task, form, n, train_cfg.batch_size, data_gen).to(device)
+            positions = _positions_for(model, batch, train_cfg, pos_gen)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+                logits = forward_batch(model, batch, positions)  # [batch, seq, vocab]
+            loss = batch_loss(
+                model, batch, logits=logits, label_smoothing=train_cfg.label_smoothing
             )
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        clip = train_cfg.grad_clip or float("inf")  # 0: measure the norm, clip nothing
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        optimizer.step()
+            if not torch.isfinite(loss):
+                raise TrainingDiverged(
+                    f"the loss became {loss.item()} at step {step}{kept()}. Lower --lr, raise "
+                    "--warmup, or try --qk-norm."
+                )
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            clip = train_cfg.grad_clip or float("inf")  # 0: measure the norm, clip nothing
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            optimizer.step()
 
-        last = step == train_cfg.steps
-        if step % log_every == 0 or last or step == 1:
-            exact, _ = score(logits.detach(), batch)
-            accuracy = exact.float().mean().item()
-            log.add([
-                {"step": step, "split": "train", "length": n, "metric": m, "value": v}
-                for m, v in (("loss", loss.item()), ("exact_match", accuracy), ("lr", lr),
-                             ("grad_norm", float(grad_norm)))
-            ])  # fmt: skip
-        if train_cfg.stats_every and (step % train_cfg.stats_every == 0 or last):
-            log.add(_attention_rows(model, batch, step))
-        if (train_cfg.eval_every and step % train_cfg.eval_every == 0) or last:
-            eval_exact = evaluate_and_save(step)
-            model.train()
-        if progress is not None and (step % log_every == 0 or last):
-            progress(TrainProgress(step, train_cfg.steps, loss.item(), accuracy, lr, eval_exact))
+            last = step == train_cfg.steps
+            if step % log_every == 0 or last or step == 1:
+                exact, _ = score(logits.detach(), batch)
+                accuracy = exact.float().mean().item()
+                log.add([
+                    {"step": step, "split": "train", "length": n, "metric": m, "value": v}
+                    for m, v in (("loss", loss.item()), ("exact_match", accuracy), ("lr", lr),
+                                 ("grad_norm", float(grad_norm)))
+                ])  # fmt: skip
+            if train_cfg.stats_every and (step % train_cfg.stats_every == 0 or last):
+                log.add(_attention_rows(model, batch, step))
+            if (train_cfg.eval_every and step % train_cfg.eval_every == 0) or last:
+                eval_exact = evaluate_and_save(step)
+                model.train()
+            if progress is not None and (step % log_every == 0 or last):
+                progress(
+                    TrainProgress(step, train_cfg.steps, loss.item(), accuracy, lr, eval_exact)
+                )
+    except (KeyboardInterrupt, Interrupted):
+        raise Interrupted(f"training stopped at step {step} of {train_cfg.steps}{kept()}") from None
     model.eval()
     return TrainResult(model, log.frame(), out)
 

@@ -99,3 +99,48 @@ def test_bad_input_exits_2(study_file, tmp_path, capsys):
     )
     assert exit_code(["study", "report", str(tmp_path)]) == 2
     assert "manifest.json" in capsys.readouterr().err
+
+
+@pytest.fixture
+def wide_console(monkeypatch):
+    """Room for a whole error message on one table row (rich folds cells at 80 columns)."""
+    from probe_cli.common import console
+
+    monkeypatch.setattr(console, "width", 400)
+
+
+def test_validate_checks_every_file_and_names_each_problem(study_file, tmp_path, capsys):
+    big = tmp_path / "big.toml"
+    big.write_text(TINY.replace("d_model = 16", 'd_model = "big"'))
+    binary = tmp_path / "binary.toml"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff")
+    evl = tmp_path / "evl.toml"
+    evl.write_text(
+        TINY.replace('table = "eval"\nmetric = "loss"', 'table = "evl"\nmetric = "loss"')
+    )
+    files = [big, study_file, binary, evl, tmp_path / "missing.toml"]
+    assert exit_code(["study", "validate", *map(str, files)]) == 2
+    out, err = capsys.readouterr()
+    assert f"ok {study_file}: 2 cells" in out
+    lines = [line for line in err.splitlines() if line.startswith("invalid ")]
+    assert len(lines) == 4
+    assert f"{big} [base.model] model field 'd_model' must be an integer" in lines[0]
+    assert f"{binary} is not a text file" in lines[1]
+    assert "table 'evl'" in lines[2] and "Did you mean 'eval'?" in lines[2]
+    assert "No study file" in lines[3]
+    assert "4 of 5 study files are invalid" in err
+    assert "Traceback" not in out + err
+
+
+def test_ls_lists_good_files_and_marks_bad_ones(study_file, tmp_path, capsys, wide_console):
+    (tmp_path / "binary.toml").write_bytes(b"\x00\xff\xfe")
+    (tmp_path / "steps.toml").write_text(TINY.replace("steps = 3", 'steps = "50"'))
+    assert exit_code(["study", "ls", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    rows = {line.split("│")[1].strip(): line for line in out.splitlines() if ".toml" in line}
+    assert "Does the command line work?" in rows[str(study_file)]
+    assert "invalid" in rows[str(tmp_path / "binary.toml")]
+    assert "is not a text file" in rows[str(tmp_path / "binary.toml")]
+    steps = rows[str(tmp_path / "steps.toml")]
+    assert "invalid" in steps and "[base.train] train field 'steps' must be an integer" in steps
+    assert "Traceback" not in out + err

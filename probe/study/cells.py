@@ -8,6 +8,7 @@ tables; `done.json` is written last, so a cell directory without it is unfinishe
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -19,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from probe import provenance
+from probe.checkpoint import TMP_SUFFIX
 from probe.errors import ProbeError
 from probe.report.files import atomic_write_csv, atomic_write_json
 from probe.study.grid import Cell
@@ -76,7 +78,7 @@ def _trained_model(cell: Cell, root: Path, device: str, report: Callable[[CellEv
     final = model_dir(root, cell)
     if (final / "config.json").exists():
         return load_checkpoint(final, device=resolve_device(device)).model, 0.0
-    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
+    tmp = final.parent / f".{final.name}{TMP_SUFFIX}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     start = time.perf_counter()
 
@@ -102,10 +104,34 @@ def with_identity(table: pd.DataFrame, cell: Cell) -> pd.DataFrame:
     return pd.concat([front, table.drop(columns=[c for c in ids if c in table.columns])], axis=1)
 
 
-def cached_record(root: Path, cell: Cell) -> CellRecord | None:
-    """The record of a cell finished in an earlier run, or None."""
+def file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def stale_files(root: Path, cell: Cell, done: dict) -> list[str]:
+    """The table files of a finished cell that are missing or no longer match the checksums
+    its done.json recorded (cells finished before checksums were recorded are not checked)."""
+    out = cell_dir(root, cell)
+    bad = []
+    for name, digest in done.get("sha256", {}).items():
+        path = out / name
+        if not path.is_file() or file_digest(path) != digest:
+            bad.append(name)
+    return bad
+
+
+def cached_record(root: Path, cell: Cell, stale: Callable[[list[str]], None] | None = None
+                  ) -> CellRecord | None:  # fmt: skip
+    """The record of a cell finished in an earlier run, or None (also when its files do not
+    match their checksums: `stale` is told which, and the cell is computed again)."""
     done = read_done(root, cell)
     if done is None:
+        return None
+    bad = stale_files(root, cell, done)
+    if bad:
+        (cell_dir(root, cell) / DONE).unlink()
+        if stale is not None:
+            stale(bad)
         return None
     return CellRecord(cell.index, cell.key, tuple(done["tables"]), done["wall_s"],
                       done["train_s"], cached=True, git_commit=done.get("git_commit"))  # fmt: skip
@@ -139,8 +165,10 @@ def _run(cell: Cell, root: Path, device: str, report: Callable[[CellEvent], None
         report(CellEvent(cell.index, name, 0, 1))
         context = StepContext(model, cell.task, cell.train, device_, on_progress)
         tables.update(get_step(name).run(context, options))
+    digests = {}
     for name, table in tables.items():
-        atomic_write_csv(out / f"{name}.csv", with_identity(table, cell))
+        path = atomic_write_csv(out / f"{name}.csv", with_identity(table, cell))
+        digests[path.name] = file_digest(path)
     wall = time.perf_counter() - start
     commit = provenance.git_commit()
     record = CellRecord(cell.index, cell.key, tuple(tables), wall, train_s, cached=False,
@@ -149,6 +177,7 @@ def _run(cell: Cell, root: Path, device: str, report: Callable[[CellEvent], None
         "key": cell.key, "train_key": cell.train_key, "label": cell.label,
         "identity": cell.identity(), "tables": list(tables), "wall_s": round(wall, 2),
         "train_s": round(train_s, 2), "device": str(device_), "git_commit": commit,
+        "sha256": digests,
     })  # fmt: skip
     return record
 

@@ -112,6 +112,12 @@ def _conditions(table: Any, where: str) -> tuple[Condition, ...]:
     out = []
     for column, value in table.items():
         items = value if isinstance(value, list) else [value]
+        for item in items:
+            if isinstance(item, list | dict) or item is None:
+                raise ProbeError(
+                    f"{where} {column}: '{item}' is not a value to compare with; write a number, "
+                    'a string, a list of them or a comparison such as "<= L".'
+                )
         comparisons = [_COMPARISON.match(v) if isinstance(v, str) else None for v in items]
         if isinstance(value, list) and not all(comparisons):
             out.append(Condition(column, "in", tuple(value)))
@@ -132,12 +138,25 @@ def _conditions(table: Any, where: str) -> tuple[Condition, ...]:
     return tuple(out)
 
 
-def parse_expectation(raw: Any, where: str) -> Expectation:
+def parse_expectation(raw: Any, where: str, tables: tuple[str, ...] | None = None) -> Expectation:
+    """An expectation from a study file's [[expect]] table; `tables` (when given) are the tables
+    the study writes, so a misspelt table is caught before any training."""
     check_keys(raw, tuple(KEYS), where)
     for key in ("table", "metric", "bound"):
         if key not in raw:
             raise ProbeError(f"{where} needs '{key}' (for example table = \"eval\", "
                              "metric = \"exact_match\", bound = \">= 0.99\").")  # fmt: skip
+    for key in ("table", "metric"):
+        if not isinstance(raw[key], str) or not raw[key]:
+            raise ProbeError(f"{where} {key} must be a non-empty string, got {raw[key]!r}.")
+    if not isinstance(raw.get("name", ""), str):
+        raise ProbeError(f"{where} name must be a string, got {raw['name']!r}.")
+    if tables is not None and raw["table"] not in tables:
+        raise ProbeError(
+            f"{where} table '{raw['table']}' is not one the study writes."
+            f"{did_you_mean(raw['table'], tables)} Its tables: {', '.join(tables)} "
+            "(train, plus those of the [analysis] steps)."
+        )
     match = _COMPARISON.match(str(raw["bound"]))
     number = _number(match.group(2)) if match else None
     if match is None or not isinstance(number, float):
@@ -151,6 +170,8 @@ def parse_expectation(raw: Any, where: str) -> Expectation:
     per = raw.get("per", [])
     if isinstance(per, str):
         per = [per]
+    if not isinstance(per, list) or not all(isinstance(c, str) for c in per):
+        raise ProbeError(f"{where} per must be a column name or a list of them, got {per!r}.")
     conditions = _conditions(raw.get("where", {}), f"{where} where")
     baseline = _conditions(raw["baseline"], f"{where} baseline") if "baseline" in raw else None
     name = raw.get("name") or " ".join(

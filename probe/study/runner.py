@@ -9,6 +9,7 @@ starting it again finishes the rest and gives the same tables as an uninterrupte
 from __future__ import annotations
 
 import fcntl
+import json
 import queue
 import shutil
 import time
@@ -22,7 +23,8 @@ from typing import Any
 import pandas as pd
 
 from probe import provenance
-from probe.errors import ProbeError
+from probe.checkpoint import TMP_SUFFIX
+from probe.errors import Interrupted, ProbeError
 from probe.report.files import atomic_write_csv, atomic_write_json, atomic_write_text
 from probe.study.cells import (
     CellEvent,
@@ -41,7 +43,9 @@ MANIFEST = "manifest.json"
 
 @dataclass(frozen=True)
 class StudyEvent:
-    """Progress of a run: kind is "start", "cell-start", "cell" (inside a cell) or "cell-done"."""
+    """Progress of a run: kind is "start", "cell-start", "cell" (inside a cell), "cell-done", or
+    "cell-stale" (a finished cell whose files no longer match their checksums: `note` names them,
+    and the cell is computed again)."""
 
     kind: str
     n_cells: int
@@ -80,11 +84,47 @@ def _locked(out: Path) -> Iterator[None]:
 
 
 def _clean_temporaries(out: Path) -> None:
-    """Remove what a killed run left half-written (nothing else is running: we hold the lock)."""
-    for tmp in (out / "models").glob(".*.tmp-*"):
+    """Remove what a killed run left half-written (nothing else is running: we hold the lock):
+    only probe's own temporary names, only in the folders a run writes."""
+    for tmp in (out / "models").glob(f".*{TMP_SUFFIX}-*"):
         shutil.rmtree(tmp, ignore_errors=True)
-    for tmp in out.rglob(".*.tmp"):
-        tmp.unlink(missing_ok=True)
+    folders = [out, out / "tables", *sorted((out / "cells").glob("*"))]
+    for folder in folders:
+        for tmp in folder.glob(f".*{TMP_SUFFIX}"):
+            tmp.unlink(missing_ok=True)
+
+
+def _owner(out: Path) -> tuple[str, bool] | None:
+    """(study name, smoke) of the run that made results directory `out`, or None."""
+    for name, keys in (("study.json", ("name", "smoke")), (MANIFEST, ("study", "smoke"))):
+        try:
+            doc = json.loads((out / name).read_text(encoding="utf-8"))
+            return str(doc[keys[0]]), bool(doc.get(keys[1], False))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def check_results_dir(out: Path, study: Study, overwrite: bool = False) -> None:
+    """A results directory belongs to one study (its smoke version is another): refuse another
+    study's, or a folder with other files, unless `overwrite`."""
+    if out.exists() and not out.is_dir():
+        raise ProbeError(f"--out '{out}' is a file; give a directory.")
+    if not out.exists() or overwrite or not [p for p in out.iterdir() if p.name != ".lock"]:
+        return
+    owner = _owner(out)
+    if owner == (study.name, study.is_smoke):
+        return
+    if owner is None:
+        raise ProbeError(
+            f"'{out}' is not empty and is not a results directory of `probe study run`; choose "
+            "another --out, or pass --overwrite to write into it anyway."
+        )
+    name = f"{owner[0]}{' (smoke)' if owner[1] else ''}"
+    raise ProbeError(
+        f"'{out}' holds the results of study '{name}'; choose another --out, or pass "
+        "--overwrite to replace its report and manifest."
+    )
 
 
 def _manifest(study: Study, cells: list[Cell], records: dict[int, CellRecord],
@@ -143,6 +183,7 @@ def run_study(
     device: str = "auto",
     threads: int = 1,
     progress: Callable[[StudyEvent], None] | None = None,
+    overwrite: bool = False,
 ) -> RunResult:
     """Run (or resume) every cell of `study` into results directory `out`.
 
@@ -152,6 +193,7 @@ def run_study(
     if jobs < 1 or threads < 1:
         raise ProbeError(f"--jobs and --threads must be at least 1, got {jobs} and {threads}.")
     out = Path(out)
+    check_results_dir(out, study, overwrite)
     cells = expand(study)
     emit = progress or (lambda event: None)
     started = time.perf_counter()
@@ -178,17 +220,28 @@ def run_study(
         emit(StudyEvent("start", len(cells)))
         todo = []
         for cell in cells:
-            record = cached_record(out, cell)
+
+            def stale(names: list[str], cell: Cell = cell) -> None:
+                note = f"{', '.join(names)} no longer match their checksums; computing it again"
+                emit(StudyEvent("cell-stale", len(cells), cell.index, cell.label, note=note))
+
+            record = cached_record(out, cell, stale)
             if record is None:
                 todo.append(cell)
             else:
                 finished(record)
-        if jobs == 1 or len(todo) <= 1:
-            for cell in todo:
-                emit(StudyEvent("cell-start", len(cells), cell.index, cell.label))
-                finished(run_cell(cell, out, device, relay))
-        else:
-            _run_parallel(todo, cells, out, device, jobs, threads, emit, relay, finished)
+        try:
+            if jobs == 1 or len(todo) <= 1:
+                for cell in todo:
+                    emit(StudyEvent("cell-start", len(cells), cell.index, cell.label))
+                    finished(run_cell(cell, out, device, relay))
+            else:
+                _run_parallel(todo, cells, out, device, jobs, threads, emit, relay, finished)
+        except (KeyboardInterrupt, Interrupted):
+            raise Interrupted(
+                f"{len(records)} of {len(cells)} cells are finished and kept in {out}; run the "
+                "study again to finish the rest"
+            ) from None
         tables = _gather(out, cells, records)
         manifest = _manifest(study, cells, records, context, started)
         atomic_write_json(out / MANIFEST, manifest)

@@ -14,12 +14,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from probe.config import ModelConfig, TrainConfig, check_keys, did_you_mean
+from probe.config import (
+    ModelConfig,
+    TrainConfig,
+    check_field,
+    check_keys,
+    did_you_mean,
+    from_dict,
+    shown,
+)
 from probe.errors import ProbeError
 from probe.presets import with_preset
 from probe.references import published
 from probe.study.expect import Expectation, parse_expectation
-from probe.study.steps import parse_options
+from probe.study.steps import get_step, parse_options
 from probe.tasks import TaskConfig
 
 SECTIONS = {"model": ModelConfig, "task": TaskConfig, "train": TrainConfig}
@@ -122,11 +130,35 @@ def check_key(key: str, where: str, allow: tuple[str, ...] = tuple(SECTIONS)) ->
         )
 
 
+def check_setting(key: str, value: Any, where: str) -> None:
+    """A ProbeError naming `where` and the field unless `value` has the type of setting `key`
+    ("model.d_model"); the values themselves are checked when the cells are built."""
+    section, _, name = key.partition(".")
+    check_field(SECTIONS[section], name, value, f"{where}: {section}")
+
+
+def check_name(name: Any, where: str) -> str:
+    """The study's name, which names its folder under results/: a plain folder name."""
+    if not isinstance(name, str) or not name.strip():
+        raise ProbeError(f"{where} [study] needs a name.")
+    # a separator in the name also refuses an absolute path
+    if any(c in name for c in "/\\\0") or ".." in name or name.strip() == ".":
+        raise ProbeError(
+            f"{where} [study] name {name!r} must be a plain folder name (no '/', '\\' or '..'): "
+            "it names the study's folder under results/."
+        )
+    return name
+
+
 def _section_configs(base: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
     """Each section's base settings, laid over the `preset` when [base] names one."""
     name = base.get("preset")
     if name is not None and not isinstance(name, str):
         raise ProbeError(f"{where} [base] preset must be a name, got {name!r}.")
+    for section in SECTIONS:
+        if not isinstance(base.get(section, {}), dict):
+            raise ProbeError(f"{where} [base.{section}] must be a table of settings, "
+                             f"got {shown(base[section])}.")  # fmt: skip
     try:
         base = with_preset(name, {s: dict(base.get(s, {})) for s in SECTIONS})
     except ProbeError as exc:
@@ -151,6 +183,8 @@ def _grid(raw: Any, where: str) -> dict[str, tuple[Any, ...]]:
             raise ProbeError(
                 f"{where} [grid] '{key}' must be a non-empty list of values, got {values!r}."
             )
+        for value in values:
+            check_setting(key, value, f"{where} [grid]")
         grid[key] = tuple(values)
     return grid
 
@@ -169,6 +203,8 @@ def _variants(raw: Any, where: str) -> tuple[Variant, ...]:
             raise ProbeError(f"{here}: the variant name '{name}' is used twice.")
         seen.add(name)
         overrides = flatten({k: v for k, v in table.items() if k in SECTIONS}, here)
+        for key, value in overrides.items():
+            check_setting(key, value, f"{here} ({name})")
         variants.append(Variant(name, overrides, str(table.get("description", ""))))
     return tuple(variants)
 
@@ -186,6 +222,8 @@ def _overrides(raw: Any, where: str) -> tuple[Override, ...]:
         settings = flatten({k: v for k, v in table.items() if k in SECTIONS}, here)
         if not settings:
             raise ProbeError(f"{here} sets nothing; add settings such as train.steps = 4000.")
+        for key, value in settings.items():
+            check_setting(key, value, here)
         values = {k: tuple(v) if isinstance(v, list) else (v,) for k, v in match.items()}
         out.append(Override(values, settings))
     return tuple(out)
@@ -196,8 +234,13 @@ def _analysis(raw: Any, where: str) -> dict[str, Any]:
         raise ProbeError(f"{where} [analysis] must hold one table per analysis step.")
     out = {}
     for name, options in raw.items():
+        if not isinstance(options, dict):
+            raise ProbeError(
+                f"{where} [analysis] {name} must be a table of options ([analysis.{name}], empty "
+                f"for the defaults), got {shown(options)}."
+            )
         try:
-            out[name] = parse_options(name, options if isinstance(options, dict) else {})
+            out[name] = parse_options(name, options)
         except (ProbeError, TypeError) as exc:
             raise ProbeError(f"{where} [analysis] {exc}") from None
     return out
@@ -214,7 +257,7 @@ def _reference(raw: Any, where: str) -> Reference:
         published(table["id"])
     except ProbeError as exc:
         raise ProbeError(f"{here} {exc}") from None
-    return Reference(**table)
+    return from_dict(Reference, table, here)
 
 
 def parse_study(data: dict[str, Any], path: Path | None = None) -> Study:
@@ -222,22 +265,26 @@ def parse_study(data: dict[str, Any], path: Path | None = None) -> Study:
     where = str(path) if path is not None else "study"
     check_keys(data, TOP_LEVEL, where)
     head = check_keys(data.get("study", {}), STUDY_KEYS, f"{where} [study]")
-    name = head.get("name") or (path.stem if path is not None else None)
-    if not name or not isinstance(name, str):
-        raise ProbeError(f"{where} [study] needs a name.")
-    if not head.get("question"):
+    name = check_name(head.get("name") or (path.stem if path is not None else None), where)
+    if not head.get("question") or not isinstance(head["question"], str):
         raise ProbeError(f"{where} [study] needs a question: what does this study find out?")
     base = check_keys(data.get("base", {}), (*SECTIONS, "preset"), f"{where} [base]")
     report = check_keys(data.get("report", {}), REPORT_KEYS, f"{where} [report]")
     by = report.get("by", "model.pe")
+    if not isinstance(by, str):
+        raise ProbeError(f"{where} [report] by must be a setting such as 'model.pe', got {by!r}.")
     check_key(by, f"{where} [report] by")
+    analysis = _analysis(data.get("analysis", {}), where)
+    tables = ("train", *(t for step in analysis for t in get_step(step).tables))
+    if not isinstance(data.get("expect", []), list):
+        raise ProbeError(f"{where}: write expectations as [[expect]] tables.")
     expectations = tuple(
-        parse_expectation(e, f"{where} [[expect]] #{i + 1}")
+        parse_expectation(e, f"{where} [[expect]] #{i + 1}", tables)
         for i, e in enumerate(data.get("expect", []))
     )
     smoke = data.get("smoke")
     if smoke is not None:
-        check_keys(smoke, SMOKE_KEYS, f"{where} [smoke]")
+        _check_smoke(smoke, where)
     study = Study(
         name=name,
         question=str(head["question"]).strip(),
@@ -247,7 +294,7 @@ def parse_study(data: dict[str, Any], path: Path | None = None) -> Study:
         grid=_grid(data.get("grid", {}), where),
         variants=_variants(data.get("variant", []), where),
         overrides=_overrides(data.get("override", []), where),
-        analysis=_analysis(data.get("analysis", {}), where),
+        analysis=analysis,
         expectations=expectations,
         by=by,
         title=str(report.get("title", "")),
@@ -262,6 +309,18 @@ def parse_study(data: dict[str, Any], path: Path | None = None) -> Study:
     return study
 
 
+def _check_smoke(smoke: Any, where: str) -> None:
+    """The shape of [smoke]; its settings are checked by building the smoke version."""
+    here = f"{where} [smoke]"
+    check_keys(smoke, SMOKE_KEYS, here)
+    names = smoke.get("variants", [])
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ProbeError(f"{here} variants must be a list of variant names, got {names!r}.")
+    analysis = smoke.get("analysis", {})
+    if not isinstance(analysis, dict) or not all(isinstance(o, dict) for o in analysis.values()):
+        raise ProbeError(f"{here} analysis must hold one table of options per analysis step.")
+
+
 def load_study(path: str | Path) -> Study:
     path = Path(path)
     if not path.exists():
@@ -274,6 +333,13 @@ def load_study(path: str | Path) -> Study:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ProbeError(f"{path} is not valid TOML: {exc}.") from None
+    except UnicodeDecodeError as exc:
+        raise ProbeError(
+            f"{path} is not a text file: byte {exc.object[exc.start]:#04x} at offset {exc.start} "
+            "is not UTF-8; a study file is TOML text."
+        ) from None
+    except OSError as exc:
+        raise ProbeError(f"{path} cannot be read: {exc.strerror or exc}.") from None
     return parse_study(data, path)
 
 
@@ -286,9 +352,10 @@ def smoke_version(study: Study) -> Study:
     smoke = study.smoke or {}
     where = f"{study.where} [smoke]"
     overrides = flatten({k: v for k, v in smoke.items() if k in SECTIONS}, where)
-    for key in overrides:
+    for key, value in overrides.items():
         if key in study.grid:
             raise ProbeError(f"{where}: '{key}' is a grid axis; shrink it under [smoke.grid].")
+        check_setting(key, value, where)
     base = {s: dict(v) for s, v in study.base.items()}
     for key, value in overrides.items():
         section, _, name = key.partition(".")

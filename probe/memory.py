@@ -1,0 +1,87 @@
+"""Memory a model or a forward pass will need, estimated from the config before anything is
+allocated, so an impossible size fails in one line instead of after minutes and gigabytes.
+
+The estimates are upper-end orders of magnitude (float32 throughout), not exact accounting:
+they exist to refuse `d_model = 10**9` or a 100,000-token evaluation, not to pack memory tightly.
+`PROBE_MEMORY_CHECK=off` in the environment skips the check (to insist).
+"""
+
+from __future__ import annotations
+
+import os
+
+from probe.config import PE, ModelConfig
+from probe.errors import ProbeError
+
+FLOAT = 4  # bytes per float32
+ENV = "PROBE_MEMORY_CHECK"
+HEADROOM = 0.75  # refuse what would need more than this share of the available memory
+TRAINING_COPIES = 5  # weights, gradients, Adam's two moments, and a transient copy
+
+
+def parameter_estimate(cfg: ModelConfig) -> int:
+    """Parameters of the model `cfg` describes (biases and norms included, within a few %)."""
+    d, inner = cfg.d_model, cfg.n_head * (cfg.d_head or 0)
+    attention = 4 * d * inner + 4 * inner
+    ffn = 2 * d * cfg.d_ff + cfg.d_ff + d if str(cfg.ffn) != "none" else 0
+    sites = len(cfg.attention_sites())
+    blocks = cfg.n_layer + (cfg.decoder_layers if str(cfg.arch) == "encoder-decoder" else 0)
+    table = cfg.max_len * d if cfg.pe == PE.LEARNED else 0
+    return cfg.vocab_size * d * 2 + table + sites * attention + blocks * (ffn + 6 * d)
+
+
+def forward_bytes(cfg: ModelConfig, batch: int, seq: int, backward: bool = False) -> int:
+    """Peak bytes of one forward pass (and its backward): the attention weights and score bias
+    of one sub-layer ([batch, head, seq, seq], a few copies) plus every layer's activations when
+    they are kept for the backward pass."""
+    scores = 3 * batch * cfg.n_head * seq * seq * FLOAT
+    width = 8 * cfg.d_model + cfg.d_ff + cfg.vocab_size
+    layers = len(cfg.attention_sites()) if backward else 1
+    kept = layers * (batch * seq * width * FLOAT + (scores if backward else 0))
+    return scores + kept
+
+
+def available_bytes() -> int | None:
+    """Memory this machine can still give (MemAvailable), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:,.1f} GiB"
+
+
+def check_fits(need: int, what: str) -> None:
+    """Refuse `what` when `need` bytes exceed HEADROOM of the memory available
+    (PROBE_MEMORY_CHECK=off skips this)."""
+    if os.environ.get(ENV, "").lower() in ("off", "0", "no"):
+        return
+    have = available_bytes()
+    if have is not None and need > HEADROOM * have:
+        raise ProbeError(
+            f"{what} needs about {_gib(need)} of memory and {_gib(have)} is available; use a "
+            f"smaller size, or set {ENV}=off to try anyway."
+        )
+
+
+def check_model(cfg: ModelConfig, training: bool = False) -> None:
+    """The weights (and for training their gradients and Adam's two moments) must fit."""
+    copies = TRAINING_COPIES if training else 1
+    params = parameter_estimate(cfg)
+    check_fits(params * FLOAT * copies, f"a model of about {params:,} parameters")
+
+
+def check_forward(cfg: ModelConfig, batch: int, seq: int, backward: bool = False) -> None:
+    check_fits(
+        forward_bytes(cfg, batch, seq, backward),
+        f"a batch of {batch} sequences of {seq} tokens",
+    )

@@ -1,0 +1,78 @@
+"""A study run changes nothing it did not create: clean-up touches only probe's own temporary
+files, a results directory belongs to one study, and a damaged cell is computed again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from tiny_study import tiny_study
+
+from probe.errors import ProbeError
+from probe.study.runner import load_tables, run_study
+from probe.study.spec import load_study
+
+
+def study_file(tmp_path: Path, name: str = "tiny") -> Path:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(tiny_study(steps=2).replace('name = "tiny"', f'name = "{name}"'))
+    return path
+
+
+def test_clean_up_removes_only_probes_own_temporary_files(tmp_path):
+    out = tmp_path / "out"
+    study = load_study(study_file(tmp_path))
+    run_study(study, out, device="cpu")
+    # what a killed run leaves: a half-written table and a half-trained model ...
+    cell = next((out / "cells").iterdir())
+    leftovers = [cell / ".eval.csv.k2j4.probe-tmp", out / "tables" / ".eval.csv.x1.probe-tmp"]
+    for path in leftovers:
+        path.write_text("torn")
+    (out / "models" / ".abc.probe-tmp-123").mkdir()
+    # ... and the user's own files, which merely look temporary
+    mine = [out / "notes.tmp", out / ".draft.tmp", cell / ".mine.tmp", out / "sub" / ".x.probe-tmp"]
+    mine[-1].parent.mkdir()
+    for path in mine:
+        path.write_text("keep me")
+    run_study(study, out, device="cpu")
+    assert not any(p.exists() for p in leftovers)
+    assert not (out / "models" / ".abc.probe-tmp-123").exists()
+    assert all(p.read_text() == "keep me" for p in mine)
+
+
+def test_a_results_directory_belongs_to_one_study(tmp_path):
+    out = tmp_path / "out"
+    run_study(load_study(study_file(tmp_path, "first")), out, device="cpu")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    other = load_study(study_file(tmp_path, "second"))
+    with pytest.raises(ProbeError, match="holds the results of study 'first'"):
+        run_study(other, out, device="cpu")
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "report.md").write_text("my notes")
+    with pytest.raises(ProbeError, match="not a results directory"):
+        run_study(other, user, device="cpu")
+    assert (user / "report.md").read_text() == "my notes"
+    run_study(other, out, device="cpu", overwrite=True)  # told to: it writes there
+    assert json.loads((out / "study.json").read_text())["name"] == "second"
+
+
+def test_a_damaged_cell_is_computed_again_and_the_run_says_so(tmp_path):
+    out = tmp_path / "out"
+    study = load_study(study_file(tmp_path))
+    run_study(study, out, device="cpu")
+    good = load_tables(out)["eval"]
+    cell = sorted((out / "cells").iterdir())[0]
+    text = (cell / "eval.csv").read_text()
+    (cell / "eval.csv").write_text(text[: len(text) // 2])  # truncated mid-row
+    events = []
+    result = run_study(study, out, device="cpu", progress=events.append)
+    stale = [e for e in events if e.kind == "cell-stale"]
+    assert len(stale) == 1 and "eval.csv" in stale[0].note
+    assert sum(not r.cached for r in result.records) == 1
+    pd.testing.assert_frame_equal(load_tables(out)["eval"], good, check_exact=True)
+    done = json.loads((cell / "done.json").read_text())
+    assert set(done["sha256"]) == {"eval.csv", "train.csv"}
