@@ -78,9 +78,7 @@ def claim_output(path: str | Path, writes: tuple[str, ...], overwrite: bool = Fa
         if parent.exists() and not parent.is_dir():
             where = "is" if parent == path else f"is under '{parent}', which is"
             raise ProbeError(f"{what} '{path}' {where} a file; give a directory.")
-    existing = next(p for p in [path, *path.parents] if p.exists())
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ProbeError(f"{what} '{path}' cannot be written: '{existing}' is not writable.")
+    _check_writable(path, what)
     present = [name for name in writes if (path / name).exists()]
     if present and not overwrite:
         raise ProbeError(
@@ -88,6 +86,24 @@ def claim_output(path: str | Path, writes: tuple[str, ...], overwrite: bool = Fa
             "another directory or pass --overwrite to replace them."
         )
     return present
+
+
+def _check_writable(path: Path, what: str) -> None:
+    """Prove `path` can be written by writing there, leaving nothing behind: a temporary file
+    in it when it exists, else the missing folders, made and removed again."""
+    made = []
+    try:
+        for folder in reversed([path, *path.parents]):
+            if not folder.exists():
+                folder.mkdir()
+                made.append(folder)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise ProbeError(f"{what} '{path}' cannot be written: {exc.strerror or exc}.") from None
+    finally:
+        for folder in reversed(made):
+            folder.rmdir()
 
 
 def open_output(path: str | Path, earlier: list[str]) -> Path:

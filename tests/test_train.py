@@ -8,7 +8,7 @@ import torch
 import probe.train as train_module
 from probe import load_checkpoint
 from probe.config import ModelConfig, TrainConfig
-from probe.errors import ProbeError
+from probe.errors import Interrupted, ProbeError
 from probe.tasks import TaskConfig
 from probe.train import TrainingDiverged, lr_at, random_positions, train
 
@@ -61,6 +61,37 @@ def test_an_existing_checkpoint_is_not_overwritten_by_accident(tmp_path):
     with pytest.raises(ProbeError, match="--overwrite"):
         train(model_cfg, task, train_cfg, tmp_path / "run")
     train(model_cfg, task, train_cfg, tmp_path / "run", overwrite=True)
+
+
+def test_overwrite_then_interrupt_never_mixes_two_runs(tmp_path):
+    model_cfg, task, train_cfg = tiny(steps=30)
+    train(model_cfg, task, train_cfg, tmp_path / "run")
+    old_metrics = (tmp_path / "run" / "metrics.csv").read_text()
+
+    def stop(progress) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(Interrupted, match="no checkpoint was written"):
+        train(model_cfg, task, train_cfg, tmp_path / "run", progress=stop, overwrite=True)
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["metrics.csv"]
+    assert (tmp_path / "run" / "metrics.csv").read_text() != old_metrics  # the new run's
+
+
+def test_a_checkpoint_with_a_nan_evaluation_is_not_good(tmp_path, monkeypatch):
+    model_cfg, task, train_cfg = tiny(steps=20)
+    real = train_module.evaluate
+
+    def nan_loss_after_step_10(model, task, lengths, **kw):
+        table = real(model, task, lengths, **kw)
+        if kw["seed"] > 10_010:
+            table.loc[table.metric == "loss", "value"] = float("nan")
+        return table
+
+    monkeypatch.setattr(train_module, "evaluate", nan_loss_after_step_10)
+    cfg = TrainConfig(**{**train_cfg.to_dict(), "eval_every": 10})
+    with pytest.raises(TrainingDiverged, match=r"step 20 .*last good checkpoint .*\(step 10\)"):
+        train(model_cfg, task, cfg, tmp_path / "run")
+    assert load_checkpoint(tmp_path / "run").meta["steps_done"] == 10
 
 
 def test_same_seed_same_model():
