@@ -10,13 +10,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import types
 import typing
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar
 
 from probe.errors import ProbeError
+from probe.fields import field_value
 
 E = TypeVar("E", bound=StrEnum)
 C = TypeVar("C")
@@ -58,115 +58,6 @@ def check_keys(table: Any, allowed: tuple[str, ...], where: str) -> dict[str, An
     return table
 
 
-# ------------------------------------------------------------------------------ field types
-#
-# Values arrive from JSON (checkpoints) and TOML (study files), so each is checked against the
-# field's declared type before the dataclass sees it: a bool is not an int, a float is not an int
-# (an int is a fine float), a float is finite, None only where the type says `| None`, an enum
-# field takes a string (its value is checked by `choice`), lists stand for tuples.
-
-
-class _Mismatch(Exception):
-    """A value does not have the declared type (turned into a ProbeError naming the field)."""
-
-
-def _conform(tp: Any, value: Any) -> Any:
-    """`value` as a field of type `tp` holds it (lists become tuples), else _Mismatch."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is Any:
-        return value
-    if origin in (types.UnionType, typing.Union):
-        for arg in args:
-            try:
-                return _conform(arg, value)
-            except _Mismatch:
-                pass
-    elif tp is type(None):
-        if value is None:
-            return value
-    elif tp is bool or tp is str:
-        if isinstance(value, tp):
-            return value
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif tp is float:
-        if _finite_number(value):
-            return value  # an int stays an int: configs hash their values as written
-    elif isinstance(tp, type) and issubclass(tp, StrEnum):
-        if isinstance(value, str):
-            return value  # `choice` in __post_init__ checks it is one of the values
-    elif origin is tuple:
-        if isinstance(value, list | tuple):
-            if len(args) == 2 and args[1] is Ellipsis:
-                return tuple(_conform(args[0], v) for v in value)
-            if len(value) == len(args):
-                return tuple(_conform(a, v) for a, v in zip(args, value, strict=True))
-    elif origin is dict or tp is dict:
-        if isinstance(value, dict) and all(isinstance(k, str) for k in value):
-            return value
-    else:
-        raise TypeError(f"no field check for type {tp!r}")  # a new field type: teach _conform
-    raise _Mismatch
-
-
-def _finite_number(value: Any) -> bool:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an int too large for a float
-        return False
-
-
-def _expected(tp: Any, plural: bool = False) -> str:
-    """What type `tp` asks for, in words: 'an integer', 'a list of 2 integers', ..."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (types.UnionType, typing.Union):
-        parts = [_expected(a, plural) for a in args if a is not type(None)]
-        return " or ".join(parts + (["null"] if type(None) in args else []))
-    if origin is tuple:
-        if len(args) == 2 and args[1] is Ellipsis:
-            return f"{'lists' if plural else 'a list'} of {_expected(args[0], plural=True)}"
-        inner = _expected(args[0], plural=True) if len(set(args)) == 1 else "values"
-        return f"{'lists' if plural else 'a list'} of {len(args)} {inner}"
-    if isinstance(tp, type) and issubclass(tp, StrEnum):
-        return f"one of {', '.join(m.value for m in tp)}"
-    words = {
-        bool: ("true or false", "booleans"),
-        int: ("an integer", "integers"),
-        float: ("a finite number", "finite numbers"),
-        str: ("a string", "strings"),
-        dict: ("a table", "tables"),
-    }
-    return words.get(origin or tp, ("anything", "anything"))[plural]
-
-
-def shown(value: Any) -> str:
-    """A value in an error message: short, with its type ('two' (str), null)."""
-    if value is None:
-        return "null"
-    text = repr(value)
-    if len(text) > 60:
-        text = text[:56] + " ..."
-    return f"{text} ({type(value).__name__})"
-
-
-def check_field(cls: type, name: str, value: Any, what: str) -> Any:
-    """`value` for field `name` of dataclass `cls` (lists as tuples), or a ProbeError such as
-    "model field 'n_head' must be an integer, got 'two' (str)." (`what` names the config)."""
-    return _field(typing.get_type_hints(cls)[name], name, value, what)
-
-
-def _field(tp: Any, name: str, value: Any, what: str) -> Any:
-    try:
-        return _conform(tp, value)
-    except _Mismatch:
-        raise ProbeError(
-            f"{what} field '{name}' must be {_expected(tp)}, got {shown(value)}."
-        ) from None
-
-
 def from_dict(cls: type[C], data: dict[str, Any], what: str) -> C:
     """Build dataclass `cls` from `data`, rejecting unknown keys and mistyped values by name."""
     if not isinstance(data, dict):
@@ -179,7 +70,7 @@ def from_dict(cls: type[C], data: dict[str, Any], what: str) -> C:
                 f"Valid fields: {', '.join(names)}."
             )
     hints = typing.get_type_hints(cls)
-    return cls(**{key: _field(hints[key], key, value, what) for key, value in data.items()})
+    return cls(**{key: field_value(hints[key], key, value, what) for key, value in data.items()})
 
 
 def to_plain(value: Any) -> Any:

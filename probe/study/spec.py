@@ -14,16 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from probe.config import (
-    ModelConfig,
-    TrainConfig,
-    check_field,
-    check_keys,
-    did_you_mean,
-    from_dict,
-    shown,
-)
+from probe.config import ModelConfig, TrainConfig, check_keys, did_you_mean, from_dict
 from probe.errors import ProbeError
+from probe.fields import check_field, shown
 from probe.presets import with_preset
 from probe.references import published
 from probe.study.expect import Expectation, parse_expectation
