@@ -175,6 +175,8 @@ def validate_cli(
             study = load_study(path)
         except ProbeError as exc:
             problem = str(exc) if str(path) in str(exc) else f"{path}: {exc}"
+            if len(files) == 1:
+                raise ProbeError(problem) from None  # one file: its problem is the one line
             errors.append(problem)
             err_console.print(f"[bold red]invalid[/] {escape(problem)}", highlight=False,
                               soft_wrap=True)  # fmt: skip

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -203,12 +205,25 @@ def _load_weights(path: Path, allow_pickle: bool) -> dict[str, torch.Tensor]:
             "code when loaded; pass --allow-pickle only if you trust its source."
         )
     try:
-        state = torch.load(pickles[0], map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns about pickle protocols: not the user's news
+            warnings.simplefilter("ignore")
+            state = torch.load(pickles[0], map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise ProbeError(f"{pickles[0]} cannot be loaded: {exc}") from exc
+        raise ProbeError(_unsafe_pickle(pickles[0], exc)) from exc
     if not isinstance(state, dict):
         raise ProbeError(f"{pickles[0]} does not hold a state dict.")
     return state
+
+
+def _unsafe_pickle(path: Path, exc: Exception) -> str:
+    """One line for a pickle that torch's weights-only loader refused (never torch's own advice
+    to load it unsafely)."""
+    found = re.search(r"unsupported GLOBAL (\S+)", str(exc))
+    if found:
+        return (f"{path} asks to run {found.group(1)} when loaded, which weights never need; "
+                "probe refuses to run it. Do not load this file.")  # fmt: skip
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"{path} cannot be loaded as plain weights ({first[:120]})."
 
 
 def load_checkpoint(
