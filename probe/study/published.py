@@ -13,8 +13,9 @@ The rules, in the order they apply:
    every permutation counted) is a fraction compared exactly with ALPHA, so no rounding can flip
    it. Seed noise is accounted for by a bootstrap over seeds (seeds resampled within each arm, the
    ranking recomputed): the verdict "agrees" needs p <= ALPHA for agreement AND S > 0 in at least
-   1 - ALPHA of the resamples (the lower 2.5th percentile of S above 0, as an integer); "disagrees"
-   the same the other way; anything else is "inconclusive".
+   97.5% of the resamples (the 2.5th percentile of S, an integer, above 0); "disagrees" the same
+   the other way; anything else is "inconclusive". Tasks no arm fits are left out of the ranking
+   across tasks.
 """
 
 from __future__ import annotations
