@@ -193,9 +193,12 @@ def report_cli(
     junit: Annotated[
         Path | None, typer.Option("--junit", help="Write the expectations as JUnit XML here.")
     ] = None,
+    partial: Annotated[
+        bool, typer.Option("--partial", help="Report on the finished cells of an unfinished run.")
+    ] = False,
 ) -> None:
     """Rebuild a study's report (and recheck its expectations) from its results directory."""
-    path, outcomes = report_from_dir(folder)
+    path, outcomes = report_from_dir(folder, partial=partial)
     console.print(f"report: [bold]{path}[/]", soft_wrap=True)
     finish(read_manifest(folder)["study"], outcomes, junit, 0.0)
 

@@ -76,3 +76,30 @@ def test_a_damaged_cell_is_computed_again_and_the_run_says_so(tmp_path):
     pd.testing.assert_frame_equal(load_tables(out)["eval"], good, check_exact=True)
     done = json.loads((cell / "done.json").read_text())
     assert set(done["sha256"]) == {"eval.csv", "train.csv"}
+
+
+def test_a_partial_report_covers_the_finished_cells_and_says_what_is_missing(tmp_path):
+    from probe.study.grid import expand
+    from probe.study.reporting import report_from_dir
+    from probe.study.runner import finished_tables
+
+    out = tmp_path / "out"
+    study = load_study(study_file(tmp_path))
+    result = run_study(study, out, device="cpu")
+    full, missing = finished_tables(out, expand(study))
+    assert missing == []
+    for name, table in load_tables(out).items():  # read exactly as the gathered tables are
+        pd.testing.assert_frame_equal(full[name], table, check_exact=True)
+    gone = result.cells[1]
+    for path in (out / "cells" / gone.key).iterdir():
+        path.unlink()
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["n_done"] -= 1
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ProbeError, match="--partial"):
+        report_from_dir(out)
+    path, _ = report_from_dir(out, partial=True)
+    text = path.read_text()
+    assert f"**Partial report**: 3 of 4 cells are finished; not yet: {gone.label}." in text
+    partial = pd.read_csv(out / "accuracy_by_length.csv")
+    assert set(partial["seed"][partial["arm"] == gone.arm]) == {1 - gone.seed}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -182,7 +183,7 @@ def _run(cell: Cell, root: Path, device: str, report: Callable[[CellEvent], None
     return record
 
 
-def read_table(path: Path) -> pd.DataFrame:
+def read_table(path: Path | io.StringIO) -> pd.DataFrame:
     """A results CSV with only empty fields as missing ('none' and 'None' stay strings)."""
     df = pd.read_csv(path, keep_default_na=False, na_values=[""])
     for column in ("variant", "arm"):

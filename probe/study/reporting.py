@@ -20,7 +20,7 @@ from probe.report.report import MarkdownReport
 from probe.study import sections
 from probe.study.expect import Outcome, check_all
 from probe.study.grid import expand
-from probe.study.runner import MANIFEST, load_tables
+from probe.study.runner import MANIFEST, finished_tables, load_tables
 from probe.study.spec import Study, load_study, smoke_version
 from probe.study.steps import options_dict
 
@@ -94,10 +94,14 @@ def _expectations(rep: MarkdownReport, outcomes: list[Outcome]) -> list[str]:
 
 
 def write_report(
-    out: Path | str, study: Study, tables: dict[str, pd.DataFrame], manifest: dict[str, Any]
+    out: Path | str,
+    study: Study,
+    tables: dict[str, pd.DataFrame],
+    manifest: dict[str, Any],
+    missing: tuple[str, ...] = (),
 ) -> tuple[Path, list[Outcome]]:
     """Write out/report.md (+ CSV and PNG beside it); returns its path and the expectations'
-    outcomes."""
+    outcomes. `missing`: labels of unfinished cells, for a partial report that says so."""
     out = Path(out)
     title = study.title or f"Study: {study.name}"
     rep = MarkdownReport(out, title + (" (smoke run)" if study.is_smoke else ""))
@@ -107,6 +111,14 @@ def write_report(
     if study.is_smoke:
         rep.paragraph("> This is the **smoke** version (scaled down for CI): the numbers check "
                       "that the pipeline works, not what the study finds.")  # fmt: skip
+    if missing:
+        n = len(expand(study))
+        rep.paragraph(
+            f"> **Partial report**: {n - len(missing)} of {n} cells are finished; not yet: "
+            f"{'; '.join(missing)}. Their numbers are absent and the expectations cover only "
+            f"the finished cells. `probe study run {manifest.get('file', study.where)}` "
+            "finishes the run and rewrites this report."
+        )
     findings_at = len(rep.blocks)
     _setup(rep, study, manifest)
     order = arm_order(study)
@@ -144,8 +156,9 @@ def read_manifest(out: Path | str) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def report_from_dir(out: Path | str) -> tuple[Path, list[Outcome]]:
-    """Rebuild the report of a finished results directory from its own files."""
+def report_from_dir(out: Path | str, partial: bool = False) -> tuple[Path, list[Outcome]]:
+    """Rebuild the report of a finished results directory from its own files; with `partial`,
+    of an unfinished one from its finished cells (the report says which are missing)."""
     out = Path(out)
     manifest = read_manifest(out)
     if not (out / "study.toml").exists():
@@ -153,9 +166,15 @@ def report_from_dir(out: Path | str) -> tuple[Path, list[Outcome]]:
     study = dataclasses.replace(load_study(out / "study.toml"), name=manifest["study"])
     if manifest.get("smoke"):
         study = smoke_version(study)
+    if partial:
+        tables, missing = finished_tables(out, expand(study))
+        if not tables:
+            raise ProbeError(f"{out} has no finished cell yet; there is nothing to report.")
+        return write_report(out, study, tables, manifest, tuple(c.label for c in missing))
     if manifest.get("n_done") != manifest.get("n_cells"):
         raise ProbeError(
             f"{out} is unfinished ({manifest.get('n_done')} of {manifest.get('n_cells')} cells); "
-            "run the study again to finish it (finished cells are kept)."
+            "run the study again to finish it (finished cells are kept), or pass --partial for "
+            "a report on the finished cells."
         )
     return write_report(out, study, load_tables(out), manifest)

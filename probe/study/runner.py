@@ -9,6 +9,7 @@ starting it again finishes the rest and gives the same tables as an uninterrupte
 from __future__ import annotations
 
 import fcntl
+import io
 import json
 import queue
 import shutil
@@ -31,6 +32,7 @@ from probe.study.cells import (
     CellRecord,
     cached_record,
     read_cell_tables,
+    read_done,
     read_table,
     run_cell,
 )
@@ -294,6 +296,25 @@ def _gather(
         tables[name] = pd.concat(frames, ignore_index=True)
         atomic_write_csv(out / "tables" / f"{name}.csv", tables[name])
     return {name: read_table(out / "tables" / f"{name}.csv") for name in tables}
+
+
+def finished_tables(out: Path, cells: list[Cell]) -> tuple[dict[str, pd.DataFrame], list[Cell]]:
+    """(each table over the finished cells, read as `load_tables` reads it; the unfinished
+    cells), for a report on a run still in progress. Writes nothing."""
+    parts: dict[str, list[pd.DataFrame]] = {}
+    missing = []
+    for cell in cells:
+        done = read_done(out, cell)
+        if done is None:
+            missing.append(cell)
+            continue
+        for name, table in read_cell_tables(out, cell, tuple(done["tables"])).items():
+            parts.setdefault(name, []).append(table)
+    tables = {}
+    for name, frames in parts.items():
+        text = pd.concat(frames, ignore_index=True).to_csv(index=False)
+        tables[name] = read_table(io.StringIO(text))
+    return tables, missing
 
 
 def load_tables(out: Path | str) -> dict[str, pd.DataFrame]:
