@@ -45,7 +45,7 @@ def importance_ratios(device: torch.device, repeats: int) -> None:
     torch.manual_seed(0)
     model = Transformer(IMPORTANCE_CASE).to(device).eval()
     batches = [b.to(device) for b in eval_batches(TASK, "decoder", range(4, 21, 4), 64, 1, 0)]
-    n_heads = sum(m.n_head for m in model.attention_modules())
+    n_heads = sum(m.n_kept for m in model.attention_modules())
     score_batches(model, batches)  # warm-up
     head_importance(model, batches, "gradient")
     plain, grad = [], []

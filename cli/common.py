@@ -44,7 +44,7 @@ def check_positive(**options: int) -> None:
 
 def require_heads(ckpt: Checkpoint) -> None:
     """A model whose every head was pruned has no attention to measure."""
-    if not any(ckpt.model_cfg.kept_heads()):
+    if not any(s.kept_heads for s in ckpt.model_cfg.sites()):
         raise ProbeError(
             f"{ckpt.path}: every attention head was pruned, so there is nothing to measure."
         )

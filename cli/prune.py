@@ -155,7 +155,7 @@ def importance_cli(
             ckpt.model, split, methods, normalize=normalize, seed=seed, progress=_phased(bar)
         )
     open_output(out, earlier)
-    sites, n_head = ckpt.model_cfg.attention_sites(), ckpt.model_cfg.n_head
+    sites, n_head = [s.name for s in ckpt.model_cfg.sites()], ckpt.model_cfg.n_head
     atomic_write_csv(out / "importance.csv", table)
     atomic_save_figure(out / "importance.png", importance_heatmap(table, sites, n_head))
     if len(methods) > 1:
@@ -347,7 +347,7 @@ def prune_cli(
     record = {
         "source": str(ckpt.path), "method": method, "fraction": fraction, "step": step,
         **select, "removed": result.removed[["layer", "head"]].values.tolist(),
-        "kept": [list(h) for h in result.model.cfg.kept_heads()],
+        "kept": [list(s.kept_heads) for s in result.model.cfg.sites()],
         "metrics": result.metrics.to_dict("records"),
     }  # fmt: skip
     meta = {**ckpt.meta, "pruning": [*ckpt.meta.get("pruning", []), record]}
@@ -358,8 +358,8 @@ def prune_cli(
     if not result.timing.empty:
         atomic_write_csv(out / "prune_timing.csv", result.timing)
     _report(result, fraction)
-    sites = ckpt.model_cfg.attention_sites()
-    for site, heads in zip(sites, result.model.cfg.kept_heads(), strict=True):
+    sites = [s.name for s in ckpt.model_cfg.sites()]
+    for site, heads in zip(sites, [s.kept_heads for s in result.model.cfg.sites()], strict=True):
         console.print(f"  {site}: keeps heads {list(heads) if heads else 'none'}")
     console.print(f"wrote the pruned checkpoint {out}")
 

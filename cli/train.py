@@ -217,10 +217,10 @@ def info_cli(checkpoint: CheckpointArg, allow_pickle: PickleOpt = False) -> None
         ("train", ckpt.train_cfg.to_dict()),
     ):
         for key, value in values.items():
-            if key == "heads" and value is not None:
+            if key == "kept_heads" and value is not None:
                 value = "; ".join(
-                    f"{site}: {list(h)}"
-                    for site, h in zip(ckpt.model_cfg.attention_sites(), value, strict=True)
+                    f"{site.name}: {list(h)}"
+                    for site, h in zip(ckpt.model_cfg.sites(), value, strict=True)
                 )
             view.add_row(section, key, str(value))
     for key in ("git_commit", "created", "steps_done", "train_seconds"):

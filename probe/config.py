@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from probe.errors import ProbeError
 from probe.fields import field_value
+from probe.site import Site
 
 E = TypeVar("E", bound=StrEnum)
 C = TypeVar("C")
@@ -119,10 +120,16 @@ class Norm(StrEnum):
     PRE = "pre"  # x = x + sublayer(LN(x)), GPT-2 and later; adds a final LayerNorm
 
 
+class NormType(StrEnum):
+    LAYER = "layer"  # LayerNorm: centre, scale, gain and bias (the paper, BERT, GPT-2)
+    RMS = "rms"  # RMSNorm: scale by the root mean square, gain only (Llama)
+
+
 class FFN(StrEnum):
     RELU = "relu"  # the paper
     GELU = "gelu"  # BERT (exact erf form)
     GELU_TANH = "gelu-tanh"  # GPT-2 (tanh approximation)
+    SWIGLU = "swiglu"  # down(silu(gate(x)) * up(x)) (Shazeer 2020; Llama)
     NONE = "none"  # attention-only blocks
 
 
@@ -139,12 +146,14 @@ class ModelConfig:
     vocab_size: int = 32  # tokens, special tokens included
     n_layer: int = 2  # blocks (encoder blocks for encoder-decoder)
     n_dec_layer: int | None = None  # decoder blocks of an encoder-decoder (default n_layer)
-    n_head: int = 4  # heads per attention sub-layer before any pruning
+    n_head: int = 4  # query heads per attention sub-layer before any pruning
+    n_kv_head: int | None = None  # key/value heads per sub-layer (None: n_head; fewer: GQA)
     d_model: int = 64  # residual stream width
     d_head: int | None = None  # per-head width of q, k, v (default d_model // n_head)
     ffn: FFN = FFN.RELU  # FFN activation, or none for attention-only blocks
     ffn_mult: float = 4.0  # FFN width as a multiple of d_model (the paper: 2048/512 = 4)
     norm: Norm = Norm.PRE
+    norm_type: NormType = NormType.LAYER
     pe: PE = PE.LEARNED
     max_len: int = 256  # positions a learned table holds; range for randomized positions
     rope_fraction: float = 1.0  # fraction of each head's dimensions that rotary rotates
@@ -157,10 +166,15 @@ class ModelConfig:
     embed_scale: bool = False  # multiply token embeddings by sqrt(d_model), as the paper does
     dropout: float = 0.0
     bias: bool = True  # biases in the linear layers
+    qkv_bias: bool | None = None  # biases on W_Q, W_K, W_V only (None: as `bias`; Qwen2: True)
     tie_embeddings: bool = True  # output projection shares the token embedding
     ln_eps: float = 1e-5
-    # kept heads per attention site, in original numbering (None: all n_head heads everywhere)
-    heads: tuple[tuple[int, ...], ...] | None = None
+    type_vocab_size: int = 0  # token-type (segment) embeddings added on the input (BERT: 2)
+    embed_norm: bool = False  # a norm right after the input embeddings (BERT)
+    head_transform: bool = False  # dense, activation and norm before the output (BERT's MLM head)
+    head_bias: bool = False  # a bias on the output projection (BERT's MLM head)
+    # kept query heads per attention site, original ids (None: all n_head heads everywhere)
+    kept_heads: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -169,6 +183,7 @@ class ModelConfig:
         set_(self, "scale", choice(Scale, self.scale, "attention scale", "scale"))
         set_(self, "norm", choice(Norm, self.norm, "norm placement", "norm"))
         set_(self, "ffn", choice(FFN, self.ffn, "FFN activation", "ffn"))
+        set_(self, "norm_type", choice(NormType, self.norm_type, "norm type", "norm_type"))
         for name in ("vocab_size", "n_layer", "n_head", "d_model", "max_len", "t5_buckets"):
             if int(getattr(self, name)) < 1:
                 raise ProbeError(f"{name} must be at least 1, got {getattr(self, name)}.")
@@ -207,20 +222,22 @@ class ModelConfig:
             raise ProbeError(
                 f"log_scale_len (L_train) must be at least 2, got {self.log_scale_len}."
             )
-        if self.heads is not None:
-            heads = tuple(tuple(int(h) for h in site) for site in self.heads)
-            set_(self, "heads", heads)
-            sites = self.attention_sites()
-            if len(heads) != len(sites):
+        if self.n_kv_head is not None and (self.n_kv_head < 1 or self.n_head % self.n_kv_head):
+            raise ProbeError(
+                f"n_kv_head must divide n_head ({self.n_head}) into equal groups, "
+                f"got {self.n_kv_head}."
+            )
+        if self.type_vocab_size < 0:
+            raise ProbeError(f"type_vocab_size must not be negative, got {self.type_vocab_size}.")
+        if self.kept_heads is not None:
+            kept = tuple(tuple(int(h) for h in site) for site in self.kept_heads)
+            set_(self, "kept_heads", kept)
+            if len(kept) != self.n_sites:
                 raise ProbeError(
-                    f"heads lists {len(heads)} attention sites but the model has {len(sites)}."
+                    f"kept_heads lists {len(kept)} attention sites but the model has "
+                    f"{self.n_sites}."
                 )
-            for site, kept in zip(sites, heads, strict=True):
-                if len(set(kept)) != len(kept) or any(not 0 <= h < self.n_head for h in kept):
-                    raise ProbeError(
-                        f"heads for {site} must be distinct ids in 0..{self.n_head - 1}, "
-                        f"got {kept}."
-                    )
+            self.sites()  # each site checks its head ids
 
     @property
     def decoder_layers(self) -> int:
@@ -239,24 +256,44 @@ class ModelConfig:
     def causal(self) -> bool:
         return self.arch != Arch.ENCODER
 
-    def attention_sites(self) -> list[str]:
-        """Names of the attention sub-layers, in the order tables number them as `layer`."""
-        if self.arch == Arch.ENCODER_DECODER:
-            enc = [f"encoder.{i}.attn" for i in range(self.n_layer)]
-            dec = []
-            for i in range(self.decoder_layers):
-                dec += [f"decoder.{i}.attn", f"decoder.{i}.cross"]
-            return enc + dec
-        return [f"blocks.{i}.attn" for i in range(self.n_layer)]
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads per site before any pruning."""
+        return self.n_kv_head if self.n_kv_head is not None else self.n_head
 
-    def kept_heads(self) -> list[tuple[int, ...]]:
-        """Original ids of the heads each attention site holds."""
-        if self.heads is not None:
-            return list(self.heads)
-        return [tuple(range(self.n_head)) for _ in self.attention_sites()]
+    @property
+    def max_positions(self) -> int | None:
+        """The longest input a model can take: a learned table's rows, else None (any length)."""
+        return self.max_len if self.pe == PE.LEARNED else None
+
+    @property
+    def n_sites(self) -> int:
+        if self.arch == Arch.ENCODER_DECODER:
+            return self.n_layer + 2 * self.decoder_layers
+        return self.n_layer
+
+    def sites(self) -> list[Site]:
+        """The attention sub-layers, in the order tables number them as `layer`.
+
+        Names are module paths: an encoder-decoder has `encoder.i.attn`, then `blocks.i.attn`
+        (causal self-attention) and `blocks.i.cross` (cross-attention) per decoder block."""
+        specs: list[tuple[str, bool, bool]] = []  # name, cross, causal
+        if self.arch == Arch.ENCODER_DECODER:
+            specs += [(f"encoder.{i}.attn", False, False) for i in range(self.n_layer)]
+            for i in range(self.decoder_layers):
+                specs += [(f"blocks.{i}.attn", False, True), (f"blocks.{i}.cross", True, False)]
+        else:
+            specs = [(f"blocks.{i}.attn", False, self.causal) for i in range(self.n_layer)]
+        kept = self.kept_heads or [tuple(range(self.n_head))] * len(specs)
+        return [
+            Site(name, i, cross, causal, self.n_head, self.kv_heads, heads)
+            for i, ((name, cross, causal), heads) in enumerate(zip(specs, kept, strict=True))
+        ]
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        if isinstance(data, dict) and "heads" in data and "kept_heads" not in data:
+            data = {("kept_heads" if k == "heads" else k): v for k, v in data.items()}  # before 0.2
         return from_dict(cls, data, "model")
 
     def to_dict(self) -> dict[str, Any]:

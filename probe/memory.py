@@ -21,10 +21,10 @@ TRAINING_COPIES = 5  # weights, gradients, Adam's two moments, and a transient c
 
 def parameter_estimate(cfg: ModelConfig) -> int:
     """Parameters of the model `cfg` describes (biases and norms included, within a few %)."""
-    d, inner = cfg.d_model, cfg.n_head * (cfg.d_head or 0)
-    attention = 4 * d * inner + 4 * inner
+    d, inner, kv = cfg.d_model, cfg.n_head * (cfg.d_head or 0), cfg.kv_heads * (cfg.d_head or 0)
+    attention = 2 * d * (inner + kv) + 2 * (inner + kv)
     ffn = 2 * d * cfg.d_ff + cfg.d_ff + d if str(cfg.ffn) != "none" else 0
-    sites = len(cfg.attention_sites())
+    sites = cfg.n_sites
     blocks = cfg.n_layer + (cfg.decoder_layers if str(cfg.arch) == "encoder-decoder" else 0)
     table = cfg.max_len * d if cfg.pe == PE.LEARNED else 0
     return cfg.vocab_size * d * 2 + table + sites * attention + blocks * (ffn + 6 * d)
@@ -36,7 +36,7 @@ def forward_bytes(cfg: ModelConfig, batch: int, seq: int, backward: bool = False
     they are kept for the backward pass."""
     scores = 3 * batch * cfg.n_head * seq * seq * FLOAT
     width = 8 * cfg.d_model + cfg.d_ff + cfg.vocab_size
-    layers = len(cfg.attention_sites()) if backward else 1
+    layers = cfg.n_sites if backward else 1
     kept = layers * (batch * seq * width * FLOAT + (scores if backward else 0))
     return scores + kept
 

@@ -132,7 +132,7 @@ class AttentionStats:
                 values = row_values(call, self.statistics, self.tile, self._stream(call))
             totals = self._sites.get(call.layer)
             if totals is None:
-                totals = self._sites[call.layer] = _SiteTotals(call.site, tuple(call.heads))
+                totals = self._sites[call.layer] = _SiteTotals(call.site.name, call.kept_heads)
             totals.add(values)
 
     def reset(self) -> None:

@@ -101,7 +101,7 @@ def _gap(call: AttentionCall, start: int, stop: int) -> torch.Tensor:
     q_len, k_len = call.q.shape[2], call.k.shape[2]
     device = call.q.device
     i = torch.arange(q_len, device=device, dtype=torch.float32)
-    if not call.site.endswith(".cross"):
+    if not call.site.cross:
         i = i + (k_len - q_len)
     j = torch.arange(start, stop, device=device, dtype=torch.float32)
     return (i.view(-1, 1) - j.view(1, -1)).abs()

@@ -70,7 +70,7 @@ def setup(root: Path) -> dict[str, Path]:
     paths["huge"] = edit_config(make_checkpoint(root / "huge"), "model", d_model=10**9, n_head=1)
     paths["int64"] = edit_weights(make_checkpoint(root / "int64"), lambda t: t.to(torch.int64))
     paths["nan"] = edit_weights(make_checkpoint(root / "nan"), lambda t: t * float("nan"))
-    paths["empty"] = make_checkpoint(root / "empty", heads=((),))
+    paths["empty"] = make_checkpoint(root / "empty", kept_heads=((),))
     paths["rope"] = make_checkpoint(root / "rope", pe="rope")
     pickled = root / "pickled"
     pickled.mkdir()

@@ -51,7 +51,7 @@ def test_inspect_writes_tables_and_plots(tmp_path, arch, pe):
     wanted = {"entropy", "normalized_entropy", "max_logit", "p_max", "sink_mass"}
     assert wanted <= set(stats.statistic)
     assert sorted(stats.length.unique()) == [4, 8]
-    n_sites = len(ModelConfig(arch=arch, n_layer=2).attention_sites())
+    n_sites = ModelConfig(arch=arch, n_layer=2).n_sites
     assert stats.groupby(["layer", "head"]).ngroups == n_sites * 2
     assert pd.read_parquet(out / "attention_stats.parquet").equals(stats)
     roles = pd.read_csv(out / "roles.csv")

@@ -57,7 +57,7 @@ def test_prune_writes_a_smaller_checkpoint_that_matches_the_masked_model(checkpo
     pruned = load_checkpoint(out)
     original = load_checkpoint(checkpoint)
     removed = pd.read_csv(out / "removed_heads.csv")
-    assert len(removed) == 4 and sum(len(h) for h in pruned.model_cfg.heads) == 4
+    assert len(removed) == 4 and sum(len(h) for h in pruned.model_cfg.kept_heads) == 4
     record = pruned.meta["pruning"][-1]
     assert pruned.meta["origin"] == "test" and record["method"] == "ablation"
     heads = [tuple(x) for x in record["removed"]]
@@ -75,9 +75,9 @@ def test_prune_writes_a_smaller_checkpoint_that_matches_the_masked_model(checkpo
     args = ["prune", str(out), "--fraction", "0.5", "--method", "random", "--no-timing"]
     assert exit_code([*args, "--out", str(again), *SMALL]) == 0
     twice = load_checkpoint(again)
-    for before, after in zip(pruned.model_cfg.heads, twice.model_cfg.heads, strict=True):
+    for before, after in zip(pruned.model_cfg.kept_heads, twice.model_cfg.kept_heads, strict=True):
         assert set(after) <= set(before)
-    assert sum(len(h) for h in twice.model_cfg.heads) == 2
+    assert sum(len(h) for h in twice.model_cfg.kept_heads) == 2
     assert len(twice.meta["pruning"]) == 2
 
 

@@ -49,7 +49,9 @@ def check_types(cfg) -> None:
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-        if f.name == "heads":
+        if f.name == "qkv_bias":
+            assert value is None or type(value) is bool
+        elif f.name == "kept_heads":
             assert value is None or all(
                 isinstance(site, tuple) and all(type(h) is int for h in site) for site in value
             )
@@ -89,8 +91,12 @@ def test_any_value_of_one_field_is_accepted_or_named(cls, name, value):
         ),
         (ModelConfig, {"d_model": 32.5}, ["'d_model' must be an integer", "32.5 (float)"]),
         (ModelConfig, {"d_model": None}, ["'d_model' must be an integer, got null"]),
-        (ModelConfig, {"heads": 5}, ["'heads' must be a list of lists of integers or null"]),
-        (ModelConfig, {"heads": [[0], ["a"]]}, ["'heads'"]),
+        (
+            ModelConfig,
+            {"kept_heads": 5},
+            ["'kept_heads' must be a list of lists of integers or null"],
+        ),
+        (ModelConfig, {"kept_heads": [[0], ["a"]]}, ["'kept_heads'"]),
         (ModelConfig, {"qk_norm": 1}, ["'qk_norm' must be true or false", "1 (int)"]),
         (ModelConfig, {"n_layer": True}, ["'n_layer' must be an integer", "True (bool)"]),
         (ModelConfig, {"dropout": float("nan")}, ["'dropout' must be a finite number"]),
@@ -127,7 +133,7 @@ def test_good_values_are_kept_as_written():
     assert train.extra == {"note": [1, None]}
     model = ModelConfig.from_dict({"heads": [[0, 1], [3]], "d_head": 8, "n_dec_layer": None,
                                    "ffn_mult": 2, "pe": "rope"})  # fmt: skip
-    assert model.heads == ((0, 1), (3,)) and model.d_head == 8 and model.n_dec_layer is None
+    assert model.kept_heads == ((0, 1), (3,)) and model.d_head == 8 and model.n_dec_layer is None
     assert model.pe == PE.ROPE and model.d_ff == 2 * model.d_model
     task = TaskConfig.from_dict({"name": "addition", "lsb_first": True})
     assert task.name == TaskName.ADDITION and task.lsb_first is True

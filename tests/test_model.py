@@ -26,7 +26,7 @@ def textbook_attention(attn, x: torch.Tensor) -> torch.Tensor:
     d = attn.d_head
     wq, wk, wv = attn.q.weight, attn.k.weight, attn.v.weight  # [h*d, d_model]
     outs = []
-    for h in range(attn.n_head):
+    for h in range(attn.n_kept):
         rows = slice(h * d, (h + 1) * d)
         q = x @ wq[rows].T + attn.q.bias[rows]  # [b, t, d]
         k = x @ wk[rows].T + attn.k.bias[rows]
@@ -155,9 +155,9 @@ def test_zero_gate_removes_exactly_that_head():
 
 
 def test_pruned_config_builds_zero_head_sites():
-    cfg = ModelConfig(n_head=4, d_model=32, pe="alibi", heads=((), (1, 3)))
+    cfg = ModelConfig(n_head=4, d_model=32, pe="alibi", kept_heads=((), (1, 3)))
     model = Transformer(cfg).eval()
-    assert [m.n_head for m in model.attention_modules()] == [0, 2]
+    assert [m.n_kept for m in model.attention_modules()] == [0, 2]
     slopes = model.attention_modules()[1].score_bias.slopes
     assert torch.allclose(slopes, alibi_slopes(4)[[1, 3]])
     assert model(torch.randint(0, 32, (1, 5))).shape == (1, 5, 32)
@@ -176,7 +176,7 @@ def test_observer_is_removed_even_after_an_error():
         ({"pe": "alibii"}, "Did you mean 'alibi'"),
         ({"d_model": 30, "n_head": 4}, "not divisible"),
         ({"arch": "gpt"}, "Available: decoder"),
-        ({"heads": ((0, 9), (0,))}, "distinct ids"),
+        ({"kept_heads": ((0, 9), (0,))}, "distinct ids"),
     ],
 )
 def test_bad_config_is_a_clear_error(kwargs, message):
@@ -185,7 +185,7 @@ def test_bad_config_is_a_clear_error(kwargs, message):
 
 
 def test_config_round_trip_and_unknown_field():
-    cfg = ModelConfig(arch="encoder-decoder", heads=((0,), (1, 2), (0, 3), (3,), (2,), (1,)))
+    cfg = ModelConfig(arch="encoder-decoder", kept_heads=((0,), (1, 2), (0, 3), (3,), (2,), (1,)))
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ProbeError, match="Did you mean 'n_head'"):
         ModelConfig.from_dict({"n_heads": 4})

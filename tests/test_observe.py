@@ -60,13 +60,13 @@ def test_two_layer_model_reports_every_layer_and_head():
 def test_sites_and_original_head_ids(arch):
     """Pruned models keep original head ids; every site of every architecture appears."""
     cfg = ModelConfig(arch=arch, n_layer=2, n_head=4, d_model=32, vocab_size=21)
-    heads = [(0, 2, 3), (1,)] + [(0, 1, 2, 3)] * (len(cfg.attention_sites()) - 2)
+    heads = [(0, 2, 3), (1,)] + [(0, 1, 2, 3)] * (cfg.n_sites - 2)
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(**{**cfg.to_dict(), "heads": heads})).eval()
+    model = Transformer(ModelConfig(**{**cfg.to_dict(), "kept_heads": heads})).eval()
     stats = AttentionStats(["entropy"])
     run(model, torch.randint(5, 21, (2, 9)), stats)
     table = stats.table()
-    assert list(dict.fromkeys(table.site)) == cfg.attention_sites()
+    assert list(dict.fromkeys(table.site)) == [s.name for s in cfg.sites()]
     assert table[table.layer == 0]["head"].tolist() == [0, 2, 3]
     assert table[table.layer == 1]["head"].tolist() == [1]
 

@@ -73,7 +73,7 @@ def test_pruned_logits_equal_masked_logits(arch, pe, kw):
     model = make_model(arch, pe, **kw)
     remove = [(0, 1), (0, 3), (1, 0), (1, 1), (1, 2), (1, 3)]  # layer 1 loses every head
     pruned = prune_heads(model, remove)
-    assert pruned.cfg.heads[0] == (0, 2) and pruned.cfg.heads[1] == ()
+    assert pruned.cfg.kept_heads[0] == (0, 2) and pruned.cfg.kept_heads[1] == ()
     for batch in data(arch):
         with masked(model, remove):
             expected = logits(model, batch)
@@ -88,7 +88,7 @@ def test_pruned_checkpoint_loads_and_matches(tmp_path):
     pruned = prune_heads(model, remove)
     save_checkpoint(tmp_path / "p", pruned, TASK, TrainConfig(), meta={"note": "pruned"})
     loaded = load_checkpoint(tmp_path / "p")
-    assert loaded.model_cfg.heads == ((1, 2, 3), (0, 1))
+    assert loaded.model_cfg.kept_heads == ((1, 2, 3), (0, 1))
     batch = data()[0]
     with masked(model, remove):
         expected = logits(model, batch)
@@ -99,7 +99,7 @@ def test_a_layer_without_heads_contributes_only_its_output_bias():
     model = make_model()
     pruned = prune_heads(model, [(0, h) for h in range(4)])
     attn = pruned.attention_modules()[0]
-    assert attn.n_head == 0 and attn.q.weight.shape == (0, 16) and attn.o.weight.shape == (16, 0)
+    assert attn.n_kept == 0 and attn.q.weight.shape == (0, 16) and attn.o.weight.shape == (16, 0)
     x = torch.randn(2, 5, 16)
     out = attn(x)
     torch.testing.assert_close(out, attn.o.bias.expand(2, 5, 16))
@@ -109,7 +109,7 @@ def test_pruning_twice_keeps_original_numbering():
     model = make_model("decoder", "alibi")
     once = prune_heads(model, [(0, 1)])
     twice = prune_heads(once, [(0, 2), (1, 0)])
-    assert twice.cfg.heads == ((0, 3), (1, 2, 3))
+    assert twice.cfg.kept_heads == ((0, 3), (1, 2, 3))
     first, again = model.attention_modules()[0], twice.attention_modules()[0]
     d = first.d_head
     torch.testing.assert_close(again.q.weight[d:], first.q.weight[3 * d : 4 * d])  # head 3
@@ -165,7 +165,7 @@ def test_iterative_selection_reestimates_and_restores_gates():
     per_layer = select_heads(model, data(), 0.5, method="random", scope="layer")
     assert per_layer.groupby("layer").size().tolist() == [2, 2]
     result = prune_model(model, data(), 0.25, method="ablation")
-    assert sum(len(h) for h in result.model.cfg.heads) == 6
+    assert sum(len(h) for h in result.model.cfg.kept_heads) == 6
 
 
 def test_prune_and_compare_reports_equal_masked_and_pruned():

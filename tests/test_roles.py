@@ -17,6 +17,7 @@ from probe.analysis.roles import (
 from probe.config import ModelConfig
 from probe.evaluate import eval_batches, form_for
 from probe.model import AttentionCall, Transformer
+from probe.site import Site
 from probe.tasks import BOS, N_SPECIAL, TaskConfig
 
 
@@ -25,7 +26,8 @@ def pattern_call(probs: torch.Tensor, causal: bool = True, site: str = "blocks.0
     b, h, n, _ = probs.shape
     z = torch.zeros(b, h, n, 4)
     visible = torch.ones(n, n, dtype=torch.bool).tril().view(1, 1, n, n) if causal else None
-    call = AttentionCall(site, 0, tuple(range(h)), z, z, z, torch.ones(h), None, None, visible)
+    where = Site(site, 0, site.endswith(".cross"), causal, h, h, tuple(range(h)))
+    call = AttentionCall(where, z, z, z, torch.ones(h), None, None, visible)
     call.probs = probs
     return call
 
@@ -110,7 +112,7 @@ def test_head_roles_on_built_models(arch):
     batches = eval_batches(TaskConfig(), form_for(arch), [6, 9], 8, 1, seed=0)
     table = head_roles(model, batches, period=7)
     assert list(table.columns) == ROLE_COLUMNS
-    sites = model.cfg.attention_sites()
+    sites = [s.name for s in model.cfg.sites()]
     assert len(table) == len(sites) * 4 * 4
     self_sites = [i for i, s in enumerate(sites) if not s.endswith(".cross")]
     cross = [i for i, s in enumerate(sites) if s.endswith(".cross")]

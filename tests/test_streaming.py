@@ -9,6 +9,7 @@ import torch
 
 from probe.model.attention import AttentionCall
 from probe.model.positional import alibi_slopes
+from probe.site import Site
 from probe.streaming import STATISTICS, entropy_materialized, entropy_streaming, row_statistics
 
 
@@ -47,9 +48,7 @@ def make_call(
         visible = keys_view if visible is None else visible & keys_view
     length_factor = torch.linspace(0.5, 2.0, q_len) if factor else None
     return AttentionCall(
-        "blocks.0.attn",
-        0,
-        tuple(range(h)),
+        Site("blocks.0.attn", 0, False, causal, h, h, tuple(range(h))),
         q,
         k,
         v,

@@ -155,7 +155,7 @@ def _rows(model: Transformer, method: str, values: list[torch.Tensor]) -> list[d
     """Table rows for the unmasked heads; values[layer] is [local head]."""
     rows = []
     for m, v in zip(model.attention_modules(), values, strict=True):
-        for i, h in enumerate(m.heads):
+        for i, h in enumerate(m.kept_heads):
             if float(m.gate[i]) != 0.0:
                 rows.append({"layer": m.layer, "head": h, "method": method, "value": float(v[i])})
     return rows
@@ -177,13 +177,13 @@ def _gates_in_graph(model: Transformer) -> Iterator[None]:
 
 def _gradient(model: Transformer, batches: Sequence[Batch], progress: Progress | None):
     mods = model.attention_modules()
-    totals = [torch.zeros(m.n_head, dtype=torch.float64) for m in mods]
+    totals = [torch.zeros(m.n_kept, dtype=torch.float64) for m in mods]
     n = 0
     for step, batch in enumerate(batches):
         observer = _HeadOutputs()
         with torch.enable_grad(), _gates_in_graph(model), model.observe(observer):
             losses = batch_loss(model, batch, reduction="none")  # [batch]
-        sites = [m for m in mods if m.n_head > 0]
+        sites = [m for m in mods if m.n_kept > 0]
         outs = [observer.outputs[m.layer] for m in sites]  # [batch, head, q, d_head] each
         grads = torch.autograd.grad(losses.sum(), outs, allow_unused=True)
         for m, out, g in zip(sites, outs, grads, strict=True):
@@ -231,8 +231,8 @@ def _ablation(model, batches, mean: bool, progress: Progress | None):
             mean_loss(model, batches)
         means = {k: observer.sums[k] / observer.counts[k] for k in observer.sums}  # [head, d]
     base = mean_loss(model, batches)
-    values = [torch.full((m.n_head,), float("nan")) for m in mods]
-    todo = [(m, i) for m in mods for i in range(m.n_head) if float(m.gate[i]) != 0.0]
+    values = [torch.full((m.n_kept,), float("nan")) for m in mods]
+    todo = [(m, i) for m in mods for i in range(m.n_kept) if float(m.gate[i]) != 0.0]
     for step, (m, i) in enumerate(todo):
         if mean:
             handle = _replace_with_mean(m, i, means[m.layer][i])
@@ -263,7 +263,9 @@ def _attention(model, batches, statistic: str, progress: Progress | None):
                 progress(step + 1, len(batches))
     table = observer.table().set_index(["layer", "head"])["value"]
     return [
-        torch.tensor([table.get((m.layer, h), float("nan")) for h in m.heads], dtype=torch.float64)
+        torch.tensor(
+            [table.get((m.layer, h), float("nan")) for h in m.kept_heads], dtype=torch.float64
+        )
         for m in model.attention_modules()
     ]
 
@@ -299,7 +301,7 @@ def head_importance(
             values = _attention(model, batches, stat, progress)
         else:
             gen = torch.Generator().manual_seed(int(seed))
-            values = [torch.rand(m.n_head, generator=gen) for m in model.attention_modules()]
+            values = [torch.rand(m.n_kept, generator=gen) for m in model.attention_modules()]
     finally:
         model.train(was_training)
     table = pd.DataFrame(_rows(model, str(method), values), columns=COLUMNS)

@@ -1,19 +1,19 @@
 """Removing attention heads: masks, pruning plans, and physical pruning.
 
 Heads are always named by (layer, head) with `layer` the attention site's index in
-`ModelConfig.attention_sites()` and `head` the head's ORIGINAL id, so a pruned model's heads keep
+`ModelConfig.sites()` and `head` the head's ORIGINAL id, so a pruned model's heads keep
 the numbers they had before any pruning.
 
 - `head_mask` / `masked`: gates at 0 for the removed heads (the model keeps its size);
 - `plan_removal`: which heads go, from an importance table (global or per-layer quota, a minimum of
   heads kept per layer);
-- `prune_heads`: a NEW, smaller Transformer whose W_Q, W_K, W_V rows, W_O columns and every per-head
-  parameter (gate, learned temperature, the tensors a score bias names in its PER_HEAD) are sliced
-  to the kept heads. Its logits equal the masked model's.
+- `prune_heads`: a NEW, smaller Transformer in which every attention module has sliced its own
+  per-head parameters to the kept heads (`Attention.prune`). Its logits equal the masked model's.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import warnings
@@ -28,7 +28,7 @@ import torch
 from probe.analysis.importance import head_importance
 from probe.config import choice
 from probe.errors import ProbeError
-from probe.model import Attention, Transformer
+from probe.model import Transformer
 from probe.tasks import Batch
 
 Progress = Callable[[int, int], None]  # (done, total)
@@ -47,13 +47,13 @@ class Scope(StrEnum):
 def present_heads(model: Transformer) -> list[tuple[int, ...]]:
     """Original ids of the heads each attention site holds and has not masked (gate != 0)."""
     return [
-        tuple(h for h, g in zip(m.heads, m.gate.tolist(), strict=True) if g != 0.0)
+        tuple(h for h, g in zip(m.kept_heads, m.gate.tolist(), strict=True) if g != 0.0)
         for m in model.attention_modules()
     ]
 
 
 def _sites_text(model: Transformer) -> str:
-    sites = model.cfg.attention_sites()
+    sites = [s.name for s in model.cfg.sites()]
     return f"layers 0-{len(sites) - 1}: " + ", ".join(sites)
 
 
@@ -68,8 +68,8 @@ def check_heads(model: Transformer, heads: Heads) -> dict[int, set[int]]:
                 f"Layer {layer} does not exist: the model has {len(mods)} attention sites "
                 f"({_sites_text(model)}). Use a layer index from that list."
             )
-        if head not in mods[layer].heads:
-            have = ", ".join(map(str, mods[layer].heads)) or "none"
+        if head not in mods[layer].kept_heads:
+            have = ", ".join(map(str, mods[layer].kept_heads)) or "none"
             raise ProbeError(
                 f"Head {head} is not in layer {layer} ({mods[layer].site}); the heads it holds "
                 f"(original ids) are: {have}. Heads already pruned cannot be removed again."
@@ -85,7 +85,7 @@ def head_mask(model: Transformer, heads: Heads) -> list[torch.Tensor]:
     gates = []
     for m in model.attention_modules():
         gate = m.gate.detach().clone()  # [head]
-        for i, h in enumerate(m.heads):
+        for i, h in enumerate(m.kept_heads):
             if h in remove.get(m.layer, ()):
                 gate[i] = 0.0
         gates.append(gate)
@@ -104,72 +104,30 @@ def masked(model: Transformer, heads: Heads) -> Iterator[Transformer]:
 
 
 # --------------------------------------------------------------------- physical pruning
-def _rows(local: list[int], d_head: int) -> list[int]:
-    """Row indices of W_Q/W_K/W_V (columns of W_O) that belong to the given local heads."""
-    return [h * d_head + j for h in local for j in range(d_head)]
-
-
-def _slice_site(
-    prefix: str, attn: Attention, local: list[int], state: dict[str, torch.Tensor]
-) -> set[str]:
-    """Slice the per-head tensors of one attention site in `state`; returns the names handled."""
-    rows = _rows(local, attn.d_head)
-    cuts = {  # name -> (dim, indices)
-        "q.weight": (0, rows),
-        "q.bias": (0, rows),
-        "k.weight": (0, rows),
-        "k.bias": (0, rows),
-        "v.weight": (0, rows),
-        "v.bias": (0, rows),
-        "o.weight": (1, rows),
-        "gate": (0, local),
-        "log_scale": (0, local),
-    }
-    if attn.score_bias is not None:  # the bias module names its own per-head tensors
-        cuts.update(
-            {f"score_bias.{n}": (dim, local) for n, dim in attn.score_bias.PER_HEAD.items()}
-        )
-    handled = set()
-    for suffix, (dim, index) in cuts.items():
-        name = f"{prefix}.{suffix}"
-        if name in state:
-            idx = torch.tensor(index, dtype=torch.long, device=state[name].device)
-            state[name] = state[name].index_select(dim, idx)
-            handled.add(name)
-    return handled
-
-
 def prune_heads(model: Transformer, heads: Heads) -> Transformer:
     """A new Transformer without the given (layer, original head) pairs.
 
-    The new config's `heads` lists the kept original ids per site, so pruning a pruned model
-    keeps the original numbering; a site may lose every head, leaving only W_O's bias.
+    Each attention module slices its own per-head parameters (`Attention.prune`); with
+    grouped-query attention a key/value head goes when no kept query head reads it. The new
+    config's `kept_heads` lists the kept original ids per site, so pruning a pruned model keeps
+    the original numbering; a site may lose every head, leaving only W_O's bias. The result is
+    rebuilt from its config and state, so a checkpoint of it loads.
     """
     remove = check_heads(model, heads)
-    mods = model.attention_modules()
-    names = {m: name for name, m in model.named_modules()}
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    kept, handled = [], set()
-    for m in mods:
-        local = [i for i, h in enumerate(m.heads) if h not in remove.get(m.layer, ())]
-        kept.append(tuple(m.heads[i] for i in local))
-        handled |= _slice_site(names[m], m, local, state)
-    cfg = dataclasses.replace(model.cfg, heads=tuple(kept))
+    work = copy.deepcopy(model)
+    for m in work.attention_modules():
+        gone = remove.get(m.layer, set())
+        m.prune([h for h in m.kept_heads if h not in gone])
+    kept = tuple(m.kept_heads for m in work.attention_modules())
+    cfg = dataclasses.replace(model.cfg, kept_heads=kept)
     with warnings.catch_warnings():  # empty sites initialise zero-element tensors
         warnings.filterwarnings("ignore", message="Initializing zero-element tensors")
         new = Transformer(cfg)
     ref = model.embed.weight
     new.to(device=ref.device, dtype=ref.dtype)
-    expected = new.state_dict()
-    for name, tensor in state.items():
-        if tuple(tensor.shape) != tuple(expected[name].shape):
-            raise RuntimeError(  # a per-head tensor this function does not know how to slice
-                f"pruning cannot map '{name}': {tuple(tensor.shape)} vs "
-                f"{tuple(expected[name].shape)} (sliced: {name in handled})"
-            )
-    new.load_state_dict(state)
+    new.load_state_dict(work.state_dict())
     new.train(model.training)
-    for p_new, p_old in zip(new.parameters(), model.parameters(), strict=True):
+    for p_new, p_old in zip(new.parameters(), work.parameters(), strict=True):
         p_new.requires_grad_(p_old.requires_grad)
     return new
 

@@ -72,7 +72,7 @@ class OffsetProfile:
         seen = torch.ones(1, 1, q_len, k_len, device=device)
         if call.visible is not None:
             seen = call.visible.float()
-        shift = 0 if call.site.endswith(".cross") else k_len - q_len  # query i is key i + shift
+        shift = 0 if call.site.cross else k_len - q_len  # query i is key i + shift
         i = torch.arange(q_len, device=device).view(-1, 1) + shift
         j = torch.arange(k_len, device=device).view(1, -1)
         lo = -(q_len - 1 + shift)  # smallest offset j - i
@@ -85,7 +85,7 @@ class OffsetProfile:
         by_offset[h].index_add_(0, index, cover)  # rows that see each offset
         site = self.sites.setdefault(
             call.layer,
-            {"site": call.site, "heads": call.heads, "offsets": None, "sink": 0.0, "rows": 0.0},
+            {"site": call.site, "offsets": None, "sink": 0.0, "rows": 0.0},
         )
         site["offsets"] = _add_at(site["offsets"], lo, by_offset)
         site["sink"] = site["sink"] + (probs[..., :1] * weight).sum((0, 2, 3))  # [head]
@@ -104,10 +104,10 @@ class OffsetProfile:
             best = means.masked_fill(~wide, -1.0).max(dim=1)  # [head]
             sink = (site["sink"] / max(site["rows"], 1.0)).cpu()
             prev = -1 - lo
-            cross = site["site"].endswith(".cross")
-            for h, head in enumerate(site["heads"]):
+            cross = site["site"].cross
+            for h, head in enumerate(site["site"].kept_heads):
                 has_prev = not cross and 0 <= prev < rows.numel() and rows[prev] > 0
-                ids = {"layer": layer, "site": site["site"], "head": head}
+                ids = {"layer": layer, "site": site["site"].name, "head": head}
                 records += [
                     {
                         **ids,
@@ -136,10 +136,8 @@ class InductionProbe:
         self.sites: dict[int, dict] = {}
 
     def record(self, call: AttentionCall) -> None:
-        site = self.sites.setdefault(
-            call.layer, {"site": call.site, "heads": call.heads, "sum": 0.0, "rows": 0}
-        )
-        if call.site.endswith(".cross"):
+        site = self.sites.setdefault(call.layer, {"site": call.site, "sum": 0.0, "rows": 0})
+        if call.site.cross:
             return
         probs = call.probs.float()  # [batch, head, q, k]
         t = self.period
@@ -152,12 +150,12 @@ class InductionProbe:
         records = []
         for layer in sorted(self.sites):
             site = self.sites[layer]
-            for h, head in enumerate(site["heads"]):
+            for h, head in enumerate(site["site"].kept_heads):
                 score = float(site["sum"][h]) / site["rows"] if site["rows"] else float("nan")
                 records.append(
                     {
                         "layer": layer,
-                        "site": site["site"],
+                        "site": site["site"].name,
                         "head": head,
                         "role": "induction",
                         "score": score,

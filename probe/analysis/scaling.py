@@ -20,6 +20,7 @@ import torch
 from probe.config import ModelConfig, Scale, TrainConfig, choice
 from probe.errors import ProbeError
 from probe.model import AttentionCall
+from probe.site import Site
 from probe.streaming import row_statistics
 from probe.tasks import TaskConfig
 
@@ -53,9 +54,7 @@ def softmax_statistics(
     # ||diag(p) - p p^T||_F^2 = sum p^2 - 2 sum p^3 + (sum p^2)^2, without the n x n Jacobian
     jacobian = (p2 - 2 * p3 + p2.square()).clamp_min(0).sqrt()
     call = AttentionCall(
-        "scaling",
-        0,
-        (0,),
+        Site("scaling", 0, False, False, 1, 1, (0,)),
         q.float().view(1, 1, n_queries, d_k),
         k.float().view(1, 1, n, d_k),
         k.float().view(1, 1, n, d_k),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -19,15 +20,16 @@ from torch import nn
 
 from probe.config import PE, ModelConfig, Scale
 from probe.model.positional import FIRE, ALiBi, Rotary, T5Bias
+from probe.site import Site
 
 
 @dataclass
 class AttentionCall:
-    """One attention sub-layer's inputs and outputs for one forward pass (valid during the call)."""
+    """One attention sub-layer's inputs and outputs for one forward pass (valid during the call).
 
-    site: str  # e.g. "blocks.0.attn"
-    layer: int  # index of the site in ModelConfig.attention_sites()
-    heads: tuple[int, ...]  # original ids of the heads present
+    With grouped-query attention k and v are already expanded to one per query head."""
+
+    site: Site  # which sub-layer (site.name joins every table)
     q: torch.Tensor  # [batch, head, q_len, d_head], after qk-norm and rotary, before scaling
     k: torch.Tensor  # [batch, head, k_len, d_head]
     v: torch.Tensor  # [batch, head, k_len, d_head]
@@ -37,6 +39,16 @@ class AttentionCall:
     visible: torch.Tensor | None  # [batch|1, 1, q_len, k_len] bool, True where a key is seen
     probs: torch.Tensor | None = None  # [batch, head, q_len, k_len], only when weights were asked
     head_out: torch.Tensor | None = None  # [batch, head, q_len, d_head], after the gate
+
+    @property
+    def layer(self) -> int:
+        """The site's index: the `layer` column of every table."""
+        return self.site.index
+
+    @property
+    def kept_heads(self) -> tuple[int, ...]:
+        """Original ids of the heads present, in the order of the head dimension."""
+        return self.site.kept_heads
 
     def logits(self, start: int = 0, stop: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(raw q.k, final logits) for keys [start, stop): [batch, head, q_len, tile] each.
@@ -68,38 +80,103 @@ class Observer(Protocol):
     def record(self, call: AttentionCall) -> None: ...
 
 
+def _sliced(layer: nn.Linear, index: list[int], dim: int) -> nn.Linear:
+    """A copy of `layer` keeping rows (dim 0) or columns (dim 1) `index` of its weight."""
+    idx = torch.tensor(index, dtype=torch.long, device=layer.weight.device)
+    weight = layer.weight.detach().index_select(dim, idx)  # [out, in] sliced
+    bias = layer.bias
+    if bias is not None and dim == 0:
+        bias = bias.detach().index_select(0, idx)
+    with warnings.catch_warnings():  # a fully pruned site has zero-element weights
+        warnings.filterwarnings("ignore", "Initializing zero-element tensors")
+        new = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+    new.to(device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        new.weight.copy_(weight)
+        if bias is not None:
+            new.bias.copy_(bias.detach())
+    new.weight.requires_grad_(layer.weight.requires_grad)
+    return new
+
+
 class Attention(nn.Module):
-    def __init__(
-        self, cfg: ModelConfig, site: str, layer: int, heads: tuple[int, ...], cross: bool
-    ) -> None:
+    """One attention site: its projections, per-head gates and whatever acts on its scores."""
+
+    def __init__(self, cfg: ModelConfig, site: Site) -> None:
         super().__init__()
-        self.site, self.layer, self.heads = site, layer, tuple(heads)
-        self.n_head, self.d_head = len(heads), cfg.d_head
-        self.causal = cfg.causal and not cross and not site.startswith("encoder.")
-        self.cross = cross
-        inner = self.n_head * self.d_head
+        self.site = site
+        self.d_head = cfg.d_head
+        n_q, n_kv = len(site.kept_heads), len(site.kept_groups)
+        qkv_bias = cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias
         with warnings.catch_warnings():  # a fully pruned site has zero-element weights
             warnings.filterwarnings("ignore", "Initializing zero-element tensors")
-            self.q = nn.Linear(cfg.d_model, inner, bias=cfg.bias)
-            self.k = nn.Linear(cfg.d_model, inner, bias=cfg.bias)
-            self.v = nn.Linear(cfg.d_model, inner, bias=cfg.bias)
-            self.o = nn.Linear(inner, cfg.d_model, bias=cfg.bias)
+            self.q = nn.Linear(cfg.d_model, n_q * self.d_head, bias=qkv_bias)
+            self.k = nn.Linear(cfg.d_model, n_kv * self.d_head, bias=qkv_bias)
+            self.v = nn.Linear(cfg.d_model, n_kv * self.d_head, bias=qkv_bias)
+            self.o = nn.Linear(n_q * self.d_head, cfg.d_model, bias=cfg.bias)
         # per-head gates xi: 1 keeps a head, 0 removes it exactly (Michel et al. 2019)
-        self.gate = nn.Parameter(torch.ones(self.n_head), requires_grad=False)
+        self.gate = nn.Parameter(torch.ones(n_q), requires_grad=False)
         self.scale_kind = cfg.scale
         if cfg.scale == Scale.LEARNED:
-            init = torch.full((self.n_head,), -0.5 * math.log(self.d_head))
-            self.log_scale = nn.Parameter(init)
+            self.log_scale = nn.Parameter(torch.full((n_q,), -0.5 * math.log(self.d_head)))
         self.q_norm = nn.LayerNorm(self.d_head, eps=cfg.ln_eps) if cfg.qk_norm else None
         self.k_norm = nn.LayerNorm(self.d_head, eps=cfg.ln_eps) if cfg.qk_norm else None
-        self.rotary = Rotary(cfg) if cfg.pe == PE.ROPE and not cross else None
+        self.rotary = Rotary(cfg) if cfg.pe == PE.ROPE and not site.cross else None
         score_biases = {PE.ALIBI: ALiBi, PE.T5: T5Bias, PE.FIRE: FIRE}
         self.score_bias: ALiBi | T5Bias | FIRE | None = None
-        if not cross and cfg.pe in score_biases:
-            self.score_bias = score_biases[cfg.pe](cfg, self.heads)
+        if not site.cross and cfg.pe in score_biases:
+            self.score_bias = score_biases[cfg.pe](cfg, site.kept_heads)
         self.log_scale_len = cfg.log_scale_len
         self.dropout = cfg.dropout
+        self._set_kv_index()
         self.observer: Observer | None = None  # set only inside Transformer.observe(...)
+
+    def _set_kv_index(self) -> None:
+        index = torch.tensor(self.site.kv_index(), dtype=torch.long, device=self.gate.device)
+        self.register_buffer("kv_index", index, persistent=False)  # [head] -> local kv head
+
+    @property
+    def layer(self) -> int:
+        return self.site.index
+
+    @property
+    def kept_heads(self) -> tuple[int, ...]:
+        return self.site.kept_heads
+
+    @property
+    def n_kept(self) -> int:
+        """Query heads this site holds now."""
+        return len(self.site.kept_heads)
+
+    @property
+    def causal(self) -> bool:
+        return self.site.causal
+
+    @torch.no_grad()
+    def prune(self, kept: Sequence[int]) -> None:
+        """Keep only the query heads with original ids `kept` (and the key/value heads they
+        read), slicing every per-head parameter in place; original ids are kept."""
+        kept = tuple(kept)
+        unknown = sorted(set(kept) - set(self.site.kept_heads))
+        if unknown:
+            raise ValueError(f"{self.site.name} holds no heads {unknown}")
+        site = self.site.without(h for h in self.site.kept_heads if h not in kept)
+        local = [self.site.kept_heads.index(h) for h in site.kept_heads]
+        groups = [self.site.kept_groups.index(g) for g in site.kept_groups]
+        rows = [h * self.d_head + j for h in local for j in range(self.d_head)]
+        kv_rows = [g * self.d_head + j for g in groups for j in range(self.d_head)]
+        self.q = _sliced(self.q, rows, 0)
+        self.k = _sliced(self.k, kv_rows, 0)
+        self.v = _sliced(self.v, kv_rows, 0)
+        self.o = _sliced(self.o, rows, 1)
+        idx = torch.tensor(local, dtype=torch.long, device=self.gate.device)
+        self.gate = nn.Parameter(self.gate.index_select(0, idx), requires_grad=False)
+        if self.scale_kind == Scale.LEARNED:
+            self.log_scale = nn.Parameter(self.log_scale.detach().index_select(0, idx))
+        if self.score_bias is not None:
+            self.score_bias.prune(local)
+        self.site = site
+        self._set_kv_index()
 
     def _constant_scale(self) -> float:
         return {Scale.SQRT: self.d_head**-0.5, Scale.INVERSE: 1.0 / self.d_head, Scale.NONE: 1.0}[
@@ -110,20 +187,26 @@ class Attention(nn.Module):
         """[head] factor applied to q.k."""
         if self.scale_kind == Scale.LEARNED:
             return self.log_scale.exp()
-        return torch.full((self.n_head,), self._constant_scale(), device=self.gate.device)
+        return torch.full((self.n_kept,), self._constant_scale(), device=self.gate.device)
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
-        return x.view(b, t, self.n_head, self.d_head).transpose(1, 2)  # [batch, head, seq, d_head]
+        return x.view(b, t, -1, self.d_head).transpose(1, 2)  # [batch, head, seq, d_head]
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        weight = torch.cat([self.q.weight, self.k.weight, self.v.weight])  # [3 * inner, d_model]
+        weight = torch.cat([self.q.weight, self.k.weight, self.v.weight])  # [q + 2 kv, d_model]
         bias = None
         if self.q.bias is not None:
             bias = torch.cat([self.q.bias, self.k.bias, self.v.bias])
-        qkv = F.linear(x, weight, bias)  # [batch, seq, 3 * inner]
-        inner = self.n_head * self.d_head
-        return tuple(self._split(t) for t in qkv.split([inner, inner, inner], dim=-1))
+        qkv = F.linear(x, weight, bias)  # [batch, seq, q + 2 kv]
+        sizes = [self.q.out_features, self.k.out_features, self.v.out_features]
+        return tuple(self._split(t) for t in qkv.split(sizes, dim=-1))
+
+    def _per_query_head(self, kv: torch.Tensor) -> torch.Tensor:
+        """[batch, kv_head, seq, d_head] -> [batch, head, seq, d_head]: each query head's k or v."""
+        if not self.site.grouped:
+            return kv
+        return kv.index_select(1, self.kv_index)
 
     def _visible(
         self, q_len: int, k_len: int, key_mask: torch.Tensor | None, device: torch.device
@@ -174,16 +257,15 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary is not None:
             q, k = self.rotary(q, q_pos), self.rotary(k, k_pos)
+        k, v = self._per_query_head(k), self._per_query_head(v)  # [batch, head, k_len, d_head]
         scale = self.head_scale()  # [head]
         factor = self._length_factor(q_len, k_len, x.device)  # [q_len] or None
         bias = self.score_bias.bias(q_pos, k_pos) if self.score_bias is not None else None
         visible = self._visible(q_len, k_len, key_mask, x.device)  # [batch|1, 1, q, k] or None
-        observer = self.observer if self.n_head > 0 else None  # nothing to see in a pruned site
+        observer = self.observer if self.n_kept > 0 else None  # nothing to see in a pruned site
         call = None
         if observer is not None:
-            call = AttentionCall(
-                self.site, self.layer, self.heads, q, k, v, scale, factor, bias, visible
-            )
+            call = AttentionCall(self.site, q, k, v, scale, factor, bias, visible)
         out = self._observed(observer, call, v) if observer is not None else None
         if out is None:
             out = self._fused(q, k, v, scale, factor, bias, visible, key_mask)
@@ -191,7 +273,7 @@ class Attention(nn.Module):
         if call is not None:
             call.head_out = out
             observer.record(call)
-        merged = out.transpose(1, 2).reshape(b, q_len, self.n_head * self.d_head)
+        merged = out.transpose(1, 2).reshape(b, q_len, self.n_kept * self.d_head)
         return self.o(merged)  # [batch, q_len, d_model]
 
     def _observed(self, observer: Observer, call: AttentionCall, v: torch.Tensor):

@@ -41,7 +41,7 @@ class InputPositions(nn.Module):
         super().__init__()
         self.kind = cfg.pe
         self.d_model = cfg.d_model
-        self.max_len = cfg.max_len
+        self.max_len = cfg.max_positions
         if self.kind == PE.LEARNED:
             self.table = nn.Embedding(cfg.max_len, cfg.d_model)
 
@@ -85,6 +85,26 @@ class Rotary(nn.Module):
         return torch.cat([rotated, rest], dim=-1)
 
 
+class PerHead:
+    """Mixin of the score biases: `prune(local)` keeps the heads at local indices `local` in
+    every tensor named in `PER_HEAD` (parameter or buffer name -> the dimension of heads)."""
+
+    PER_HEAD: ClassVar[dict[str, int]] = {}
+
+    @torch.no_grad()
+    def prune(self, local: list[int]) -> None:
+        for name, dim in self.PER_HEAD.items():
+            path, _, attr = name.rpartition(".")
+            owner = self.get_submodule(path) if path else self
+            tensor = getattr(owner, attr)
+            idx = torch.tensor(local, dtype=torch.long, device=tensor.device)
+            kept = tensor.detach().index_select(dim, idx)
+            if isinstance(tensor, nn.Parameter):
+                setattr(owner, attr, nn.Parameter(kept, requires_grad=tensor.requires_grad))
+            else:
+                owner.register_buffer(attr, kept)
+
+
 def alibi_slopes(n_head: int) -> torch.Tensor:
     """Press et al.'s slopes: the geometric sequence 2^(-8/n), 2^(-16/n), ...; for a head count
     that is not a power of two, those of the nearest lower power of two followed by every other
@@ -106,7 +126,7 @@ def relative_distance(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
     return k_pos.unsqueeze(1) - q_pos.unsqueeze(2)  # [batch, q, k]
 
 
-class ALiBi(nn.Module):
+class ALiBi(PerHead, nn.Module):
     """bias = -slope_h * |i - j|; slopes follow the heads' original ids, so pruning keeps them."""
 
     PER_HEAD: ClassVar[dict[str, int]] = {"slopes": 0}  # [head]
@@ -141,7 +161,7 @@ def t5_bucket(
     return bucket + torch.where(n < exact, n, large)
 
 
-class T5Bias(nn.Module):
+class T5Bias(PerHead, nn.Module):
     """A learned scalar per (bucket of relative position, head), added to the scores."""
 
     PER_HEAD: ClassVar[dict[str, int]] = {"table.weight": 1}  # [bucket, head]
@@ -172,7 +192,7 @@ def _batch_invariant(pos: torch.Tensor) -> bool:
     return pos.shape[0] == 1 or pos.stride(0) == 0
 
 
-class FIRE(nn.Module):
+class FIRE(PerHead, nn.Module):
     """Functional interpolation for relative positions (Li et al. 2023):
 
         bias_h(i, j) = f_h( psi(i - j) / psi(max(L, i)) ),   psi(x) = log(c x + 1),

@@ -6,53 +6,34 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from probe.config import FFN, Arch, ModelConfig, Norm
 from probe.model.attention import Attention, Observer
+from probe.model.layers import FeedForward, activation, make_norm
 from probe.model.positional import InputPositions
-
-
-class FeedForward(nn.Module):
-    """Position-wise FFN: W2 act(W1 x)."""
-
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.up = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
-        self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
-        self.kind = cfg.ffn
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.up(x)  # [batch, seq, d_ff]
-        if self.kind == FFN.RELU:
-            h = F.relu(h)
-        else:
-            h = F.gelu(h, approximate="tanh" if self.kind == FFN.GELU_TANH else "none")
-        return self.down(h)  # [batch, seq, d_model]
+from probe.site import Site
 
 
 class Block(nn.Module):
     """Self-attention, optional cross-attention, optional FFN; each a residual sub-layer with
     post-LN (x = LN(x + f(x))) or pre-LN (x = x + f(LN(x)))."""
 
-    def __init__(self, cfg: ModelConfig, sites: list[tuple[str, int, tuple[int, ...]]]) -> None:
+    def __init__(self, cfg: ModelConfig, sites: list[Site]) -> None:
         super().__init__()
         self.pre = cfg.norm == Norm.PRE
-        site, layer, heads = sites[0]
-        self.attn = Attention(cfg, site, layer, heads, cross=False)
-        self.ln_attn = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
+        self.attn = Attention(cfg, sites[0])
+        self.ln_attn = make_norm(cfg)
         self.cross = None
         if len(sites) > 1:
-            site, layer, heads = sites[1]
-            self.cross = Attention(cfg, site, layer, heads, cross=True)
-            self.ln_cross = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
+            self.cross = Attention(cfg, sites[1])
+            self.ln_cross = make_norm(cfg)
         self.ffn = FeedForward(cfg) if cfg.ffn != FFN.NONE else None
         if self.ffn is not None:
-            self.ln_ffn = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
+            self.ln_ffn = make_norm(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def _residual(self, x: torch.Tensor, ln: nn.LayerNorm, f) -> torch.Tensor:
+    def _residual(self, x: torch.Tensor, ln: nn.Module, f) -> torch.Tensor:
         if self.pre:
             return x + self.drop(f(ln(x)))
         return ln(x + self.drop(f(x)))
@@ -82,9 +63,12 @@ class Transformer(nn.Module):
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.positions = InputPositions(cfg)
+        self.token_types = None
+        if cfg.type_vocab_size:
+            self.token_types = nn.Embedding(cfg.type_vocab_size, cfg.d_model)
+        self.ln_embed = make_norm(cfg) if cfg.embed_norm else None
         self.drop = nn.Dropout(cfg.dropout)
-        names, kept = cfg.attention_sites(), cfg.kept_heads()
-        sites = [(n, i, h) for i, (n, h) in enumerate(zip(names, kept, strict=True))]
+        sites = cfg.sites()
         if cfg.arch == Arch.ENCODER_DECODER:
             n_enc = cfg.n_layer
             self.encoder = nn.ModuleList(Block(cfg, [s]) for s in sites[:n_enc])
@@ -92,12 +76,14 @@ class Transformer(nn.Module):
             self.blocks = nn.ModuleList(
                 Block(cfg, dec[2 * i : 2 * i + 2]) for i in range(len(dec) // 2)
             )
-            self.ln_enc = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps) if self.pre else None
+            self.ln_enc = make_norm(cfg) if self.pre else None
         else:
             self.encoder = None
             self.blocks = nn.ModuleList(Block(cfg, [s]) for s in sites)
-        self.ln_final = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps) if self.pre else None
-        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.ln_final = make_norm(cfg) if self.pre else None
+        self.head_dense = nn.Linear(cfg.d_model, cfg.d_model) if cfg.head_transform else None
+        self.ln_head = make_norm(cfg) if cfg.head_transform else None
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=cfg.head_bias)
         self.apply(self._init)
         if cfg.tie_embeddings:
             self.head.weight = self.embed.weight
@@ -116,12 +102,20 @@ class Transformer(nn.Module):
             nn.init.normal_(module.weight, std=0.02)
 
     # ---------------------------------------------------------------- forward
-    def _embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def _embed(
+        self, tokens: torch.Tensor, positions: torch.Tensor, token_types: torch.Tensor | None = None
+    ) -> torch.Tensor:
         x = self.embed(tokens)  # [batch, seq, d_model]
         if self.cfg.embed_scale:
             x = x * self.cfg.d_model**0.5
         if self.positions.active:
             x = x + self.positions(positions).to(x.dtype)
+        if self.token_types is not None:
+            if token_types is None:
+                token_types = torch.zeros_like(tokens)
+            x = x + self.token_types(token_types)
+        if self.ln_embed is not None:
+            x = self.ln_embed(x)
         return self.drop(x)
 
     @staticmethod
@@ -144,6 +138,36 @@ class Transformer(nn.Module):
             x = block(x, positions, key_mask)
         return self.ln_enc(x) if self.ln_enc is not None else x
 
+    def features(
+        self,
+        tokens: torch.Tensor,
+        source: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        source_positions: torch.Tensor | None = None,
+        key_mask: torch.Tensor | None = None,
+        source_mask: torch.Tensor | None = None,
+        token_types: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The last hidden state [batch, seq, d_model] (after the final norm); see `forward`."""
+        memory = None
+        if self.encoder is not None:
+            if source is None:
+                raise ValueError("an encoder-decoder needs `source` tokens")
+            memory = self.encode(source, source_positions, source_mask)
+        positions = self._default_positions(tokens, positions)
+        x = self._embed(tokens, positions, token_types)  # [batch, seq, d_model]
+        for block in self.blocks:
+            x = block(x, positions, key_mask, memory, source_mask)
+        if self.ln_final is not None:
+            x = self.ln_final(x)
+        return x
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Hidden states [batch, seq, d_model] -> logits [batch, seq, vocab]."""
+        if self.head_dense is not None:
+            x = self.ln_head(activation(self.cfg.ffn, self.head_dense(x)))
+        return self.head(x)
+
     def forward(
         self,
         tokens: torch.Tensor,
@@ -152,23 +176,17 @@ class Transformer(nn.Module):
         source_positions: torch.Tensor | None = None,
         key_mask: torch.Tensor | None = None,
         source_mask: torch.Tensor | None = None,
+        token_types: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """tokens [batch, seq] -> logits [batch, seq, vocab].
 
         source [batch, src] is required for an encoder-decoder; positions default to 0..seq-1;
-        key_mask / source_mask [batch, seq] are False at padding."""
-        memory = None
-        if self.encoder is not None:
-            if source is None:
-                raise ValueError("an encoder-decoder needs `source` tokens")
-            memory = self.encode(source, source_positions, source_mask)
-        positions = self._default_positions(tokens, positions)
-        x = self._embed(tokens, positions)  # [batch, seq, d_model]
-        for block in self.blocks:
-            x = block(x, positions, key_mask, memory, source_mask)
-        if self.ln_final is not None:
-            x = self.ln_final(x)
-        return self.head(x)  # [batch, seq, vocab]
+        key_mask / source_mask [batch, seq] are False at padding; token_types [batch, seq]
+        (segments) default to 0 when the model has them."""
+        x = self.features(
+            tokens, source, positions, source_positions, key_mask, source_mask, token_types
+        )
+        return self.logits(x)  # [batch, seq, vocab]
 
     # ------------------------------------------------------------ attention access
     def attention_modules(self) -> list[Attention]:
@@ -210,12 +228,12 @@ class Transformer(nn.Module):
                 continue
             seen.add(id(p))
             parts = name.split(".")
-            if parts[0] in ("blocks", "encoder"):
+            if parts[0] in ("blocks", "encoder") and len(parts) > 3:
                 sub = parts[2]
                 key = {"attn": "attention", "cross": "cross-attention", "ffn": "ffn"}.get(
                     sub, "layernorm"
                 )
-            elif parts[0] in ("embed", "head"):
+            elif parts[0] in ("embed", "head", "token_types", "head_dense"):
                 key = "embedding"
             elif parts[0] == "positions":
                 key = "positional"

@@ -49,7 +49,7 @@ def importance_heatmap(
 ) -> plt.Figure:
     """One layer x head panel per method; pruned (absent) heads are left blank.
 
-    sites: names for the layer axis (e.g. `cfg.attention_sites()`); n_head: head columns
+    sites: names for the layer axis (e.g. `[s.name for s in cfg.sites()]`); n_head: head columns
     (default: the largest head id + 1).
     """
     _need(table, ["layer", "head", "method", "value"], "importance")

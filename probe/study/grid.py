@@ -25,7 +25,13 @@ from probe.tasks import TaskConfig, sequence_length
 CELL_FORMAT = 1  # bump when a cell's results change meaning, to invalidate every cache
 # fields added to the configs after cells of this format were first computed: left out of the key
 # while at their default (the behaviour those cells ran with), so adding a field keeps the cache
-LATER_FIELDS = {"train": ("schedule", "adam_eps", "label_smoothing")}
+LATER_FIELDS = {
+    "train": ("schedule", "adam_eps", "label_smoothing"),
+    "model": ("n_kv_head", "norm_type", "qkv_bias", "type_vocab_size", "embed_norm",
+              "head_transform", "head_bias"),
+}  # fmt: skip
+# fields renamed since: keyed under their first name, so the cells keep their keys
+RENAMED = {"model": {"kept_heads": "heads"}}
 RESERVED = {"cell", "arm", "variant", "L", "L_min", "length", "metric", "value", "n", "layer",
             "head", "site", "statistic", "step", "split", "fraction", "method"}  # fmt: skip
 
@@ -86,13 +92,15 @@ class Cell:
 
 
 def _key_dict(cfg: Any, section: str) -> dict[str, Any]:
-    """cfg.to_dict() less the LATER_FIELDS that are at their default."""
+    """cfg.to_dict() less the LATER_FIELDS that are at their default, RENAMED fields under
+    their first names."""
     values = cfg.to_dict()
     defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
     for name in LATER_FIELDS.get(section, ()):
         if values[name] == to_plain(defaults[name]):
             del values[name]
-    return values
+    renamed = RENAMED.get(section, {})
+    return {renamed.get(name, name): value for name, value in values.items()}
 
 
 def factor_column(key: str) -> str:

@@ -1,0 +1,60 @@
+"""The parts of a block besides attention: the norms and the position-wise feed-forward."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from probe.config import FFN, ModelConfig, NormType
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * gain, computed in float32 (Zhang & Sennrich 2019)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()  # [..., dim]
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def make_norm(cfg: ModelConfig, dim: int | None = None) -> nn.Module:
+    """The config's norm (LayerNorm or RMSNorm) over `dim` features (default d_model)."""
+    dim = cfg.d_model if dim is None else dim
+    if cfg.norm_type == NormType.RMS:
+        return RMSNorm(dim, cfg.ln_eps)
+    return nn.LayerNorm(dim, eps=cfg.ln_eps)
+
+
+def activation(kind: FFN, h: torch.Tensor) -> torch.Tensor:
+    """The FFN's nonlinearity (SwiGLU's gate uses SiLU)."""
+    if kind == FFN.RELU:
+        return F.relu(h)
+    if kind == FFN.SWIGLU:
+        return F.silu(h)
+    return F.gelu(h, approximate="tanh" if kind == FFN.GELU_TANH else "none")
+
+
+class FeedForward(nn.Module):
+    """Position-wise FFN: W2 act(W1 x), or with SwiGLU W2 (silu(W_gate x) * W1 x)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.up = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
+        self.gate = (
+            nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias) if cfg.ffn == FFN.SWIGLU else None
+        )
+        self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+        self.kind = cfg.ffn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate is not None:
+            h = F.silu(self.gate(x)) * self.up(x)  # [batch, seq, d_ff]
+        else:
+            h = activation(self.kind, self.up(x))  # [batch, seq, d_ff]
+        return self.down(h)  # [batch, seq, d_model]
