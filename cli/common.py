@@ -55,5 +55,53 @@ def write_manifest(out: Path, ckpt: Checkpoint, device: str, **settings) -> None
     atomic_write_json(
         out / "manifest.json",
         {"command": settings.pop("command"), "checkpoint": str(ckpt.path), "settings": settings,
-         "model": ckpt.model_cfg.to_dict(), "task": ckpt.task.to_dict(), **context(device)},
+         "model": ckpt.model_cfg.to_dict(), **describe(ckpt), **context(device)},
     )  # fmt: skip
+
+
+def describe(ckpt: Checkpoint) -> dict:
+    """What a manifest records about a checkpoint's data: its task, or the import source."""
+    if ckpt.task is not None:
+        return {"task": ckpt.task.to_dict()}
+    return {"source": ckpt.source}
+
+
+TextOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--text",
+        help="Imported models: a UTF-8 text file, one document per line (default: the shipped "
+        "corpus of Python standard-library docstrings).",
+    ),
+]
+WholeOpt = Annotated[
+    bool, typer.Option("--whole", help="Imported models: read --text as one document.")
+]
+MaxTokensOpt = Annotated[
+    int, typer.Option("--max-tokens", help="Imported models: tokens per row of text.")
+]
+
+
+def check_data_options(ckpt: Checkpoint, text: Path | None, lengths: str | None) -> None:
+    """--text goes with imported models, --lengths with models trained on a task."""
+    if ckpt.imported and lengths:
+        raise ProbeError(
+            f"{ckpt.path} is an imported model: it reads text (--text, --max-tokens), not task "
+            "lengths; drop --lengths."
+        )
+    if not ckpt.imported and text is not None:
+        raise ProbeError(
+            f"{ckpt.path} was trained on the task '{ckpt.task.name}'; --text is for imported "
+            "models (probe import). Drop --text."
+        )
+
+
+def text_data(ckpt: Checkpoint, text: Path | None, whole: bool, max_tokens: int,
+              batch_size: int, batches: int, seed: int, n_importance: int = 1):  # fmt: skip
+    """Importance sets and a scoring set of text batches for an imported checkpoint."""
+    from probe.evaluate import text_splits_for
+    from probe.text import read_documents
+
+    docs = read_documents(text, whole=whole)
+    return text_splits_for(ckpt.model, ckpt.tokenizer(), ckpt.objective, docs, max_tokens,
+                           batch_size, batches, n_importance, seed)  # fmt: skip

@@ -10,21 +10,25 @@ from probe_cli.common import (
     BatchSizeOpt,
     CheckpointArg,
     DeviceOpt,
-    LengthsOpt,
     OutOpt,
     OverwriteOpt,
     PickleOpt,
     SeedOpt,
+    TextOpt,
+    WholeOpt,
+    check_data_options,
     check_positive,
     console,
+    describe,
     require_heads,
+    text_data,
 )
 from probe_cli.train import parse_range
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from probe import provenance
-from probe.analysis.attention import head_summary, inspect_model
+from probe.analysis.attention import head_summary, inspect_batches, inspect_model
 from probe.analysis.scaling import D_KS, NS, SCALES, init_scaling, train_scaling
 from probe.checkpoint import claim_output, load_checkpoint, open_output
 from probe.errors import ProbeError
@@ -67,7 +71,16 @@ def _fmt(value, digits: int = 2) -> str:
 def inspect_cli(
     checkpoint: CheckpointArg,
     out: OutOpt,
-    lengths: LengthsOpt = "8,16,32",
+    lengths: Annotated[
+        str | None,
+        typer.Option(
+            "--lengths",
+            help="Task lengths: 'lo:hi' (inclusive) or '8,16,32' (default 8,16,32); imported "
+            "models: tokens per row of text, e.g. '64,128' (default 128).",
+        ),
+    ] = None,
+    text: TextOpt = None,
+    whole: WholeOpt = False,
     batch_size: BatchSizeOpt = 32,
     batches: Annotated[int, typer.Option(help="Batches per length.")] = 2,
     streaming: Annotated[
@@ -96,7 +109,12 @@ def inspect_cli(
     earlier = claim_output(out, ("attention_stats.csv", "roles.csv", "manifest.json"), overwrite)
     ckpt = load_checkpoint(checkpoint, resolve_device(device), allow_pickle)
     require_heads(ckpt)
-    wanted = parse_lengths(lengths)
+    if not ckpt.imported and text is not None:
+        check_data_options(ckpt, text, None)
+    wanted = parse_lengths(lengths or ("128" if ckpt.imported else "8,16,32"))
+    data = None
+    if ckpt.imported:
+        data = {n: text_data(ckpt, text, whole, n, batch_size, batches, seed, 0)[1] for n in wanted}
     with _progress() as bar:
         jobs: dict[str, int] = {}
 
@@ -105,17 +123,16 @@ def inspect_cli(
                 jobs[stage] = bar.add_task(stage, total=total, note="")
             bar.update(jobs[stage], completed=done, total=total)
 
-        result = inspect_model(
-            ckpt.model,
-            ckpt.task,
-            wanted,
-            batch_size=batch_size,
-            n_batches=batches,
-            seed=seed,
-            streaming=STREAMING[streaming],
-            period=period,
-            progress=show,
-        )
+        if data is not None:
+            result = inspect_batches(
+                ckpt.model, [b for n in wanted for b in data[n]], wanted, seed=seed,
+                streaming=STREAMING[streaming], period=period, progress=show,
+            )  # fmt: skip
+        else:
+            result = inspect_model(
+                ckpt.model, ckpt.task, wanted, batch_size=batch_size, n_batches=batches, seed=seed,
+                streaming=STREAMING[streaming], period=period, progress=show,
+            )  # fmt: skip
     manifest = {
         "command": "inspect",
         "checkpoint": str(checkpoint),
@@ -126,7 +143,8 @@ def inspect_cli(
         "streaming": streaming,
         "induction_period": result.period,
         "model": ckpt.model_cfg.to_dict(),
-        "task": ckpt.task.to_dict(),
+        **describe(ckpt),
+        **({"text": str(text) if text else "shipped corpus", "whole": whole} if data else {}),
         **provenance.context(next(ckpt.model.parameters()).device),
     }
     open_output(out, earlier)
@@ -151,13 +169,15 @@ ROLE_SHORT = {
 
 
 def _show_summary(summary, ckpt, lengths) -> None:
-    lo, hi = ckpt.train_cfg.train_len
     cfg = ckpt.model_cfg
-    view = Table(
-        title=f"{ckpt.task.name}, {cfg.arch} ({cfg.pe}), trained on lengths {lo}-{hi}; "
-        f"inspected at {', '.join(map(str, lengths))}",
-        title_justify="left",
-    )
+    at = ", ".join(map(str, lengths))
+    if ckpt.imported:
+        title = f"imported {ckpt.source['model_type']} ({cfg.pe}); text rows of {at} tokens"
+    else:
+        lo, hi = ckpt.train_cfg.train_len
+        title = f"{ckpt.task.name}, {cfg.arch} ({cfg.pe}), trained on lengths {lo}-{hi}; "
+        title += f"inspected at {at}"
+    view = Table(title=title, title_justify="left")
     for col in ("layer", "head", "H/logn", "dH/dlnL", "maxlogit", "p_max", "sink", "top role"):
         view.add_column(col, justify="left" if col in ("layer", "top role") else "right")
     for r in summary.itertuples():

@@ -12,22 +12,28 @@ from probe_cli.common import (
     BatchSizeOpt,
     CheckpointArg,
     DeviceOpt,
+    MaxTokensOpt,
     OutOpt,
     OverwriteOpt,
     PickleOpt,
     SeedOpt,
+    TextOpt,
+    WholeOpt,
+    check_data_options,
     check_positive,
     console,
     require_heads,
+    text_data,
     write_manifest,
 )
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from probe.analysis.importance import compare_estimators, disjoint_splits, parse_methods
-from probe.analysis.pruning_runs import prune_and_compare, pruning_curve
+from probe.analysis.pruning_runs import primary_metric, prune_and_compare, pruning_curve
 from probe.checkpoint import (
     CHECKPOINT_FILES,
+    TOKENIZER,
     Checkpoint,
     claim_output,
     load_checkpoint,
@@ -72,13 +78,19 @@ def _load(checkpoint: Path, device: str, allow_pickle: bool) -> Checkpoint:
 
 
 def _lengths(ckpt: Checkpoint, spec: str | None) -> list[int]:
+    if ckpt.imported:
+        return []
     lo, hi = ckpt.train_cfg.train_len
     lengths = parse_lengths(spec) if spec else list(range(lo, hi + 1))
     check_lengths(ckpt.model, ckpt.task, lengths)
     return lengths
 
 
-def _splits(ckpt: Checkpoint, lengths, batch_size: int, batches: int, seed: int, n: int = 1):
+def _splits(ckpt: Checkpoint, lengths, batch_size: int, batches: int, seed: int, n: int = 1,
+            text: tuple = (None, False, 128)):  # fmt: skip
+    """Importance splits and a scoring split: task data, or text for an imported model."""
+    if ckpt.imported:
+        return text_data(ckpt, *text, batch_size, batches, seed, n)
     form = form_for(ckpt.model_cfg.arch)
     return disjoint_splits(
         ckpt.task, form, lengths, batch_size=batch_size, n_batches=batches, seed=seed,
@@ -107,17 +119,32 @@ def _phased(bar: Progress) -> Callable[[str, int, int], None]:
 
 
 def _importance_view(table: pd.DataFrame, method: str, sites: list[str], n_head: int) -> Table:
-    view = Table(title=f"{method} importance (blank: pruned)")
-    view.add_column("site")
+    wide = n_head > 6
+    view = Table(title=f"{method} importance (blank: pruned)", padding=(0, 1 if wide else 2))
+    view.add_column("layer" if wide else "site")
     for h in range(n_head):
-        view.add_column(f"head {h}", justify="right")
+        view.add_column(f"{h}" if wide else f"head {h}", justify="right")
     part = table[table["method"] == method].set_index(["layer", "head"])["value"]
+    digits = 2 if wide else 4
     for layer, site in enumerate(sites):
         cells = [
-            f"{part[(layer, h)]:.4g}" if (layer, h) in part.index else "" for h in range(n_head)
+            f"{part[(layer, h)]:.{digits}g}" if (layer, h) in part.index else ""
+            for h in range(n_head)
         ]
-        view.add_row(site, *cells)
+        view.add_row(str(layer) if wide else site, *cells)
     return view
+
+
+def _text_settings(ckpt: Checkpoint, data: tuple) -> dict:
+    if not ckpt.imported:
+        return {}
+    text, whole, max_tokens = data
+    return {"text": str(text) if text else "shipped corpus", "whole": whole,
+            "max_tokens": max_tokens}  # fmt: skip
+
+
+def _name(ckpt: Checkpoint) -> str:
+    return ckpt.task.name if ckpt.task is not None else str(ckpt.source["model_type"])
 
 
 # ------------------------------------------------------------------------------ importance
@@ -132,6 +159,9 @@ def importance_cli(
         ),
     ] = "gradient",
     lengths: LengthsOpt = None,
+    text: TextOpt = None,
+    whole: WholeOpt = False,
+    max_tokens: MaxTokensOpt = 128,
     batch_size: BatchSizeOpt = 64,
     batches: BatchesOpt = 1,
     normalize: NormalizeOpt = False,
@@ -148,8 +178,10 @@ def importance_cli(
     earlier = claim_output(out, writes, overwrite)
     ckpt = _load(checkpoint, device, allow_pickle)
     require_heads(ckpt)
+    check_data_options(ckpt, text, lengths)
     chosen = _lengths(ckpt, lengths)
-    (split,), _ = _splits(ckpt, chosen, batch_size, batches, seed)
+    data = (text, whole, max_tokens)
+    (split,), _ = _splits(ckpt, chosen, batch_size, batches, seed, text=data)
     with _bar() as bar:
         table, corr = compare_estimators(
             ckpt.model, split, methods, normalize=normalize, seed=seed, progress=_phased(bar)
@@ -164,6 +196,7 @@ def importance_cli(
     write_manifest(
         out, ckpt, device, command="importance", methods=methods, lengths=chosen,
         batch_size=batch_size, batches=batches, normalize=normalize, seed=seed,
+        **_text_settings(ckpt, data),
     )  # fmt: skip
     for m in methods:
         console.print(_importance_view(table, m, sites, n_head))
@@ -193,14 +226,15 @@ def _fractions(spec: str | None) -> list[float] | None:
 
 
 def _sweep(ckpt, out, methods, seeds, fractions, lengths, batch_size, batches, seed, select,
-           earlier):  # fmt: skip
+           earlier, data):  # fmt: skip
     names = parse_methods(methods)
     if "random" not in names:
         names.append("random")
         console.print("adding the random baseline to the sweep")
     if seeds < 1:
         raise ProbeError(f"--seeds must be at least 1, got {seeds}.")
-    splits, scoring = _splits(ckpt, lengths, batch_size, batches, seed, n=seeds)
+    splits, scoring = _splits(ckpt, lengths, batch_size, batches, seed, n=seeds, text=data)
+    metric = primary_metric(scoring)
     with _bar() as bar:
         job = bar.add_task("sweep", total=None)
         curve = pruning_curve(
@@ -209,12 +243,13 @@ def _sweep(ckpt, out, methods, seeds, fractions, lengths, batch_size, batches, s
         )  # fmt: skip
     open_output(out, earlier)
     atomic_write_csv(out / "pruning.csv", curve)
-    title = f"{ckpt.task.name}, {ckpt.model_cfg.arch}: heads pruned by importance"
-    atomic_save_figure(out / "pruning.png", pruning_curve_plot(curve, "exact_match", title))
-    atomic_save_figure(out / "pruning_loss.png", pruning_curve_plot(curve, "loss", title))
-    mean = curve[curve.metric == "exact_match"].groupby(["fraction", "method"])["value"].mean()
+    title = f"{_name(ckpt)}, {ckpt.model_cfg.arch}: heads pruned by importance"
+    atomic_save_figure(out / "pruning.png", pruning_curve_plot(curve, metric, title))
+    second = "loss" if metric != "loss" else "perplexity"
+    atomic_save_figure(out / "pruning_loss.png", pruning_curve_plot(curve, second, title))
+    mean = curve[curve.metric == metric].groupby(["fraction", "method"])["value"].mean()
     wide = mean.unstack("method")
-    view = Table(title=f"exact match (mean over {seeds} seeds) vs fraction of heads pruned")
+    view = Table(title=f"{metric} (mean over {seeds} seeds) vs fraction of heads pruned")
     view.add_column("fraction", justify="right")
     for m in wide.columns:
         view.add_column(m, justify="right")
@@ -232,7 +267,7 @@ def _report(result, fraction: float) -> None:
     variants = ("original", "masked", "pruned")
     for v in variants:
         view.add_column(v, justify="right")
-    for metric in ("exact_match", "token_accuracy", "loss"):
+    for metric in wide.index:
         view.add_row(metric, *(f"{wide.loc[metric, v]:.4f}" for v in variants))
     console.print(view)
     params = result.parameters.pivot(index="part", columns="variant", values="count")
@@ -283,6 +318,18 @@ def prune_cli(
         int, typer.Option(help="Heads every layer keeps (0: a layer may go empty).")
     ] = 0,
     normalize: NormalizeOpt = False,
+    unit: Annotated[
+        str,
+        typer.Option(help="head (query heads one by one) or group (whole key/value groups, GQA)."),
+    ] = "head",
+    uniform: Annotated[
+        bool,
+        typer.Option(
+            "--uniform",
+            help="The same number of heads from every key/value group of every layer (or of "
+            "groups per layer with --unit group), so `probe export` can write the result.",
+        ),
+    ] = False,
     sweep: Annotated[
         bool, typer.Option("--sweep", help="Write the pruning curve instead of a checkpoint.")
     ] = False,
@@ -295,6 +342,9 @@ def prune_cli(
         typer.Option(help="Sweep: fractions like '0,0.25,0.5' (default: every head count)."),
     ] = None,
     lengths: LengthsOpt = None,
+    text: TextOpt = None,
+    whole: WholeOpt = False,
+    max_tokens: MaxTokensOpt = 128,
     batch_size: BatchSizeOpt = 64,
     batches: BatchesOpt = 1,
     timing: Annotated[
@@ -324,20 +374,35 @@ def prune_cli(
     earlier = claim_output(out, writes, overwrite)
     ckpt = _load(checkpoint, device, allow_pickle)
     require_heads(ckpt)
+    check_data_options(ckpt, text, lengths)
     chosen = _lengths(ckpt, lengths)
+    data = (text, whole, max_tokens)
     select = {"iterative": iterative, "scope": scope, "min_heads_per_layer": min_heads_per_layer,
               "normalize": normalize}  # fmt: skip
     settings = {"lengths": chosen, "batch_size": batch_size, "batches": batches, "seed": seed,
-                **select}  # fmt: skip
+                **select, **_text_settings(ckpt, data)}  # fmt: skip
     if sweep:
         names = _sweep(
-            ckpt, out, methods, seeds, fractions, chosen, batch_size, batches, seed, select, earlier
+            ckpt,
+            out,
+            methods,
+            seeds,
+            fractions,
+            chosen,
+            batch_size,
+            batches,
+            seed,
+            select,
+            earlier,
+            data,
         )
         write_manifest(
             out, ckpt, device, command="prune --sweep", methods=names, seeds=seeds, **settings
         )
         return
-    (split,), scoring = _splits(ckpt, chosen, batch_size, batches, seed)
+    (split,), scoring = _splits(ckpt, chosen, batch_size, batches, seed, text=data)
+    if unit != "head" or uniform:
+        select = {**select, "unit": unit, "uniform": uniform}
     with _bar() as bar:
         result = prune_and_compare(
             ckpt.model, split, scoring, fraction, timing=timing, repeats=repeats,
@@ -352,7 +417,9 @@ def prune_cli(
     }  # fmt: skip
     meta = {**ckpt.meta, "pruning": [*ckpt.meta.get("pruning", []), record]}
     open_output(out, earlier)
-    save_checkpoint(out, result.model, ckpt.task, ckpt.train_cfg, meta=meta)
+    tokenizer = ckpt.tokenizer() if ckpt.imported and (ckpt.path / TOKENIZER).is_file() else None
+    save_checkpoint(out, result.model, ckpt.task, ckpt.train_cfg, meta=meta, source=ckpt.source,
+                    tokenizer=tokenizer)  # fmt: skip
     atomic_write_csv(out / "removed_heads.csv", result.removed)
     atomic_write_csv(out / "prune_metrics.csv", result.metrics)
     if not result.timing.empty:

@@ -204,6 +204,31 @@ def eval_cli(
     console.print(f"wrote {out / 'eval.csv'}")
 
 
+def _sites_table(cfg: ModelConfig) -> Table:
+    """Heads (and key/value groups) each attention site keeps, in original ids."""
+    grouped = cfg.kv_heads != cfg.n_head
+    view = Table(title="attention sites (original head ids)")
+    for col in ("site", "heads kept", *(("key/value groups kept",) if grouped else ())):
+        view.add_column(col)
+    for site in cfg.sites():
+        kept = f"{len(site.kept_heads)}/{site.n_head}: {_ids(site.kept_heads)}"
+        groups = f"{len(site.kept_groups)}/{site.n_kv_head}: {_ids(site.kept_groups)}"
+        view.add_row(site.name, kept, *((groups,) if grouped else ()))
+    return view
+
+
+def _ids(ids: tuple[int, ...]) -> str:
+    """0,1,2,5 -> '0-2, 5'."""
+    if not ids:
+        return "none"
+    runs, start = [], ids[0]
+    for prev, cur in zip(ids, (*ids[1:], None), strict=True):
+        if cur != prev + 1 if cur is not None else True:
+            runs.append(f"{start}-{prev}" if prev > start else f"{start}")
+            start = cur
+    return ", ".join(runs)
+
+
 def info_cli(checkpoint: CheckpointArg, allow_pickle: PickleOpt = False) -> None:
     """Show a checkpoint's configuration and parameter counts."""
     ckpt = load_checkpoint(checkpoint, "cpu", allow_pickle)
@@ -211,22 +236,21 @@ def info_cli(checkpoint: CheckpointArg, allow_pickle: PickleOpt = False) -> None
     view.add_column("section")
     view.add_column("setting")
     view.add_column("value")
-    for section, values in (
-        ("model", ckpt.model_cfg.to_dict()),
-        ("task", ckpt.task.to_dict()),
-        ("train", ckpt.train_cfg.to_dict()),
-    ):
+    sections = [("model", ckpt.model_cfg.to_dict())]
+    if ckpt.source is not None:
+        sections.append(("source", ckpt.source))
+    if ckpt.task is not None and ckpt.train_cfg is not None:
+        sections += [("task", ckpt.task.to_dict()), ("train", ckpt.train_cfg.to_dict())]
+    for section, values in sections:
         for key, value in values.items():
             if key == "kept_heads" and value is not None:
-                value = "; ".join(
-                    f"{site.name}: {list(h)}"
-                    for site, h in zip(ckpt.model_cfg.sites(), value, strict=True)
-                )
+                value = "see the attention sites below"
             view.add_row(section, key, str(value))
     for key in ("git_commit", "created", "steps_done", "train_seconds"):
         if key in ckpt.meta:
             view.add_row("meta", key, str(ckpt.meta[key]))
     console.print(view)
+    console.print(_sites_table(ckpt.model_cfg))
     counts = Table(title="parameters")
     counts.add_column("component")
     counts.add_column("parameters", justify="right")

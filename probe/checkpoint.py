@@ -33,18 +33,43 @@ PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".ckpt")
 TMP_SUFFIX = ".probe-tmp"  # temporary files of atomic writes: `.NAME.XXXX.probe-tmp`
 
 
+TOKENIZER = "tokenizer.json"
+
+
 @dataclass
 class Checkpoint:
     model: Transformer
     model_cfg: ModelConfig
-    task: TaskConfig
-    train_cfg: TrainConfig
+    task: TaskConfig | None  # the task it was trained on (None: an imported model)
+    train_cfg: TrainConfig | None  # how it was trained (None: an imported model)
     meta: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
+    # where an imported model came from: format, path, model_type, objective (None: trained here)
+    source: dict[str, Any] | None = None
 
     @property
     def config(self) -> ModelConfig:
         return self.model_cfg
+
+    @property
+    def imported(self) -> bool:
+        return self.source is not None
+
+    @property
+    def objective(self) -> str | None:
+        """How an imported model is scored on text (causal-lm, masked-lm, embedding)."""
+        return None if self.source is None else self.source.get("objective")
+
+    def tokenizer(self) -> Any:
+        """The tokenizer saved with an imported model (a `tokenizers.Tokenizer`)."""
+        from probe.interop.tokenizer import load_tokenizer
+
+        if self.path is None or not (self.path / TOKENIZER).is_file():
+            raise ProbeError(
+                f"{self.path}: no {TOKENIZER} in the checkpoint, so text cannot be tokenized; "
+                "import the model again from a directory that has one."
+            )
+        return load_tokenizer(self.path / TOKENIZER)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -67,7 +92,7 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-CHECKPOINT_FILES = (WEIGHTS, CONFIG, METRICS)
+CHECKPOINT_FILES = (WEIGHTS, CONFIG, METRICS, TOKENIZER)
 
 
 def claim_output(path: str | Path, writes: tuple[str, ...], overwrite: bool = False,
@@ -131,23 +156,37 @@ def _state_for_saving(model: Transformer) -> dict[str, torch.Tensor]:
 def save_checkpoint(
     path: str | Path,
     model: Transformer,
-    task: TaskConfig,
-    train_cfg: TrainConfig,
+    task: TaskConfig | None,
+    train_cfg: TrainConfig | None,
     meta: dict[str, Any] | None = None,
+    *,
+    source: dict[str, Any] | None = None,
+    tokenizer: Any | None = None,
 ) -> Path:
-    """Write the checkpoint directory `path` (created if needed); returns it."""
+    """Write the checkpoint directory `path` (created if needed); returns it.
+
+    A model trained here has its task and training config; an imported one has `source`
+    instead (and its tokenizer, written as tokenizer.json)."""
     from safetensors.torch import save
 
+    if source is None and (task is None or train_cfg is None):
+        raise ValueError("a checkpoint needs its task and training config, or an import source")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     document = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "model": model.cfg.to_dict(),
-        "task": task.to_dict(),
-        "train": train_cfg.to_dict(),
+        "task": None if task is None else task.to_dict(),
+        "train": None if train_cfg is None else train_cfg.to_dict(),
         "meta": meta or {},
     }
+    if source is not None:
+        document["source"] = source
+    if tokenizer is not None:
+        from probe.interop.tokenizer import save_tokenizer
+
+        save_tokenizer(tokenizer, path / TOKENIZER)
     atomic_write_bytes(path / WEIGHTS, save(_state_for_saving(model)))
     atomic_write_text(path / CONFIG, json.dumps(document, indent=2, default=str) + "\n")
     return path
@@ -177,7 +216,8 @@ def read_config(path: str | Path) -> dict[str, Any]:
         ) from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise ProbeError(f"{config_file} is not a probe checkpoint config (no format '{FORMAT}').")
-    for key in ("model", "task", "train"):
+    imported = isinstance(document.get("source"), dict)
+    for key in ("model",) if imported else ("model", "task", "train"):
         if not isinstance(document.get(key), dict):
             raise ProbeError(f"{config_file} has no '{key}' section; the checkpoint is corrupt.")
     return document
@@ -242,8 +282,11 @@ def load_checkpoint(
         )
     try:
         model_cfg = ModelConfig.from_dict(document["model"])
-        task = TaskConfig.from_dict(document["task"])
-        train_cfg = TrainConfig.from_dict(document["train"])
+        task = train_cfg = None
+        if isinstance(document.get("task"), dict):
+            task = TaskConfig.from_dict(document["task"])
+        if isinstance(document.get("train"), dict):
+            train_cfg = TrainConfig.from_dict(document["train"])
     except (ProbeError, TypeError) as exc:
         raise ProbeError(f"{path / CONFIG} does not describe a valid model: {exc}") from exc
     check_model(model_cfg)
@@ -263,7 +306,7 @@ def load_checkpoint(
             extra = ", ".join(unexpected[:3]) + (" ..." if len(unexpected) > 3 else "")
             parts.append(f"unexpected {extra}")
         raise ProbeError(f"{path}: the weights do not match config.json ({'; '.join(parts)}).")
-    if task.vocab_size > model_cfg.vocab_size:
+    if task is not None and task.vocab_size > model_cfg.vocab_size:
         raise ProbeError(
             f"{path / CONFIG}: task '{task.name}' needs {task.vocab_size} tokens but the model has "
             f"a vocabulary of {model_cfg.vocab_size}."
@@ -286,4 +329,5 @@ def load_checkpoint(
             )
     model.load_state_dict(state, strict=False)
     model.to(device).eval()
-    return Checkpoint(model, model_cfg, task, train_cfg, document.get("meta", {}), path)
+    source = document.get("source") if isinstance(document.get("source"), dict) else None
+    return Checkpoint(model, model_cfg, task, train_cfg, document.get("meta", {}), path, source)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 import pandas as pd
 import torch
@@ -37,6 +39,10 @@ def batch_loss(
 ) -> torch.Tensor:
     """Cross-entropy over the answer positions: a scalar ("mean") or one per example ("none");
     `label_smoothing` mixes the targets with a uniform distribution (training only)."""
+    if batch.reference is not None:
+        pooled = model.features(batch.inputs, positions=positions).float().mean(1)  # [batch, d]
+        per_example = 1 - F.cosine_similarity(pooled, batch.reference.float(), dim=-1)  # [batch]
+        return per_example if reduction == "none" else per_example.mean()
     if logits is None:
         logits = forward_batch(model, batch, positions)  # [batch, seq, vocab]
     token_loss = F.cross_entropy(
@@ -56,16 +62,16 @@ def batch_loss(
 
 def check_lengths(model: Transformer, task: TaskConfig, lengths: Iterable[int]) -> None:
     """Refuse lengths a learned positional table cannot represent, with a clear message."""
-    cfg = model.cfg
-    if str(cfg.pe) != "learned":
+    limit = model.cfg.max_positions
+    if limit is None:
         return
-    form = form_for(cfg.arch)
+    form = form_for(model.cfg.arch)
     for n in lengths:
         seq = sequence_length(task, form, n)
-        if seq > cfg.max_len:
+        if seq > limit:
             raise ProbeError(
                 f"length {n} needs {seq} positions but this model's learned positional table has "
-                f"{cfg.max_len}; evaluate at shorter lengths or train with a larger --max-len."
+                f"{limit}; evaluate at shorter lengths or train with a larger --max-len."
             )
 
 
@@ -130,3 +136,67 @@ def evaluate(
     finally:
         model.train(was_training)
     return pd.DataFrame(rows, columns=["length", "metric", "value", "n"])
+
+
+# ------------------------------------------------------------------ imported models on text
+@torch.no_grad()
+def with_reference(model: Transformer, batches: Sequence[Batch]) -> list[Batch]:
+    """Each batch paired with `model`'s own mean-pooled embeddings (the embedding objective:
+    a pruned model is scored by how close it stays to these)."""
+    out = []
+    for b in batches:
+        pooled = model.features(b.inputs.to(model.embed.weight.device)).float().mean(1)
+        out.append(replace(b, reference=pooled.to(b.inputs.device)))  # [batch, d_model]
+    return out
+
+
+@torch.no_grad()
+def text_metrics(model: Transformer, batches: Sequence[Batch], objective: str) -> dict[str, float]:
+    """What fits an imported model on text batches: loss and perplexity for language models
+    (next-token or masked-token), mean cosine similarity to the reference embeddings for
+    sentence encoders."""
+    device = model.embed.weight.device
+    total, count = 0.0, 0
+    for b in batches:
+        b = b.to(device)
+        if objective == "embedding":
+            total += float((1 - batch_loss(model, b, reduction="none")).double().sum())
+            count += b.inputs.shape[0]
+            continue
+        logits = forward_batch(model, b)  # [batch, seq, vocab]
+        token_loss = F.cross_entropy(logits.float().transpose(1, 2), b.targets, reduction="none")
+        total += float(token_loss[b.loss_mask].double().sum())
+        count += int(b.loss_mask.sum())
+    mean = total / max(count, 1)
+    if objective == "embedding":
+        return {"similarity": mean, "examples": count}
+    return {"loss": mean, "perplexity": math.exp(min(mean, 700.0)), "tokens": count}
+
+
+def text_splits_for(
+    model: Transformer,
+    tokenizer,
+    objective: str,
+    docs: Sequence[str],
+    max_tokens: int,
+    batch_size: int,
+    n_batches: int,
+    n_importance: int = 1,
+    seed: int = 0,
+) -> tuple[list[list[Batch]], list[Batch]]:
+    """Disjoint text batches for importance (n_importance sets) and for scoring, for an imported
+    model's objective; sentence encoders get `model`'s own embeddings as the reference."""
+    from probe.text import text_splits
+
+    limit = model.cfg.max_positions
+    if limit is not None and max_tokens > limit:
+        raise ProbeError(
+            f"--max-tokens {max_tokens} is longer than this model's learned position table "
+            f"({limit} positions); use --max-tokens {limit} or fewer."
+        )
+    sets, scoring = text_splits(docs, tokenizer, objective, max_tokens, batch_size, n_batches,
+                                n_importance, seed)  # fmt: skip
+    if objective == "embedding":
+        sets = [with_reference(model, s) for s in sets]
+        scoring = with_reference(model, scoring)
+    return sets, scoring

@@ -101,15 +101,34 @@ class Batch:
     loss_mask: torch.Tensor  # [batch, seq] bool: True where the target is an answer token
     source: torch.Tensor | None  # [batch, src_seq] long: the prompt (encoder-decoder form only)
     length: int  # the task length n of every example in this batch
+    # [batch, d_model] float: embeddings to stay close to (the embedding objective of imported
+    # sentence encoders: the loss is 1 - cos(mean-pooled last hidden state, reference)), or None
+    reference: torch.Tensor | None = None
+    # what the batch is scored by: None for a task batch, else an imported model's objective on
+    # text ("causal-lm", "masked-lm" or "embedding")
+    objective: str | None = None
 
     def to(self, device: torch.device | str) -> Batch:
         source = None if self.source is None else self.source.to(device)
+        reference = None if self.reference is None else self.reference.to(device)
         return replace(
             self,
             inputs=self.inputs.to(device),
             targets=self.targets.to(device),
             loss_mask=self.loss_mask.to(device),
             source=source,
+            reference=reference,
+        )
+
+    def rows(self, keep: torch.Tensor) -> Batch:
+        """The examples where `keep` [batch] (bool) is True."""
+        return replace(
+            self,
+            inputs=self.inputs[keep],
+            targets=self.targets[keep],
+            loss_mask=self.loss_mask[keep],
+            source=None if self.source is None else self.source[keep],
+            reference=None if self.reference is None else self.reference[keep],
         )
 
 

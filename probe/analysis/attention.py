@@ -8,7 +8,7 @@ head_summary(result.stats, result.roles)  # one row per head
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,7 +19,7 @@ from probe.errors import ProbeError
 from probe.evaluate import check_lengths, eval_batches, form_for
 from probe.model import Transformer
 from probe.observe import attention_stats
-from probe.tasks import TaskConfig
+from probe.tasks import Batch, TaskConfig
 
 SUMMARY_COLUMNS = [
     "layer",
@@ -47,7 +47,8 @@ class Inspection:
 def induction_period(model: Transformer, lengths: list[int]) -> int:
     """Repeated-sequence period for the induction score: the longest inspected length, capped
     so that [BOS] + 2 x period tokens fit a learned positional table."""
-    cap = (model.cfg.max_len - 1) // 2 if str(model.cfg.pe) == "learned" else 512
+    limit = model.cfg.max_positions
+    cap = (limit - 1) // 2 if limit is not None else 512
     return max(2, min(max(lengths), cap))
 
 
@@ -79,6 +80,23 @@ def inspect_model(
             f"'{task.name}' needs ({task.vocab_size}); inspect it on the task it was trained on."
         )
     batches = eval_batches(task, form_for(model.cfg.arch), lengths, batch_size, n_batches, seed)
+    return inspect_batches(model, batches, lengths, statistics=statistics, streaming=streaming,
+                           period=period, seed=seed, progress=progress)  # fmt: skip
+
+
+def inspect_batches(
+    model: Transformer,
+    batches: Sequence[Batch],
+    lengths: list[int],
+    *,
+    statistics: Iterable[str] | None = None,
+    streaming: bool | str = "auto",
+    period: int | None = None,
+    seed: int = 0,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> Inspection:
+    """Attention statistics and head roles of `model` on given batches (each batch's `length`
+    labels its rows: a task length, or the tokens per row of text)."""
 
     def report(stage: str):
         if progress is None:

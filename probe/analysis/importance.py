@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
 from enum import StrEnum
 
 import pandas as pd
@@ -71,16 +70,7 @@ def without(batches: Sequence[Batch], exclude: Sequence[Batch]) -> list[Batch]:
         if keep.all():
             out.append(b)
         elif keep.any():
-            source = None if b.source is None else b.source[keep]
-            out.append(
-                replace(
-                    b,
-                    inputs=b.inputs[keep],
-                    targets=b.targets[keep],
-                    loss_mask=b.loss_mask[keep],
-                    source=source,
-                )
-            )
+            out.append(b.rows(keep))
     return out
 
 
@@ -287,6 +277,11 @@ def head_importance(
     method = choice(Method, method, "importance method")
     if not batches:
         raise ProbeError("Head importance needs at least one batch of data.")
+    if method == Method.GRADIENT and batches[0].objective == "embedding":
+        raise ProbeError(
+            "Gradient importance is zero for a sentence encoder scored by similarity to its own "
+            "embeddings (the loss is at its minimum before pruning); use --method ablation."
+        )
     device = next(model.parameters()).device
     batches = [b.to(device) for b in batches]
     was_training = model.training

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
+from probe.analysis.groups import select_units
 from probe.analysis.importance import head_importance
 from probe.analysis.pruning import (
     check_counts,
@@ -31,7 +32,7 @@ from probe.analysis.pruning import (
 from probe.analysis.timing import COLUMNS as TIMING_COLUMNS
 from probe.analysis.timing import time_forward, timing_batches
 from probe.errors import ProbeError
-from probe.evaluate import batch_loss, forward_batch
+from probe.evaluate import batch_loss, forward_batch, text_metrics
 from probe.model import Transformer
 from probe.tasks import Batch, score
 
@@ -41,7 +42,10 @@ COLUMNS = ["fraction", "method", "seed", "metric", "value"]
 
 @torch.no_grad()
 def score_batches(model: Transformer, batches: Sequence[Batch]) -> dict[str, float]:
-    """exact_match, token_accuracy and loss, each a mean over every example of `batches`."""
+    """exact_match, token_accuracy and loss, each a mean over every example of `batches`; for an
+    imported model's text batches what fits its objective (`text_metrics`)."""
+    if batches and batches[0].objective is not None:
+        return score_text(model, batches)
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -60,6 +64,38 @@ def score_batches(model: Transformer, batches: Sequence[Batch]) -> dict[str, flo
     finally:
         model.train(was_training)
     return {k: v / max(n, 1) for k, v in sums.items()}
+
+
+@torch.no_grad()
+def score_text(model: Transformer, batches: Sequence[Batch]) -> dict[str, float]:
+    """Language models: loss and perplexity over the scored tokens, and token accuracy;
+    sentence encoders: mean cosine similarity to the reference embeddings."""
+    was_training = model.training
+    model.eval()
+    try:
+        objective = batches[0].objective
+        metrics = text_metrics(model, batches, objective)
+        if objective == "embedding":
+            return {"similarity": metrics["similarity"]}
+        device = next(model.parameters()).device
+        right = total = 0
+        for batch in batches:
+            batch = batch.to(device)
+            guess = forward_batch(model, batch).argmax(-1)  # [batch, seq]
+            right += int((guess == batch.targets)[batch.loss_mask].sum())
+            total += int(batch.loss_mask.sum())
+        accuracy = right / max(total, 1)
+        return {"token_accuracy": accuracy, "loss": metrics["loss"],
+                "perplexity": metrics["perplexity"]}  # fmt: skip
+    finally:
+        model.train(was_training)
+
+
+def primary_metric(batches: Sequence[Batch]) -> str:
+    """The metric a pruning curve is read by: exact match on tasks, loss on text (similarity for
+    sentence encoders)."""
+    objective = batches[0].objective if batches else None
+    return {None: "exact_match", "embedding": "similarity"}.get(objective, "loss")
 
 
 def default_fractions(n_heads: int) -> list[float]:
@@ -202,7 +238,12 @@ def prune_and_compare(
     def phase(name: str):
         return None if progress is None else (lambda done, total: progress(name, done, total))
 
-    removed = select_heads(model, importance, fraction, progress=phase("importance"), **select)
+    unit, uniform = select.pop("unit", "head"), select.pop("uniform", False)
+    if str(unit) != "head" or uniform:
+        removed = select_units(model, importance, fraction, unit=unit, uniform=uniform,
+                               progress=phase("importance"), **select)  # fmt: skip
+    else:
+        removed = select_heads(model, importance, fraction, progress=phase("importance"), **select)
     heads = list(zip(removed["layer"], removed["head"], strict=True))
     pruned = prune_heads(model, heads)
     with masked(model, heads):

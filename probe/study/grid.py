@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from probe.config import PE, ModelConfig, TrainConfig, to_plain
+from probe.config import ModelConfig, TrainConfig, to_plain
 from probe.errors import ProbeError
 from probe.evaluate import form_for
 from probe.study.spec import Study
@@ -151,7 +151,7 @@ def _configs(settings: dict[str, dict[str, Any]], where: str) -> tuple:
 def _check_lengths(study: Study, model: ModelConfig, task: TaskConfig, train: TrainConfig,
                    where: str) -> None:  # fmt: skip
     """A learned table or randomized positions cannot go past max_len: fail before training."""
-    if model.pe != PE.LEARNED and not train.random_positions:
+    if model.max_positions is None and not train.random_positions:
         return
     lengths = [train.train_len[1]]
     for name, options in study.analysis.items():

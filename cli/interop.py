@@ -1,0 +1,81 @@
+"""`probe import` (a Hugging Face directory or GGUF file -> a probe checkpoint) and `probe export`
+(an imported, possibly pruned, checkpoint -> a Hugging Face directory)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from probe_cli.common import OverwriteOpt, PickleOpt, console
+
+from probe import provenance
+from probe.checkpoint import CHECKPOINT_FILES, claim_output, load_checkpoint, open_output
+from probe.checkpoint import save_checkpoint as save
+from probe.errors import ProbeError
+from probe.interop.families import supported
+
+
+def import_cli(
+    source: Annotated[
+        Path,
+        typer.Argument(
+            help="A Hugging Face model directory (config.json + model.safetensors, sharded or "
+            "not) or a llama.cpp .gguf file."
+        ),
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Checkpoint directory to write.")],
+    overwrite: OverwriteOpt = False,
+) -> None:
+    """Turn a local model into a probe checkpoint that computes the same function (offline)."""
+    from probe.interop.importer import import_model
+
+    earlier = claim_output(out, CHECKPOINT_FILES, overwrite)
+    with console.status(f"reading {source}"):
+        imported = import_model(source)
+    meta = {"imported": provenance.context("cpu")}
+    open_output(out, earlier)
+    save(out, imported.model, None, None, meta, source=imported.source,
+         tokenizer=imported.tokenizer)  # fmt: skip
+    cfg = imported.model.cfg
+    counts = imported.model.parameter_counts()
+    groups = f", {cfg.kv_heads} key/value heads" if cfg.kv_heads != cfg.n_head else ""
+    console.print(
+        f"imported {imported.source['model_type']} ({imported.source['format']}): "
+        f"{cfg.n_layer} layers x {cfg.n_head} heads{groups}, d_model {cfg.d_model}, "
+        f"{counts['total']:,} parameters; scored on text by {imported.source['objective']}"
+    )
+    if imported.tokenizer is None:
+        console.print("no tokenizer.json in the source: commands that read text will refuse")
+    console.print(f"wrote the checkpoint {out}")
+
+
+def export_cli(
+    checkpoint: Annotated[Path, typer.Argument(help="An imported (and maybe pruned) checkpoint.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write.")],
+    format: Annotated[str, typer.Option("--format", help="Output format: hf.")] = "hf",
+    allow_pickle: PickleOpt = False,
+    overwrite: OverwriteOpt = False,
+) -> None:
+    """Write a checkpoint in the Hugging Face format, loadable with from_pretrained."""
+    from probe.interop.export import export_hf
+
+    if format != "hf":
+        raise ProbeError(f"Unknown --format '{format}'. Available: hf.")
+    writes = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+    earlier = claim_output(out, writes, overwrite)
+    ckpt = load_checkpoint(checkpoint, "cpu", allow_pickle)
+    if not ckpt.imported:
+        raise ProbeError(
+            f"{checkpoint} was trained by probe, not imported; export writes imported models "
+            f"({', '.join(supported())}) back to their format."
+        )
+    tokenizer = ckpt.tokenizer() if (ckpt.path / "tokenizer.json").is_file() else None
+    open_output(out, earlier)
+    written = export_hf(ckpt.model, ckpt.source["model_type"], out, tokenizer)
+    console.print(f"wrote {', '.join(p.name for p in written)} to {out}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("import", no_args_is_help=True)(import_cli)
+    app.command("export", no_args_is_help=True)(export_cli)

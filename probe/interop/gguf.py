@@ -1,0 +1,265 @@
+"""Read a llama.cpp GGUF file of a Llama-family model as a Hugging Face checkpoint would hold it.
+
+`read_gguf` dequantizes every tensor to float32 with the `gguf` package, renames it to the
+Hugging Face `LlamaForCausalLM` name, and builds a `LlamaConfig`-style config dict from the
+GGUF metadata. No transformers is needed.
+
+Two layout differences between GGUF and Hugging Face are undone here:
+
+1. Shape order. GGUF lists dimensions fastest-first (`[d_model, vocab]` for the embedding); the
+   `gguf` reader already returns numpy arrays in row-major order (`[vocab, d_model]`), which is the
+   torch / Hugging Face order. Every tensor's shape is checked against the config.
+
+2. Rotary row order of q_proj and k_proj. Hugging Face's Llama rotates with `rotate_half`: inside a
+   head of size d_head, row r < d_head/2 is paired with row r + d_head/2. llama.cpp rotates
+   adjacent rows (2i, 2i+1), so its converter permutes the rows of each head:
+
+       HF row (half, i)  ->  GGUF row (i, half)      half in {0, 1}, i in [0, d_head/2)
+
+   i.e. it views a head's rows as [2, d_head/2], swaps the two axes, and flattens. The inverse
+   views GGUF rows as [d_head/2, 2] and swaps back (`_unpermute_rotary`). k_proj is permuted per
+   key/value head, so it is undone with n_kv_head heads.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from probe.errors import ProbeError
+
+SUPPORTED_ARCHITECTURES = ("llama",)
+
+# GGUF tensor name -> Hugging Face name, for tensors outside the blocks.
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+# GGUF name inside `blk.{i}.` -> Hugging Face name inside `model.layers.{i}.`
+_BLOCK_NAMES = {
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+}
+# GGUF block tensors whose rows llama.cpp permutes for its rotary layout -> config key of the
+# number of heads the permutation ran over.
+_ROTARY_HEADS = {"attn_q.weight": "num_attention_heads", "attn_k.weight": "num_key_value_heads"}
+_BLOCK_RE = re.compile(r"blk\.(\d+)\.(.+)")
+_HEADER_FIELDS = ("GGUF.version", "GGUF.tensor_count", "GGUF.kv_count")  # added by the reader
+
+
+@dataclass(frozen=True)
+class GGUFModel:
+    config: dict[str, Any]  # Hugging Face LlamaConfig-style config.json dict
+    tensors: dict[str, torch.Tensor] = field(repr=False)  # HF names -> float32, HF shapes
+    metadata: dict[str, Any] = field(repr=False)  # raw GGUF key/value metadata, decoded
+
+
+def read_gguf(path: str | Path) -> GGUFModel:
+    """Read a Llama GGUF file; every tensor comes back dequantized to float32 under its HF name."""
+    path = Path(path)
+    reader = _open_reader(path)
+    metadata = _metadata(reader, path)
+    arch = metadata.get("general.architecture")
+    if arch is None:
+        raise ProbeError(f"GGUF file '{path}' has no 'general.architecture' metadata key")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        supported = ", ".join(SUPPORTED_ARCHITECTURES)
+        raise ProbeError(
+            f"GGUF file '{path}': architecture '{arch}' is not supported; supported: {supported}"
+        )
+    gguf_names = [t.name for t in reader.tensors]
+    config = _llama_config(metadata, gguf_names, path)
+    shapes = _expected_shapes(config)
+    tensors: dict[str, torch.Tensor] = {}
+    for tensor in reader.tensors:
+        hf_name = _hf_name(tensor.name, config["num_hidden_layers"], path)
+        weight = _dequantize(tensor, path)
+        if tuple(weight.shape) != shapes[hf_name]:
+            raise ProbeError(
+                f"GGUF file '{path}': tensor '{tensor.name}' has shape {tuple(weight.shape)}, "
+                f"expected {shapes[hf_name]} from the metadata"
+            )
+        block = _BLOCK_RE.fullmatch(tensor.name)
+        heads_key = _ROTARY_HEADS.get(block[2]) if block else None
+        if heads_key is not None:
+            weight = _unpermute_rotary(weight, config[heads_key])
+        tensors[hf_name] = weight
+    missing = [name for name in shapes if name not in tensors and name != "lm_head.weight"]
+    if missing:
+        shown = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
+        raise ProbeError(f"GGUF file '{path}' lacks {len(missing)} tensors: {shown}")
+    return GGUFModel(config=config, tensors=tensors, metadata=metadata)
+
+
+def _open_reader(path: Path) -> Any:
+    import gguf  # imported here so the rest of probe works without the optional package
+
+    if not path.exists():
+        raise ProbeError(f"GGUF file '{path}' does not exist")
+    if not path.is_file():
+        raise ProbeError(f"GGUF path '{path}' is not a file")
+    try:
+        with path.open("rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise ProbeError(f"cannot read GGUF file '{path}': {e.strerror or e}") from e
+    if magic != b"GGUF":
+        raise ProbeError(
+            f"'{path}' is not a GGUF file: it does not start with the bytes 'GGUF' "
+            "(expected a llama.cpp .gguf model file)"
+        )
+    try:
+        return gguf.GGUFReader(path)
+    except Exception as e:  # the reader raises many kinds on bad input; all mean the same here
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ProbeError(
+            f"'{path}' is not a readable GGUF file: it looks truncated or corrupt "
+            f"(gguf reader: {reason}); download or convert it again"
+        ) from e
+
+
+def _metadata(reader: Any, path: Path) -> dict[str, Any]:
+    """Every key/value pair of the file: strings decoded, arrays as python lists."""
+    metadata: dict[str, Any] = {}
+    for key, value_field in reader.fields.items():
+        if key in _HEADER_FIELDS:
+            continue
+        try:
+            metadata[key] = value_field.contents()
+        except UnicodeDecodeError as e:
+            raise ProbeError(f"GGUF file '{path}': metadata '{key}' is not valid UTF-8") from e
+    return metadata
+
+
+def _required(metadata: dict[str, Any], key: str, path: Path) -> Any:
+    if key not in metadata:
+        raise ProbeError(f"GGUF file '{path}' lacks the metadata key '{key}'")
+    return metadata[key]
+
+
+def _float32_value(value: float) -> float:
+    """The shortest decimal that a float32 stores: 1e-5 comes back as 1e-05, not 9.9999997e-06."""
+    return float(str(np.float32(value)))
+
+
+def _llama_config(metadata: dict[str, Any], gguf_names: list[str], path: Path) -> dict[str, Any]:
+    def key(name: str) -> Any:
+        return _required(metadata, f"llama.{name}", path)
+
+    d_model = int(key("embedding_length"))
+    n_head = int(key("attention.head_count"))
+    n_kv_head = int(metadata.get("llama.attention.head_count_kv", n_head))
+    d_head = int(metadata.get("llama.attention.key_length", d_model // n_head))
+    d_value = int(metadata.get("llama.attention.value_length", d_head))
+    rotary_dims = int(metadata.get("llama.rope.dimension_count", d_head))
+    if d_value != d_head or rotary_dims != d_head or n_head % n_kv_head != 0:
+        raise ProbeError(
+            f"GGUF file '{path}': unsupported attention layout (key length {d_head}, value "
+            f"length {d_value}, rotary dims {rotary_dims}, {n_head} heads, {n_kv_head} kv heads)"
+        )
+    scaling = metadata.get("llama.rope.scaling.type", "none")
+    if scaling != "none":
+        raise ProbeError(f"GGUF file '{path}': rope scaling '{scaling}' is not supported")
+    embed = "token_embd.weight"
+    if embed not in gguf_names:
+        raise ProbeError(f"GGUF file '{path}' lacks the tensor '{embed}'")
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    vocab_size = int(metadata.get("llama.vocab_size", len(tokens) if tokens else 0))
+    if vocab_size == 0:
+        raise ProbeError(f"GGUF file '{path}' has neither 'llama.vocab_size' nor a token list")
+    config: dict[str, Any] = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": vocab_size,
+        "hidden_size": d_model,
+        "intermediate_size": int(key("feed_forward_length")),
+        "num_hidden_layers": int(key("block_count")),
+        "num_attention_heads": n_head,
+        "num_key_value_heads": n_kv_head,
+        "head_dim": d_head,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "rms_norm_eps": _float32_value(key("attention.layer_norm_rms_epsilon")),
+        "rope_theta": _float32_value(metadata.get("llama.rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(key("context_length")),
+        "tie_word_embeddings": "output.weight" not in gguf_names,
+        "torch_dtype": "float32",
+    }
+    for token in ("bos", "eos", "pad"):
+        gguf_key = f"tokenizer.ggml.{'padding' if token == 'pad' else token}_token_id"
+        if gguf_key in metadata:
+            config[f"{token}_token_id"] = int(metadata[gguf_key])
+    return config
+
+
+def _expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Hugging Face name -> shape, for every tensor a Llama with this config holds."""
+    d_model, d_ff = config["hidden_size"], config["intermediate_size"]
+    d_q = config["num_attention_heads"] * config["head_dim"]
+    d_kv = config["num_key_value_heads"] * config["head_dim"]
+    block = {
+        "self_attn.q_proj.weight": (d_q, d_model),
+        "self_attn.k_proj.weight": (d_kv, d_model),
+        "self_attn.v_proj.weight": (d_kv, d_model),
+        "self_attn.o_proj.weight": (d_model, d_q),
+        "mlp.gate_proj.weight": (d_ff, d_model),
+        "mlp.up_proj.weight": (d_ff, d_model),
+        "mlp.down_proj.weight": (d_model, d_ff),
+        "input_layernorm.weight": (d_model,),
+        "post_attention_layernorm.weight": (d_model,),
+    }
+    shapes = {"model.embed_tokens.weight": (config["vocab_size"], d_model)}
+    for layer in range(config["num_hidden_layers"]):
+        shapes.update({f"model.layers.{layer}.{name}": s for name, s in block.items()})
+    shapes["model.norm.weight"] = (d_model,)
+    shapes["lm_head.weight"] = (config["vocab_size"], d_model)
+    return shapes
+
+
+def _hf_name(gguf_name: str, n_layer: int, path: Path) -> str:
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    match = _BLOCK_RE.fullmatch(gguf_name)
+    if match and int(match[1]) < n_layer and match[2] in _BLOCK_NAMES:
+        return f"model.layers.{int(match[1])}.{_BLOCK_NAMES[match[2]]}"
+    raise ProbeError(
+        f"GGUF file '{path}': tensor '{gguf_name}' has no place in a Hugging Face Llama "
+        "(only plain Llama checkpoints are supported: no biases, experts or rope_freqs)"
+    )
+
+
+def _dequantize(tensor: Any, path: Path) -> torch.Tensor:
+    from gguf.quants import dequantize
+
+    try:
+        values = dequantize(tensor.data, tensor.tensor_type)  # row-major: reversed GGUF dims
+    except NotImplementedError as e:
+        raise ProbeError(
+            f"GGUF file '{path}': tensor '{tensor.name}' uses {tensor.tensor_type.name}, "
+            "which the installed gguf package cannot dequantize"
+        ) from e
+    # F32 tensors come back as read-only views of the file: copy them; others are fresh arrays.
+    copy = not values.flags.writeable or values.dtype != np.float32
+    return torch.from_numpy(np.array(values, dtype=np.float32, copy=copy))
+
+
+def _unpermute_rotary(weight: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Undo llama.cpp's q/k row permutation: interleaved rotary pairs back to rotate_half halves."""
+    rows, cols = weight.shape
+    d_head = rows // n_head
+    pairs = weight.reshape(n_head, d_head // 2, 2, cols)  # [head, pair i, half, d_model]
+    return pairs.transpose(1, 2).reshape(rows, cols)  # [head * half * pair i, d_model]

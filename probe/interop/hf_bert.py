@@ -1,0 +1,119 @@
+"""BERT family (BERT, MiniLM and similar encoders): post-LN, learned absolute positions, token
+types, a LayerNorm on the embeddings, GELU, biases everywhere; the masked-LM head when present."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from probe.config import FFN, PE, Arch, ModelConfig, Norm
+from probe.errors import ProbeError
+from probe.interop.families import number, rename
+
+MODEL_TYPES = ("bert",)
+ACTIVATIONS = {"gelu": FFN.GELU, "gelu_new": FFN.GELU_TANH, "relu": FFN.RELU}
+MLM = "cls.predictions."
+
+
+def config(hf: dict[str, Any], where: str, names: set[str] | None = None) -> ModelConfig:
+    act = hf.get("hidden_act", "gelu")
+    if act not in ACTIVATIONS:
+        raise ProbeError(f"{where}: hidden_act '{act}' is not supported for BERT.")
+    if hf.get("position_embedding_type", "absolute") != "absolute":
+        raise ProbeError(f"{where}: only absolute position embeddings are supported for BERT.")
+    d_model = number(hf, "hidden_size", where)
+    has_head = names is not None and any(n.startswith(MLM) for n in names)
+    return ModelConfig(
+        arch=Arch.ENCODER,
+        vocab_size=number(hf, "vocab_size", where),
+        n_layer=number(hf, "num_hidden_layers", where),
+        n_head=number(hf, "num_attention_heads", where),
+        d_model=d_model,
+        ffn=ACTIVATIONS[act],
+        ffn_mult=number(hf, "intermediate_size", where) / d_model,
+        norm=Norm.POST,
+        pe=PE.LEARNED,
+        max_len=number(hf, "max_position_embeddings", where),
+        ln_eps=float(hf.get("layer_norm_eps", 1e-12)),
+        type_vocab_size=int(hf.get("type_vocab_size", 2)),
+        embed_norm=True,
+        tie_embeddings=True,
+        head_transform=has_head,
+        head_bias=has_head,
+    )
+
+
+def _names(cfg: ModelConfig, prefix: str) -> dict[str, str]:
+    """Hugging Face name -> probe name."""
+    e = f"{prefix}embeddings."
+    names = {
+        e + "word_embeddings.weight": "embed.weight",
+        e + "position_embeddings.weight": "positions.table.weight",
+        e + "token_type_embeddings.weight": "token_types.weight",
+        e + "LayerNorm.weight": "ln_embed.weight",
+        e + "LayerNorm.bias": "ln_embed.bias",
+    }
+    for i in range(cfg.n_layer):
+        h, p = f"{prefix}encoder.layer.{i}.", f"blocks.{i}."
+        for kind in ("weight", "bias"):
+            names |= {
+                f"{h}attention.self.query.{kind}": f"{p}attn.q.{kind}",
+                f"{h}attention.self.key.{kind}": f"{p}attn.k.{kind}",
+                f"{h}attention.self.value.{kind}": f"{p}attn.v.{kind}",
+                f"{h}attention.output.dense.{kind}": f"{p}attn.o.{kind}",
+                f"{h}attention.output.LayerNorm.{kind}": f"{p}ln_attn.{kind}",
+                f"{h}intermediate.dense.{kind}": f"{p}ffn.up.{kind}",
+                f"{h}output.dense.{kind}": f"{p}ffn.down.{kind}",
+                f"{h}output.LayerNorm.{kind}": f"{p}ln_ffn.{kind}",
+            }
+    if cfg.head_transform:
+        for kind in ("weight", "bias"):
+            names |= {
+                f"{MLM}transform.dense.{kind}": f"head_dense.{kind}",
+                f"{MLM}transform.LayerNorm.{kind}": f"ln_head.{kind}",
+            }
+        names[f"{MLM}bias"] = "head.bias"
+    return names
+
+
+def _prefix(state: dict) -> str:
+    return "bert." if any(k.startswith("bert.") for k in state) else ""
+
+
+def to_probe(state: dict[str, torch.Tensor], cfg: ModelConfig, where: str) -> dict:
+    out = rename(state, _names(cfg, _prefix(state)), where)
+    if cfg.type_vocab_size == 0:
+        out.pop("token_types.weight")
+    return out
+
+
+def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]:
+    if any(len(s.kept_heads) != cfg.n_head for s in cfg.sites()):
+        raise ProbeError(
+            "A pruned BERT model cannot be written as a Hugging Face BERT: its config has one "
+            "head count and head size for every layer. Export the unpruned model, or keep it as "
+            "a probe checkpoint."
+        )
+    prefix = "bert." if cfg.head_transform else ""
+    weights = {hf: state[p] for hf, p in _names(cfg, prefix).items()}
+    if cfg.head_transform:
+        weights[f"{MLM}decoder.weight"] = state["embed.weight"]
+        weights[f"{MLM}decoder.bias"] = state["head.bias"]
+    act = {v: k for k, v in ACTIVATIONS.items()}[cfg.ffn]
+    hf = {
+        "model_type": "bert",
+        "architectures": ["BertForMaskedLM" if cfg.head_transform else "BertModel"],
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model,
+        "num_hidden_layers": cfg.n_layer,
+        "num_attention_heads": cfg.n_head,
+        "intermediate_size": cfg.d_ff,
+        "hidden_act": act,
+        "max_position_embeddings": cfg.max_len,
+        "type_vocab_size": cfg.type_vocab_size,
+        "layer_norm_eps": cfg.ln_eps,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+    }
+    return hf, weights

