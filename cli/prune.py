@@ -246,7 +246,8 @@ def _sweep(ckpt, out, methods, seeds, fractions, lengths, batch_size, batches, s
     title = f"{_name(ckpt)}, {ckpt.model_cfg.arch}: heads pruned by importance"
     atomic_save_figure(out / "pruning.png", pruning_curve_plot(curve, metric, title))
     second = "loss" if metric != "loss" else "perplexity"
-    atomic_save_figure(out / "pruning_loss.png", pruning_curve_plot(curve, second, title))
+    if second in set(curve.metric):  # a sentence encoder has only its similarity
+        atomic_save_figure(out / "pruning_loss.png", pruning_curve_plot(curve, second, title))
     mean = curve[curve.metric == metric].groupby(["fraction", "method"])["value"].mean()
     wide = mean.unstack("method")
     view = Table(title=f"{metric} (mean over {seeds} seeds) vs fraction of heads pruned")
