@@ -1,12 +1,10 @@
-"""`probe importance` and `probe prune`: which heads matter, and removing the rest for real."""
+"""`probe prune`: removing heads for real (a smaller checkpoint), or the pruning curve."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
-import pandas as pd
 import typer
 from probe_cli.common import (
     BatchSizeOpt,
@@ -23,43 +21,37 @@ from probe_cli.common import (
     check_positive,
     console,
     require_heads,
-    text_data,
     write_manifest,
 )
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from probe_cli.selection import (
+    BatchesOpt,
+    LengthsOpt,
+    NormalizeOpt,
+    data_name,
+    lengths_for,
+    load,
+    phased,
+    progress_bar,
+    splits,
+    text_settings,
+)
 from rich.table import Table
 
-from probe.analysis.importance import compare_estimators, disjoint_splits, parse_methods
+from probe.analysis.importance import parse_methods
 from probe.analysis.pruning_runs import primary_metric, prune_and_compare, pruning_curve
 from probe.checkpoint import (
     CHECKPOINT_FILES,
     TOKENIZER,
-    Checkpoint,
     claim_output,
-    load_checkpoint,
     open_output,
     save_checkpoint,
 )
 from probe.errors import ProbeError
-from probe.evaluate import check_lengths, form_for
 from probe.report.files import atomic_save_figure, atomic_write_csv
 from probe.report.pruning_plots import (
-    correlation_heatmap,
-    importance_heatmap,
     pruning_curve_plot,
 )
 from probe.tasks import parse_lengths
-from probe.train import resolve_device
-
-LengthsOpt = Annotated[
-    str | None,
-    typer.Option("--lengths", help="Task lengths, 'lo:hi' or '8,16' (default: the training ones)."),
-]
-BatchesOpt = Annotated[int, typer.Option("--batches", help="Batches per length in each split.")]
-NormalizeOpt = Annotated[
-    bool, typer.Option("--normalize", help="L2-normalize importance within each layer.")
-]
-
 
 SWEEP_FILES = ("pruning.csv", "pruning.png", "pruning_loss.png", "manifest.json")
 PRUNED_FILES = (*CHECKPOINT_FILES, "removed_heads.csv", "prune_metrics.csv", "prune_timing.csv")
@@ -73,145 +65,7 @@ def _same_dir(a: Path, b: Path) -> bool:
         return False
 
 
-def _load(checkpoint: Path, device: str, allow_pickle: bool) -> Checkpoint:
-    return load_checkpoint(checkpoint, resolve_device(device), allow_pickle)
-
-
-def _lengths(ckpt: Checkpoint, spec: str | None) -> list[int]:
-    if ckpt.imported:
-        return []
-    lo, hi = ckpt.train_cfg.train_len
-    lengths = parse_lengths(spec) if spec else list(range(lo, hi + 1))
-    check_lengths(ckpt.model, ckpt.task, lengths)
-    return lengths
-
-
-def _splits(ckpt: Checkpoint, lengths, batch_size: int, batches: int, seed: int, n: int = 1,
-            text: tuple = (None, False, 128)):  # fmt: skip
-    """Importance splits and a scoring split: task data, or text for an imported model."""
-    if ckpt.imported:
-        return text_data(ckpt, *text, batch_size, batches, seed, n)
-    form = form_for(ckpt.model_cfg.arch)
-    return disjoint_splits(
-        ckpt.task, form, lengths, batch_size=batch_size, n_batches=batches, seed=seed,
-        n_importance=n,
-    )  # fmt: skip
-
-
-def _bar() -> Progress:
-    columns = (
-        TextColumn("[progress.description]{task.description}"), BarColumn(),
-        TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
-    )  # fmt: skip
-    return Progress(*columns, console=console, transient=True)
-
-
-def _phased(bar: Progress) -> Callable[[str, int, int], None]:
-    """A (phase, done, total) callback with one bar per phase."""
-    jobs: dict[str, int] = {}
-
-    def update(phase: str, done: int, total: int) -> None:
-        if phase not in jobs:
-            jobs[phase] = bar.add_task(phase, total=total)
-        bar.update(jobs[phase], completed=done, total=total)
-
-    return update
-
-
-def _importance_view(table: pd.DataFrame, method: str, sites: list[str], n_head: int) -> Table:
-    wide = n_head > 6
-    view = Table(title=f"{method} importance (blank: pruned)", padding=(0, 1 if wide else 2))
-    view.add_column("layer" if wide else "site")
-    for h in range(n_head):
-        view.add_column(f"{h}" if wide else f"head {h}", justify="right")
-    part = table[table["method"] == method].set_index(["layer", "head"])["value"]
-    digits = 2 if wide else 4
-    for layer, site in enumerate(sites):
-        cells = [
-            f"{part[(layer, h)]:.{digits}g}" if (layer, h) in part.index else ""
-            for h in range(n_head)
-        ]
-        view.add_row(str(layer) if wide else site, *cells)
-    return view
-
-
-def _text_settings(ckpt: Checkpoint, data: tuple) -> dict:
-    if not ckpt.imported:
-        return {}
-    text, whole, max_tokens = data
-    return {"text": str(text) if text else "shipped corpus", "whole": whole,
-            "max_tokens": max_tokens}  # fmt: skip
-
-
-def _name(ckpt: Checkpoint) -> str:
-    return ckpt.task.name if ckpt.task is not None else str(ckpt.source["model_type"])
-
-
 # ------------------------------------------------------------------------------ importance
-def importance_cli(
-    checkpoint: CheckpointArg,
-    out: OutOpt,
-    method: Annotated[
-        str,
-        typer.Option(
-            help="gradient, ablation, mean-ablation, confidence, entropy, random; "
-            "several with commas, or 'all'."
-        ),
-    ] = "gradient",
-    lengths: LengthsOpt = None,
-    text: TextOpt = None,
-    whole: WholeOpt = False,
-    max_tokens: MaxTokensOpt = 128,
-    batch_size: BatchSizeOpt = 64,
-    batches: BatchesOpt = 1,
-    normalize: NormalizeOpt = False,
-    seed: SeedOpt = 0,
-    device: DeviceOpt = "cpu",
-    allow_pickle: PickleOpt = False,
-    overwrite: OverwriteOpt = False,
-) -> None:
-    """Score every attention head; writes importance.csv, importance.png (+ correlations)."""
-    methods = parse_methods(method)
-    check_positive(batch_size=batch_size, batches=batches)
-    writes = ("importance.csv", "importance.png", "correlations.csv", "correlations.png",
-              "manifest.json")  # fmt: skip
-    earlier = claim_output(out, writes, overwrite)
-    ckpt = _load(checkpoint, device, allow_pickle)
-    require_heads(ckpt)
-    check_data_options(ckpt, text, lengths)
-    chosen = _lengths(ckpt, lengths)
-    data = (text, whole, max_tokens)
-    (split,), _ = _splits(ckpt, chosen, batch_size, batches, seed, text=data)
-    with _bar() as bar:
-        table, corr = compare_estimators(
-            ckpt.model, split, methods, normalize=normalize, seed=seed, progress=_phased(bar)
-        )
-    open_output(out, earlier)
-    sites, n_head = [s.name for s in ckpt.model_cfg.sites()], ckpt.model_cfg.n_head
-    atomic_write_csv(out / "importance.csv", table)
-    atomic_save_figure(out / "importance.png", importance_heatmap(table, sites, n_head))
-    if len(methods) > 1:
-        atomic_write_csv(out / "correlations.csv", corr)
-        atomic_save_figure(out / "correlations.png", correlation_heatmap(corr))
-    write_manifest(
-        out, ckpt, device, command="importance", methods=methods, lengths=chosen,
-        batch_size=batch_size, batches=batches, normalize=normalize, seed=seed,
-        **_text_settings(ckpt, data),
-    )  # fmt: skip
-    for m in methods:
-        console.print(_importance_view(table, m, sites, n_head))
-    if len(methods) > 1:
-        wide = corr.pivot(index="method", columns="other", values="rho").loc[methods, methods]
-        view = Table(title="Spearman rho between estimators (entropy negated)")
-        view.add_column("")
-        for m in methods:
-            view.add_column(m, justify="right")
-        for m, row in wide.iterrows():
-            view.add_row(m, *(f"{v:.2f}" for v in row))
-        console.print(view)
-    console.print(f"wrote {out / 'importance.csv'} and {out / 'importance.png'}")
-
-
 # ---------------------------------------------------------------------------------- prune
 def _fractions(spec: str | None) -> list[float] | None:
     if not spec:
@@ -233,17 +87,17 @@ def _sweep(ckpt, out, methods, seeds, fractions, lengths, batch_size, batches, s
         console.print("adding the random baseline to the sweep")
     if seeds < 1:
         raise ProbeError(f"--seeds must be at least 1, got {seeds}.")
-    splits, scoring = _splits(ckpt, lengths, batch_size, batches, seed, n=seeds, text=data)
+    sets, scoring = splits(ckpt, lengths, batch_size, batches, seed, n=seeds, text=data)
     metric = primary_metric(scoring)
-    with _bar() as bar:
+    with progress_bar() as bar:
         job = bar.add_task("sweep", total=None)
         curve = pruning_curve(
-            ckpt.model, splits, scoring, names, _fractions(fractions),
+            ckpt.model, sets, scoring, names, _fractions(fractions),
             progress=lambda d, t: bar.update(job, completed=d, total=t), **select,
         )  # fmt: skip
     open_output(out, earlier)
     atomic_write_csv(out / "pruning.csv", curve)
-    title = f"{_name(ckpt)}, {ckpt.model_cfg.arch}: heads pruned by importance"
+    title = f"{data_name(ckpt)}, {ckpt.model_cfg.arch}: heads pruned by importance"
     atomic_save_figure(out / "pruning.png", pruning_curve_plot(curve, metric, title))
     second = "loss" if metric != "loss" else "perplexity"
     if second in set(curve.metric):  # a sentence encoder has only its similarity
@@ -373,15 +227,15 @@ def prune_cli(
         )
     writes = SWEEP_FILES if sweep else PRUNED_FILES
     earlier = claim_output(out, writes, overwrite)
-    ckpt = _load(checkpoint, device, allow_pickle)
+    ckpt = load(checkpoint, device, allow_pickle)
     require_heads(ckpt)
     check_data_options(ckpt, text, lengths)
-    chosen = _lengths(ckpt, lengths)
+    chosen = lengths_for(ckpt, lengths)
     data = (text, whole, max_tokens)
     select = {"iterative": iterative, "scope": scope, "min_heads_per_layer": min_heads_per_layer,
               "normalize": normalize}  # fmt: skip
     settings = {"lengths": chosen, "batch_size": batch_size, "batches": batches, "seed": seed,
-                **select, **_text_settings(ckpt, data)}  # fmt: skip
+                **select, **text_settings(ckpt, data)}  # fmt: skip
     if sweep:
         names = _sweep(
             ckpt,
@@ -401,14 +255,14 @@ def prune_cli(
             out, ckpt, device, command="prune --sweep", methods=names, seeds=seeds, **settings
         )
         return
-    (split,), scoring = _splits(ckpt, chosen, batch_size, batches, seed, text=data)
+    (split,), scoring = splits(ckpt, chosen, batch_size, batches, seed, text=data)
     if unit != "head" or uniform:
         select = {**select, "unit": unit, "uniform": uniform}
-    with _bar() as bar:
+    with progress_bar() as bar:
         result = prune_and_compare(
             ckpt.model, split, scoring, fraction, timing=timing, repeats=repeats,
             batch_sizes=parse_lengths(timing_sizes), threads=timing_threads,
-            progress=_phased(bar), method=method, step=step, seed=seed, **select,
+            progress=phased(bar), method=method, step=step, seed=seed, **select,
         )  # fmt: skip
     record = {
         "source": str(ckpt.path), "method": method, "fraction": fraction, "step": step,
@@ -433,5 +287,4 @@ def prune_cli(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("importance", no_args_is_help=True)(importance_cli)
     app.command("prune", no_args_is_help=True)(prune_cli)

@@ -295,3 +295,38 @@ def test_text_options_are_checked(imported, tmp_path, capsys):
         ]
     )
     assert code == 2 and "fewer than one row" in capsys.readouterr().err
+
+
+def test_importance_per_group_is_the_sum_of_its_heads(imported, tmp_path):
+    out = tmp_path / "groups"
+    code = exit_code(["importance", str(imported["llama"]), "--out", str(out), "--method",
+                      "ablation", "--unit", "group", *TEXT])  # fmt: skip
+    assert code == 0
+    import pandas as pd
+
+    heads = pd.read_csv(out / "importance.csv")
+    groups = pd.read_csv(out / "importance_groups.csv")
+    assert len(groups) == 2 * 2  # 2 layers x 2 key/value groups
+    for r in groups.itertuples():  # 6 query heads, 3 per group: heads 3g .. 3g+2
+        part = heads[(heads.layer == r.layer) & (heads["head"] // 3 == r.group)]
+        assert abs(part["value"].sum() - r.score) < 1e-9
+
+
+def test_import_bad_sources_give_one_line(tmp_path, capsys):
+    gguf = tmp_path / "cut.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(60))
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a model")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for source, words in (
+        (gguf, "truncated or corrupt"),
+        (notes, "import a Hugging Face"),
+        (empty, "config.json is missing"),
+        (tmp_path / "nope", "does not exist"),
+    ):
+        capsys.readouterr()
+        assert exit_code(["import", str(source), "--out", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err
+        assert words in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2
+    assert not (tmp_path / "out").exists()  # nothing written for a failed import

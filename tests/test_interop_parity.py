@@ -206,3 +206,37 @@ def test_smollm2_gguf_matches_transformers_loading_of_the_same_file():
     noise = float((want["sdpa"] - want["eager"]).abs().max())
     gap = min(float((got - w).abs().max()) for w in want.values())
     assert gap <= max(TOL, 2 * noise), (gap, noise)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "qwen2", "bert", "bert-mlm"])
+def test_export_unpruned_loads_in_transformers_with_equal_outputs(kind, tmp_path):
+    from probe.interop.export import export_hf
+
+    _, path = saved(kind, tmp_path)
+    imported = import_model(path)
+    out = tmp_path / "exported"
+    export_hf(imported.model, imported.source["model_type"], out)
+    loaded = transformers.AutoConfig.from_pretrained(str(out))
+    cls = {"bert": transformers.BertModel, "bert-mlm": transformers.BertForMaskedLM}.get(
+        kind, transformers.AutoModelForCausalLM
+    )
+    ref = cls.from_pretrained(str(out)).eval()
+    # the Llama family is written as a Llama config (Qwen2's q/k/v biases as attention_bias)
+    assert loaded.model_type == {"qwen2": "llama"}.get(kind, imported.source["model_type"])
+    tokens, _ = inputs()
+    with torch.no_grad():
+        out_ref = ref(tokens)
+        if kind == "bert":
+            want, got = out_ref.last_hidden_state, imported.model.features(tokens)
+        else:
+            want, got = out_ref.logits, imported.model(tokens)
+    assert (got - want).abs().max() < TOL
+
+
+def test_pruned_bert_cannot_be_exported(tmp_path):
+    from probe.interop.export import export_hf
+
+    _, path = saved("bert", tmp_path)
+    model = prune_heads(import_model(path).model, [(0, 1)])
+    with pytest.raises(ProbeError, match="pruned BERT"):
+        export_hf(model, "bert", tmp_path / "out")

@@ -1,0 +1,163 @@
+"""`probe importance`: how much each attention head (or key/value group) matters."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import pandas as pd
+import typer
+from probe_cli.common import (
+    BatchSizeOpt,
+    CheckpointArg,
+    DeviceOpt,
+    MaxTokensOpt,
+    OutOpt,
+    OverwriteOpt,
+    PickleOpt,
+    SeedOpt,
+    TextOpt,
+    WholeOpt,
+    check_data_options,
+    check_positive,
+    console,
+    require_heads,
+    write_manifest,
+)
+from probe_cli.selection import (
+    BatchesOpt,
+    LengthsOpt,
+    NormalizeOpt,
+    lengths_for,
+    load,
+    phased,
+    progress_bar,
+    splits,
+    text_settings,
+)
+from rich.table import Table
+
+from probe.analysis.groups import Unit, group_table
+from probe.analysis.importance import compare_estimators, parse_methods
+from probe.checkpoint import (
+    claim_output,
+    open_output,
+)
+from probe.config import choice
+from probe.report.files import atomic_save_figure, atomic_write_csv
+from probe.report.pruning_plots import (
+    correlation_heatmap,
+    importance_heatmap,
+)
+
+
+def _importance_view(table: pd.DataFrame, method: str, sites: list[str], n_head: int) -> Table:
+    wide = n_head > 6
+    view = Table(title=f"{method} importance (blank: pruned)", padding=(0, 1 if wide else 2))
+    view.add_column("layer" if wide else "site")
+    for h in range(n_head):
+        view.add_column(f"{h}" if wide else f"head {h}", justify="right")
+    part = table[table["method"] == method].set_index(["layer", "head"])["value"]
+    digits = 2 if wide else 4
+    for layer, site in enumerate(sites):
+        cells = [
+            f"{part[(layer, h)]:.{digits}g}" if (layer, h) in part.index else ""
+            for h in range(n_head)
+        ]
+        view.add_row(str(layer) if wide else site, *cells)
+    return view
+
+
+def _group_view(groups: pd.DataFrame) -> Table:
+    view = Table(title="importance per key/value group (sum over its query heads; larger = "
+                 "more important)")  # fmt: skip
+    view.add_column("method")
+    view.add_column("layer", justify="right")
+    n = int(groups["group"].max()) + 1
+    for g in range(n):
+        view.add_column(f"group {g}", justify="right")
+    for (method, layer), part in groups.groupby(["method", "layer"], sort=False):
+        values = dict(zip(part["group"], part["score"], strict=True))
+        view.add_row(method, str(layer),
+                     *(f"{values[g]:.3g}" if g in values else "" for g in range(n)))  # fmt: skip
+    return view
+
+
+def importance_cli(
+    checkpoint: CheckpointArg,
+    out: OutOpt,
+    method: Annotated[
+        str,
+        typer.Option(
+            help="gradient, ablation, mean-ablation, confidence, entropy, random; "
+            "several with commas, or 'all'."
+        ),
+    ] = "gradient",
+    lengths: LengthsOpt = None,
+    text: TextOpt = None,
+    whole: WholeOpt = False,
+    max_tokens: MaxTokensOpt = 128,
+    batch_size: BatchSizeOpt = 64,
+    batches: BatchesOpt = 1,
+    normalize: NormalizeOpt = False,
+    unit: Annotated[
+        str,
+        typer.Option(help="head, or group: also score each key/value group (sum of its heads)."),
+    ] = "head",
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "cpu",
+    allow_pickle: PickleOpt = False,
+    overwrite: OverwriteOpt = False,
+) -> None:
+    """Score every attention head; writes importance.csv, importance.png (+ correlations, and
+    importance_groups.csv with --unit group)."""
+    unit = choice(Unit, unit, "pruning unit")
+    methods = parse_methods(method)
+    check_positive(batch_size=batch_size, batches=batches)
+    writes = ("importance.csv", "importance.png", "correlations.csv", "correlations.png",
+              "importance_groups.csv", "manifest.json")  # fmt: skip
+    earlier = claim_output(out, writes, overwrite)
+    ckpt = load(checkpoint, device, allow_pickle)
+    require_heads(ckpt)
+    check_data_options(ckpt, text, lengths)
+    chosen = lengths_for(ckpt, lengths)
+    data = (text, whole, max_tokens)
+    (split,), _ = splits(ckpt, chosen, batch_size, batches, seed, text=data)
+    with progress_bar() as bar:
+        table, corr = compare_estimators(
+            ckpt.model, split, methods, normalize=normalize, seed=seed, progress=phased(bar)
+        )
+    open_output(out, earlier)
+    sites, n_head = [s.name for s in ckpt.model_cfg.sites()], ckpt.model_cfg.n_head
+    atomic_write_csv(out / "importance.csv", table)
+    atomic_save_figure(out / "importance.png", importance_heatmap(table, sites, n_head))
+    if len(methods) > 1:
+        atomic_write_csv(out / "correlations.csv", corr)
+        atomic_save_figure(out / "correlations.png", correlation_heatmap(corr))
+    if unit == Unit.GROUP:
+        groups = pd.concat(
+            [group_table(table[table["method"] == m], ckpt.model).assign(method=m)
+             for m in methods]
+        )  # fmt: skip
+        atomic_write_csv(out / "importance_groups.csv", groups)
+        console.print(_group_view(groups))
+    write_manifest(
+        out, ckpt, device, command="importance", methods=methods, lengths=chosen,
+        batch_size=batch_size, batches=batches, normalize=normalize, seed=seed,
+        **text_settings(ckpt, data),
+    )  # fmt: skip
+    for m in methods:
+        console.print(_importance_view(table, m, sites, n_head))
+    if len(methods) > 1:
+        wide = corr.pivot(index="method", columns="other", values="rho").loc[methods, methods]
+        view = Table(title="Spearman rho between estimators (entropy negated)")
+        view.add_column("")
+        for m in methods:
+            view.add_column(m, justify="right")
+        for m, row in wide.iterrows():
+            view.add_row(m, *(f"{v:.2f}" for v in row))
+        console.print(view)
+    console.print(f"wrote {out / 'importance.csv'} and {out / 'importance.png'}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("importance", no_args_is_help=True)(importance_cli)

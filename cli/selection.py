@@ -1,0 +1,90 @@
+"""What `probe importance` and `probe prune` share: their data (task splits, or text for an
+imported model), option types and progress bars."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from probe_cli.common import (
+    console,
+    text_data,
+)
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from probe.analysis.importance import disjoint_splits
+from probe.checkpoint import (
+    Checkpoint,
+    load_checkpoint,
+)
+from probe.evaluate import check_lengths, form_for
+from probe.tasks import parse_lengths
+from probe.train import resolve_device
+
+LengthsOpt = Annotated[
+    str | None,
+    typer.Option("--lengths", help="Task lengths, 'lo:hi' or '8,16' (default: the training ones)."),
+]
+BatchesOpt = Annotated[int, typer.Option("--batches", help="Batches per length in each split.")]
+NormalizeOpt = Annotated[
+    bool, typer.Option("--normalize", help="L2-normalize importance within each layer.")
+]
+
+
+def load(checkpoint: Path, device: str, allow_pickle: bool) -> Checkpoint:
+    return load_checkpoint(checkpoint, resolve_device(device), allow_pickle)
+
+
+def lengths_for(ckpt: Checkpoint, spec: str | None) -> list[int]:
+    if ckpt.imported:
+        return []
+    lo, hi = ckpt.train_cfg.train_len
+    lengths = parse_lengths(spec) if spec else list(range(lo, hi + 1))
+    check_lengths(ckpt.model, ckpt.task, lengths)
+    return lengths
+
+
+def splits(ckpt: Checkpoint, lengths, batch_size: int, batches: int, seed: int, n: int = 1,
+            text: tuple = (None, False, 128)):  # fmt: skip
+    """Importance splits and a scoring split: task data, or text for an imported model."""
+    if ckpt.imported:
+        return text_data(ckpt, *text, batch_size, batches, seed, n)
+    form = form_for(ckpt.model_cfg.arch)
+    return disjoint_splits(
+        ckpt.task, form, lengths, batch_size=batch_size, n_batches=batches, seed=seed,
+        n_importance=n,
+    )  # fmt: skip
+
+
+def progress_bar() -> Progress:
+    columns = (
+        TextColumn("[progress.description]{task.description}"), BarColumn(),
+        TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+    )  # fmt: skip
+    return Progress(*columns, console=console, transient=True)
+
+
+def phased(bar: Progress) -> Callable[[str, int, int], None]:
+    """A (phase, done, total) callback with one bar per phase."""
+    jobs: dict[str, int] = {}
+
+    def update(phase: str, done: int, total: int) -> None:
+        if phase not in jobs:
+            jobs[phase] = bar.add_task(phase, total=total)
+        bar.update(jobs[phase], completed=done, total=total)
+
+    return update
+
+
+def text_settings(ckpt: Checkpoint, data: tuple) -> dict:
+    if not ckpt.imported:
+        return {}
+    text, whole, max_tokens = data
+    return {"text": str(text) if text else "shipped corpus", "whole": whole,
+            "max_tokens": max_tokens}  # fmt: skip
+
+
+def data_name(ckpt: Checkpoint) -> str:
+    return ckpt.task.name if ckpt.task is not None else str(ckpt.source["model_type"])
