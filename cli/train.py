@@ -11,11 +11,13 @@ from probe_cli.common import (
     BatchSizeOpt,
     CheckpointArg,
     DeviceOpt,
-    LengthsOpt,
     OutOpt,
     OverwriteOpt,
     PickleOpt,
     SeedOpt,
+    TextOpt,
+    WholeOpt,
+    check_data_options,
     check_positive,
     console,
     write_manifest,
@@ -168,7 +170,16 @@ def train_cli(
 def eval_cli(
     checkpoint: CheckpointArg,
     out: OutOpt,
-    lengths: LengthsOpt = "1:32",
+    lengths: Annotated[
+        str | None,
+        typer.Option(
+            "--lengths",
+            help="Task lengths, 'lo:hi' or '8,16' (default 1:32); imported models: tokens per "
+            "row of text (default 128).",
+        ),
+    ] = None,
+    text: TextOpt = None,
+    whole: WholeOpt = False,
     batch_size: BatchSizeOpt = 64,
     batches: Annotated[int, typer.Option(help="Batches per length.")] = 2,
     seed: SeedOpt = 1234,
@@ -180,6 +191,12 @@ def eval_cli(
     check_positive(batches=batches, batch_size=batch_size)
     earlier = claim_output(out, ("eval.csv", "manifest.json"), overwrite)
     ckpt = load_checkpoint(checkpoint, resolve_device(device), allow_pickle)
+    if ckpt.imported:
+        _eval_text(ckpt, out, earlier, lengths, text, whole, batch_size, batches, seed, device)
+        return
+    if text is not None:
+        check_data_options(ckpt, text, None)
+    lengths = lengths or "1:32"
     table = evaluate(
         ckpt.model, ckpt.task, parse_lengths(lengths), batch_size=batch_size, n_batches=batches,
         seed=seed,
@@ -202,6 +219,51 @@ def eval_cli(
         )
     console.print(view)
     console.print(f"wrote {out / 'eval.csv'}")
+
+
+def _eval_text(ckpt, out, earlier, lengths, text, whole, batch_size, batches, seed, device):
+    """eval of an imported model: its text metrics at each row width."""
+    from probe.evaluate import evaluate_text
+    from probe.text import read_documents
+
+    reference = None
+    if ckpt.objective == "embedding" and ckpt.meta.get("pruning"):
+        reference = _original(ckpt)
+    widths = parse_lengths(lengths or "128")
+    docs = read_documents(text, whole=whole)
+    table = evaluate_text(ckpt.model, ckpt.tokenizer(), ckpt.objective, docs, widths, batch_size,
+                          batches, seed, reference)  # fmt: skip
+    open_output(out, earlier)
+    atomic_write_csv(out / "eval.csv", table)
+    write_manifest(out, ckpt, device, command="eval", lengths=widths, batch_size=batch_size,
+                   batches=batches, seed=seed, text=str(text) if text else "shipped corpus",
+                   whole=whole)  # fmt: skip
+    wide = table.pivot(index="length", columns="metric", values="value")
+    view = Table(title=f"imported {ckpt.source['model_type']} on text ({ckpt.objective})")
+    view.add_column("tokens per row", justify="right")
+    for col in wide.columns:
+        view.add_column(col, justify="right")
+    for n, row in wide.iterrows():
+        view.add_row(str(n), *(f"{v:.4f}" for v in row))
+    console.print(view)
+    if ckpt.objective == "embedding":
+        against = "the unpruned model at " + ckpt.source["path"] if reference else "itself"
+        console.print(f"similarity: cosine of mean-pooled embeddings to {against}")
+    console.print(f"wrote {out / 'eval.csv'}")
+
+
+def _original(ckpt):
+    """The unpruned model an imported checkpoint came from (a pruned sentence encoder is scored
+    against its embeddings)."""
+    from probe.interop.importer import import_model
+
+    path = Path(ckpt.source["path"])
+    if not path.exists():
+        raise ProbeError(
+            f"{ckpt.path} is a pruned sentence encoder, scored by similarity to the model it came "
+            f"from, but that model is no longer at {path}; import it again there."
+        )
+    return import_model(path).model.to(next(ckpt.model.parameters()).device)
 
 
 def _sites_table(cfg: ModelConfig) -> Table:

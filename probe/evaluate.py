@@ -200,3 +200,27 @@ def text_splits_for(
         sets = [with_reference(model, s) for s in sets]
         scoring = with_reference(model, scoring)
     return sets, scoring
+
+
+def evaluate_text(
+    model: Transformer,
+    tokenizer,
+    objective: str,
+    docs: Sequence[str],
+    widths: Iterable[int],
+    batch_size: int,
+    n_batches: int,
+    seed: int = 0,
+    reference: Transformer | None = None,
+) -> pd.DataFrame:
+    """An imported model's text metrics at each row width: columns length (tokens per row),
+    metric, value, n. A sentence encoder is scored against `reference`'s embeddings (the
+    unpruned model; itself when None)."""
+    rows = []
+    for width in widths:
+        _, batches = text_splits_for(reference or model, tokenizer, objective, docs, width,
+                                     batch_size, n_batches, 0, seed)  # fmt: skip
+        metrics = text_metrics(model, batches, objective)
+        n = metrics.pop("examples", None) or metrics.pop("tokens", None)
+        rows += [{"length": width, "metric": k, "value": v, "n": n} for k, v in metrics.items()]
+    return pd.DataFrame(rows, columns=["length", "metric", "value", "n"])

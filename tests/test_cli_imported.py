@@ -330,3 +330,25 @@ def test_import_bad_sources_give_one_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert words in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2
     assert not (tmp_path / "out").exists()  # nothing written for a failed import
+
+
+def test_eval_on_text_and_a_pruned_encoder_against_its_original(imported, tmp_path):
+    import pandas as pd
+
+    out = tmp_path / "eval"
+    assert exit_code(["eval", str(imported["llama"]), "--out", str(out), "--lengths", "8,16",
+                      "--batch-size", "4", "--batches", "1"]) == 0  # fmt: skip
+    table = pd.read_csv(out / "eval.csv")
+    assert set(table.metric) == {"loss", "perplexity"} and set(table.length) == {8, 16}
+    loss = table[(table.metric == "loss") & (table.length == 16)].value.item()
+    perplexity = table[(table.metric == "perplexity") & (table.length == 16)].value.item()
+    assert abs(perplexity - float(torch.tensor(loss).exp())) < 1e-3 * perplexity
+    pruned = tmp_path / "pruned"
+    assert exit_code(["prune", str(imported["bert"]), "--out", str(pruned), "--method", "ablation",
+                      "--fraction", "0.5", "--no-timing", *TEXT]) == 0  # fmt: skip
+    for ckpt, name in ((imported["bert"], "same"), (pruned, "pruned")):
+        assert exit_code(["eval", str(ckpt), "--out", str(tmp_path / name), "--lengths", "16",
+                          "--batch-size", "4", "--batches", "1"]) == 0  # fmt: skip
+    same = pd.read_csv(tmp_path / "same" / "eval.csv").value.item()
+    after = pd.read_csv(tmp_path / "pruned" / "eval.csv").value.item()
+    assert abs(same - 1.0) < 1e-5 and after < same - 1e-6  # half the heads gone: it moved

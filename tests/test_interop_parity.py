@@ -240,3 +240,14 @@ def test_pruned_bert_cannot_be_exported(tmp_path):
     model = prune_heads(import_model(path).model, [(0, 1)])
     with pytest.raises(ProbeError, match="pruned BERT"):
         export_hf(model, "bert", tmp_path / "out")
+
+
+def test_sharded_directory_imports(tmp_path):
+    ref = tiny("llama").eval()
+    ref.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    tokens, _ = inputs()
+    with torch.no_grad():
+        want = ref(tokens).logits
+        got = import_model(tmp_path / "sharded").model(tokens)
+    assert (got - want).abs().max() < TOL
