@@ -89,10 +89,13 @@ def _sweep(ckpt, out, methods, seeds, fractions, lengths, batch_size, batches, s
         raise ProbeError(f"--seeds must be at least 1, got {seeds}.")
     sets, scoring = splits(ckpt, lengths, batch_size, batches, seed, n=seeds, text=data)
     metric = primary_metric(scoring)
+    chosen_fractions = _fractions(fractions)
+    if chosen_fractions is None and ckpt.imported:  # every head count would be hundreds of points
+        chosen_fractions = [i / 10 for i in range(10)]
     with progress_bar() as bar:
         job = bar.add_task("sweep", total=None)
         curve = pruning_curve(
-            ckpt.model, sets, scoring, names, _fractions(fractions),
+            ckpt.model, sets, scoring, names, chosen_fractions,
             progress=lambda d, t: bar.update(job, completed=d, total=t), **select,
         )  # fmt: skip
     open_output(out, earlier)
@@ -194,7 +197,10 @@ def prune_cli(
     seeds: Annotated[int, typer.Option(help="Sweep: importance splits / random seeds.")] = 3,
     fractions: Annotated[
         str | None,
-        typer.Option(help="Sweep: fractions like '0,0.25,0.5' (default: every head count)."),
+        typer.Option(
+            help="Sweep: fractions like '0,0.25,0.5' (default: every head count; imported "
+            "models: 0, 0.1, ..., 0.9)."
+        ),
     ] = None,
     lengths: LengthsOpt = None,
     text: TextOpt = None,
@@ -205,21 +211,25 @@ def prune_cli(
     timing: Annotated[
         bool, typer.Option("--timing/--no-timing", help="Time original, masked and pruned.")
     ] = True,
-    repeats: Annotated[int, typer.Option(help="Timed repeats per batch size (median).")] = 10,
+    repeats: Annotated[
+        int | None,
+        typer.Option(help="Timed repeats per batch size, median (default 10; imported: 3)."),
+    ] = None,
     timing_threads: Annotated[
         int, typer.Option(help="CPU threads while timing (1: stable on a shared CPU).")
     ] = 1,
     timing_sizes: Annotated[
-        str, typer.Option(help="Batch sizes to time, e.g. '1,16,64'.")
-    ] = "1,16,64",
+        str | None,
+        typer.Option(help="Batch sizes to time (default '1,16,64'; imported models: '1,8')."),
+    ] = None,
     seed: SeedOpt = 0,
     device: DeviceOpt = "cpu",
     allow_pickle: PickleOpt = False,
     overwrite: OverwriteOpt = False,
 ) -> None:
     """Remove heads for real (writes a smaller checkpoint), or with --sweep the pruning curve."""
-    check_positive(batch_size=batch_size, batches=batches, repeats=repeats,
-                   timing_threads=timing_threads)  # fmt: skip
+    check_positive(batch_size=batch_size, batches=batches, timing_threads=timing_threads,
+                   **({} if repeats is None else {"repeats": repeats}))  # fmt: skip
     if not sweep and _same_dir(out, checkpoint) and not overwrite:
         raise ProbeError(
             f"--out '{out}' is the checkpoint being pruned; write the pruned model elsewhere, or "
@@ -256,6 +266,9 @@ def prune_cli(
         )
         return
     (split,), scoring = splits(ckpt, chosen, batch_size, batches, seed, text=data)
+    real = ckpt.imported  # a real model's forward pass is slow: time fewer, smaller batches
+    repeats = repeats if repeats is not None else (3 if real else 10)
+    timing_sizes = timing_sizes or ("1,8" if real else "1,16,64")
     if unit != "head" or uniform:
         select = {**select, "unit": unit, "uniform": uniform}
     with progress_bar() as bar:
