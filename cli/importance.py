@@ -38,6 +38,7 @@ from rich.table import Table
 
 from probe.analysis.groups import Unit, group_table
 from probe.analysis.importance import compare_estimators, parse_methods
+from probe.analysis.layer_drop import layer_importance
 from probe.checkpoint import (
     claim_output,
     open_output,
@@ -67,6 +68,16 @@ def _importance_view(table: pd.DataFrame, method: str, sites: list[str], n_head:
     return view
 
 
+def _layer_view(layers: pd.DataFrame) -> Table:
+    view = Table(title="attention-layer importance: 1 - cos(x, x + attn(norm x)), low = droppable")
+    view.add_column("layer", justify="right")
+    view.add_column("site")
+    view.add_column("importance", justify="right")
+    for r in layers.itertuples():
+        view.add_row(str(r.layer), r.site, f"{r.value:.4g}")
+    return view
+
+
 def _group_view(groups: pd.DataFrame) -> Table:
     view = Table(title="importance per key/value group (sum over its query heads; larger = "
                  "more important)")  # fmt: skip
@@ -88,7 +99,7 @@ def importance_cli(
     method: Annotated[
         str,
         typer.Option(
-            help="gradient, ablation, mean-ablation, confidence, entropy, random; "
+            help="gradient, fisher, ablation, mean-ablation, confidence, entropy, random; "
             "several with commas, or 'all'."
         ),
     ] = "gradient",
@@ -101,7 +112,10 @@ def importance_cli(
     normalize: NormalizeOpt = False,
     unit: Annotated[
         str,
-        typer.Option(help="head, or group: also score each key/value group (sum of its heads)."),
+        typer.Option(
+            help="head; group: also score each key/value group (sum of its heads); layer: also "
+            "score each attention sub-layer (1 - cos(x, x + attn), He et al. 2024)."
+        ),
     ] = "head",
     seed: SeedOpt = 0,
     device: DeviceOpt = "cpu",
@@ -114,7 +128,7 @@ def importance_cli(
     methods = parse_methods(method)
     check_positive(batch_size=batch_size, batches=batches)
     writes = ("importance.csv", "importance.png", "correlations.csv", "correlations.png",
-              "importance_groups.csv", "manifest.json")  # fmt: skip
+              "importance_groups.csv", "importance_layers.csv", "manifest.json")  # fmt: skip
     earlier = claim_output(out, writes, overwrite)
     ckpt = load(checkpoint, device, allow_pickle)
     require_heads(ckpt)
@@ -133,6 +147,10 @@ def importance_cli(
     if len(methods) > 1:
         atomic_write_csv(out / "correlations.csv", corr)
         atomic_save_figure(out / "correlations.png", correlation_heatmap(corr))
+    if unit == Unit.LAYER:
+        layers = layer_importance(ckpt.model, split)
+        atomic_write_csv(out / "importance_layers.csv", layers)
+        console.print(_layer_view(layers))
     if unit == Unit.GROUP:
         groups = pd.concat(
             [group_table(table[table["method"] == m], ckpt.model).assign(method=m)

@@ -178,8 +178,19 @@ def prune_cli(
     normalize: NormalizeOpt = False,
     unit: Annotated[
         str,
-        typer.Option(help="head (query heads one by one) or group (whole key/value groups, GQA)."),
+        typer.Option(
+            help="head (query heads one by one), group (whole key/value groups, GQA) or layer "
+            "(whole attention sub-layers by attention-layer importance, He et al. 2024)."
+        ),
     ] = "head",
+    tune: Annotated[
+        bool,
+        typer.Option(
+            "--tune",
+            help="With --method fisher: rescale the kept heads per layer by least squares to "
+            "match the unpruned layer's output, folded into the weights (Kwon et al. 2022).",
+        ),
+    ] = False,
     uniform: Annotated[
         bool,
         typer.Option(
@@ -271,6 +282,10 @@ def prune_cli(
     timing_sizes = timing_sizes or ("1,8" if real else "1,16,64")
     if unit != "head" or uniform:
         select = {**select, "unit": unit, "uniform": uniform}
+    if tune:
+        if unit != "head" or uniform:
+            raise ProbeError("--tune works with --unit head without --uniform.")
+        select = {**select, "tune": True}
     with progress_bar() as bar:
         result = prune_and_compare(
             ckpt.model, split, scoring, fraction, timing=timing, repeats=repeats,

@@ -352,3 +352,22 @@ def test_eval_on_text_and_a_pruned_encoder_against_its_original(imported, tmp_pa
     same = pd.read_csv(tmp_path / "same" / "eval.csv").value.item()
     after = pd.read_csv(tmp_path / "pruned" / "eval.csv").value.item()
     assert abs(same - 1.0) < 1e-5 and after < same - 1e-6  # half the heads gone: it moved
+
+
+def test_fisher_tuned_and_layer_drop_pruning(imported, tmp_path):
+    import pandas as pd
+
+    tuned, layers = tmp_path / "tuned", tmp_path / "layers"
+    assert exit_code(["prune", str(imported["llama"]), "--out", str(tuned), "--method", "fisher",
+                      "--tune", "--fraction", "0.5", "--no-timing", *TEXT]) == 0  # fmt: skip
+    metrics = pd.read_csv(tuned / "prune_metrics.csv").set_index(["variant", "metric"])["value"]
+    assert abs(metrics[("masked", "loss")] - metrics[("pruned", "loss")]) < 1e-4
+    assert sum(len(s.kept_heads) for s in load_checkpoint(tuned).model_cfg.sites()) == 6
+    assert exit_code(["prune", str(imported["llama"]), "--out", str(layers), "--unit", "layer",
+                      "--fraction", "0.5", "--no-timing", *TEXT]) == 0  # fmt: skip
+    kept = [len(s.kept_heads) for s in load_checkpoint(layers).model_cfg.sites()]
+    assert sorted(kept) == [0, 6]
+    imp = tmp_path / "imp"
+    assert exit_code(["importance", str(imported["llama"]), "--out", str(imp), "--method",
+                      "fisher", "--unit", "layer", *TEXT]) == 0  # fmt: skip
+    assert len(pd.read_csv(imp / "importance_layers.csv")) == 2

@@ -20,6 +20,7 @@ from enum import StrEnum
 import pandas as pd
 
 from probe.analysis.importance import head_importance
+from probe.analysis.layer_drop import layer_importance, plan_layers
 from probe.analysis.pruning import n_to_remove, present_heads, ranking
 from probe.config import choice
 from probe.errors import ProbeError
@@ -32,6 +33,7 @@ COLUMNS = ["step", "layer", "head", "method", "value"]
 class Unit(StrEnum):
     HEAD = "head"  # query heads one by one
     GROUP = "group"  # whole key/value groups
+    LAYER = "layer"  # whole attention sub-layers, by attention-layer importance (He et al. 2024)
 
 
 def group_table(table: pd.DataFrame, model: Transformer) -> pd.DataFrame:
@@ -100,6 +102,15 @@ def select_units(
         raise ProbeError("--min-heads-per-layer works with --unit head without --uniform only.")
     if ignored.get("scope", "global") != "global":
         raise ProbeError("--scope layer and --uniform/--unit group do not combine; use one.")
+    if choice(Unit, unit, "pruning unit") == Unit.LAYER:
+        if uniform:
+            raise ProbeError("--uniform and --unit layer do not combine; use one.")
+        layers = layer_importance(model, batches)
+        chosen = plan_layers(layers, model, fraction)
+        values = layers.set_index("layer")["value"]
+        rows = [{"step": 0, "layer": a, "head": b, "method": "attention-layer",
+                 "value": values[a]} for a, b in chosen]  # fmt: skip
+        return pd.DataFrame(rows, columns=COLUMNS)
     table = head_importance(model, batches, method, normalize=normalize, seed=seed,
                             progress=progress)  # fmt: skip
     chosen = plan_units(table, model, fraction, unit, uniform)

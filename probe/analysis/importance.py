@@ -7,6 +7,8 @@ value).
   dL(x)/dxi_h = sum over positions and dims of dL(x)/dhead_out[x, h] * head_out[x, h] / xi_h, and
   since examples never interact, the gradient of the summed loss w.r.t. head_out[x] is example x's
   own. Nothing accumulates between batches (torch.autograd.grad, no .grad buffers).
+- fisher (Kwon et al. 2022): I_h = mean over examples of (dL(x)/dxi_h)^2, the diagonal of the
+  empirical Fisher information of the head mask; the same per-example gradients as above.
 - ablation: loss increase with the head's gate at 0 (layers x heads + 1 passes);
   mean-ablation: the head's output replaced by its mean over the data instead of by 0.
 - confidence (Voita et al. 2019): mean over queries of the maximum attention weight.
@@ -42,6 +44,7 @@ COLUMNS = ["layer", "head", "method", "value"]
 
 class Method(StrEnum):
     GRADIENT = "gradient"
+    FISHER = "fisher"
     ABLATION = "ablation"
     MEAN_ABLATION = "mean-ablation"
     CONFIDENCE = "confidence"
@@ -165,7 +168,10 @@ def _gates_in_graph(model: Transformer) -> Iterator[None]:
             g.requires_grad_(flag)
 
 
-def _gradient(model: Transformer, batches: Sequence[Batch], progress: Progress | None):
+def _gradient(
+    model: Transformer, batches: Sequence[Batch], progress: Progress | None, power: int = 1
+):
+    """mean over examples of |dL(x)/dxi_h|^power for every head (power 2: diagonal Fisher)."""
     mods = model.attention_modules()
     totals = [torch.zeros(m.n_kept, dtype=torch.float64) for m in mods]
     n = 0
@@ -182,7 +188,7 @@ def _gradient(model: Transformer, batches: Sequence[Batch], progress: Progress |
             gate = m.gate.detach().to(out.dtype).view(1, -1)  # [1, head]
             per_example = (g * out.detach()).sum(dim=(2, 3))  # [batch, head] = xi * dL/dxi
             safe = torch.where(gate != 0, gate, torch.ones_like(gate))
-            totals[m.layer] += (per_example / safe).abs().sum(0).double().cpu()
+            totals[m.layer] += (per_example / safe).abs().pow(power).sum(0).double().cpu()
         n += batch.inputs.shape[0]
         if progress is not None:
             progress(step + 1, len(batches))
@@ -277,10 +283,11 @@ def head_importance(
     method = choice(Method, method, "importance method")
     if not batches:
         raise ProbeError("Head importance needs at least one batch of data.")
-    if method == Method.GRADIENT and batches[0].objective == "embedding":
+    if method in (Method.GRADIENT, Method.FISHER) and batches[0].objective == "embedding":
         raise ProbeError(
-            "Gradient importance is zero for a sentence encoder scored by similarity to its own "
-            "embeddings (the loss is at its minimum before pruning); use --method ablation."
+            "Gradient and Fisher importance are zero for a sentence encoder scored by "
+            "similarity to its own embeddings (the loss is at its minimum before pruning); use "
+            "--method ablation."
         )
     device = next(model.parameters()).device
     batches = [b.to(device) for b in batches]
@@ -289,6 +296,8 @@ def head_importance(
     try:
         if method == Method.GRADIENT:
             values = _gradient(model, batches, progress)
+        elif method == Method.FISHER:
+            values = _gradient(model, batches, progress, power=2)
         elif method in (Method.ABLATION, Method.MEAN_ABLATION):
             values = _ablation(model, batches, method == Method.MEAN_ABLATION, progress)
         elif method in (Method.CONFIDENCE, Method.ENTROPY):

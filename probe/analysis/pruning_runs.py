@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
+from probe.analysis.fisher import fisher_prune
 from probe.analysis.groups import select_units
 from probe.analysis.importance import head_importance
 from probe.analysis.pruning import (
@@ -218,6 +219,18 @@ def parameter_table(variants: dict[str, Transformer]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["variant", "part", "count"])
 
 
+def _fisher_options(select: dict) -> dict:
+    """Mask tuning runs on the Fisher ranking, one shot, global budget: anything else is refused."""
+    if select.get("method", "fisher") != "fisher":
+        raise ProbeError("--tune tunes the mask Fisher search chose; use it with --method fisher.")
+    for key, default in (("iterative", False), ("scope", "global"), ("min_heads_per_layer", 0),
+                         ("normalize", False)):  # fmt: skip
+        if select.get(key, default) != default:
+            flag = "--" + key.replace("_", "-")
+            raise ProbeError(f"--tune does not combine with {flag}; drop one of them.")
+    return {}
+
+
 def prune_and_compare(
     model: Transformer,
     importance: Sequence[Batch],
@@ -239,15 +252,28 @@ def prune_and_compare(
         return None if progress is None else (lambda done, total: progress(name, done, total))
 
     unit, uniform = select.pop("unit", "head"), select.pop("uniform", False)
-    if str(unit) != "head" or uniform:
-        removed = select_units(model, importance, fraction, unit=unit, uniform=uniform,
-                               progress=phase("importance"), **select)  # fmt: skip
+    tune = select.pop("tune", False)
+    if tune:  # Fisher mask search + mask tuning: the masked copy carries the tuned scales
+        result = fisher_prune(model, importance, fraction, progress=phase("importance"),
+                              **_fisher_options(select))  # fmt: skip
+        removed, pruned = result.removed, result.model
+        before = [g.detach().clone() for g in model.gates()]
+        try:
+            model.set_gates([s.to(g.dtype) for s, g in zip(result.scales, before, strict=True)])
+            masked_model = prune_heads(model, [])
+        finally:
+            model.set_gates(before)
     else:
-        removed = select_heads(model, importance, fraction, progress=phase("importance"), **select)
-    heads = list(zip(removed["layer"], removed["head"], strict=True))
-    pruned = prune_heads(model, heads)
-    with masked(model, heads):
-        masked_model = prune_heads(model, [])  # a same-size copy with the removed gates at 0
+        if str(unit) != "head" or uniform:
+            removed = select_units(model, importance, fraction, unit=unit, uniform=uniform,
+                                   progress=phase("importance"), **select)  # fmt: skip
+        else:
+            removed = select_heads(model, importance, fraction, progress=phase("importance"),
+                                   **select)  # fmt: skip
+        heads = list(zip(removed["layer"], removed["head"], strict=True))
+        pruned = prune_heads(model, heads)
+        with masked(model, heads):
+            masked_model = prune_heads(model, [])  # a same-size copy, removed gates at 0
     variants = {"original": model, "masked": masked_model, "pruned": pruned}
     first = scoring[0].to(next(model.parameters()).device)
     with torch.no_grad():

@@ -178,6 +178,16 @@ class Attention(nn.Module):
         self.site = site
         self._set_kv_index()
 
+    @torch.no_grad()
+    def fold_gates(self) -> None:
+        """Move each gate's value into W_O's columns of its head and set the gate to 1 (a gate
+        of 0 stays 0): the same function, with the scale in the weights a checkpoint keeps."""
+        gate = self.gate.detach()  # [head]
+        scale = torch.where(gate != 0, gate, torch.ones_like(gate))
+        cols = scale.repeat_interleave(self.d_head).to(self.o.weight.dtype)  # [head * d_head]
+        self.o.weight.mul_(cols.view(1, -1))
+        self.gate.copy_(torch.where(gate != 0, torch.ones_like(gate), gate))
+
     def _constant_scale(self) -> float:
         return {Scale.SQRT: self.d_head**-0.5, Scale.INVERSE: 1.0 / self.d_head, Scale.NONE: 1.0}[
             self.scale_kind

@@ -33,6 +33,14 @@ class Block(nn.Module):
             self.ln_ffn = make_norm(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
+    def attention_sublayers(self) -> list[tuple[nn.Module, Attention]]:
+        """(norm, attention) of each attention sub-layer, in order: with pre-LN the norm's input
+        is the residual stream x the sub-layer adds to; with post-LN the attention's input is."""
+        pairs = [(self.ln_attn, self.attn)]
+        if self.cross is not None:
+            pairs.append((self.ln_cross, self.cross))
+        return pairs
+
     def _residual(self, x: torch.Tensor, ln: nn.Module, f) -> torch.Tensor:
         if self.pre:
             return x + self.drop(f(ln(x)))

@@ -1,0 +1,164 @@
+"""Post-training pruning after Kwon et al. 2022 ("A Fast Post-Training Pruning Framework for
+Transformers"): a mask search driven by the diagonal Fisher information of the head mask, then
+mask tuning, and the tuned mask folded into the weights.
+
+- Search: F_h = mean over calibration examples of (dL(x)/dm_h)^2 (`head_importance(..., "fisher")`).
+  Under the diagonal approximation the loss increase of removing a set S is about
+  1/2 sum_{h in S} F_h, so the best mask under a budget of heads removes the lowest F_h. Every
+  query head here costs the same parameters and FLOPs within a model (2 d_model d_head weights), so
+  a budget in heads, parameters or FLOPs chooses the same heads (key/value heads go with the last
+  query head that reads them). Kwon et al.'s block-diagonal mask rearrangement is not done.
+- Tuning: for each attention site, the kept heads' scales m solve the least-squares problem
+      min_m || sum_{h kept} m_h c_h(x) - sum_{h all} c_h(x) ||^2   over calibration tokens,
+  c_h(x) = W_O[:, h] head_h(x) the head's contribution to the sub-layer output, so the pruned
+  sub-layer reproduces the unpruned one on the same input. All sites are solved from one forward
+  pass of the unpruned model (its activations are every site's input), a small ridge term keeps
+  the normal equations well posed.
+- Folding: the scales move into W_O's columns (`Attention.fold_gates`), so the saved checkpoint
+  computes the tuned function with gates of 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from probe.analysis.pruning import check_heads, head_mask, plan_removal, present_heads, prune_heads
+from probe.analysis.pruning import quota as head_quota
+from probe.evaluate import forward_batch
+from probe.model import AttentionCall, Transformer
+from probe.tasks import Batch
+
+RIDGE = 1e-6  # relative to the mean diagonal of each site's normal equations
+
+
+class _Contributions:
+    """Observer accumulating, per site, G = C^T C and b = C^T t over tokens, with C the heads'
+    contributions to the sub-layer output and t their sum (the unpruned output, bias aside)."""
+
+    needs_weights = False
+
+    def __init__(self, model: Transformer) -> None:
+        self.mods = {m.layer: m for m in model.attention_modules()}
+        self.gram: dict[int, torch.Tensor] = {}
+        self.cross: dict[int, torch.Tensor] = {}
+        self.tokens = 0
+
+    def record(self, call: AttentionCall) -> None:
+        m = self.mods[call.layer]
+        out = call.head_out.double()  # [batch, head, q, d_head]
+        weight = m.o.weight.detach().double().view(m.o.out_features, m.n_kept, m.d_head)
+        c = torch.einsum("bhqd,ehd->bqhe", out, weight)  # [batch, q, head, d_model]
+        c = c.reshape(-1, m.n_kept, m.o.out_features)  # [token, head, d_model]
+        target = c.sum(1)  # [token, d_model]
+        gram = torch.einsum("nhe,nje->hj", c, c)  # [head, head]
+        cross = torch.einsum("nhe,ne->h", c, target)  # [head]
+        self.gram[call.layer] = self.gram.get(call.layer, 0) + gram.cpu()
+        self.cross[call.layer] = self.cross.get(call.layer, 0) + cross.cpu()
+
+
+def reconstruction_error(model: Transformer, batches: Sequence[Batch], scales: list[torch.Tensor]):
+    """Per site, mean over tokens of || sum_h scales_h c_h - sum_h c_h ||^2 on `batches` (the
+    unpruned model's activations): the quantity mask tuning minimises. scales: [head] per site,
+    0 for removed heads."""
+    observer = _Contributions(model)
+    _collect(model, batches, observer)
+    errors = []
+    for m, s in zip(model.attention_modules(), scales, strict=True):
+        if m.layer not in observer.gram:
+            errors.append(0.0)
+            continue
+        gram, cross = observer.gram[m.layer], observer.cross[m.layer]
+        total = gram.sum()  # ||t||^2 summed over tokens
+        s = s.double()
+        err = s @ gram @ s - 2 * s @ cross + total
+        errors.append(float(err) / max(observer.tokens, 1))
+    return errors
+
+
+@torch.no_grad()
+def _collect(model: Transformer, batches: Sequence[Batch], observer: _Contributions) -> None:
+    before = [g.detach().clone() for g in model.gates()]
+    was_training = model.training
+    model.eval()
+    try:
+        model.set_gates(None)  # the unpruned model's activations
+        device = next(model.parameters()).device
+        with model.observe(observer):
+            for batch in batches:
+                batch = batch.to(device)
+                forward_batch(model, batch)
+                observer.tokens += batch.inputs.numel()
+    finally:
+        model.set_gates(before)
+        model.train(was_training)
+
+
+def tune_masks(
+    model: Transformer, removed: Sequence[tuple[int, int]], batches: Sequence[Batch]
+) -> list[torch.Tensor]:
+    """Least-squares scales of the kept heads per site (0 for the removed ones): [head] each."""
+    remove = check_heads(model, removed)
+    observer = _Contributions(model)
+    _collect(model, batches, observer)
+    scales = []
+    for m in model.attention_modules():
+        keep = [i for i, h in enumerate(m.kept_heads) if h not in remove.get(m.layer, ())]
+        s = torch.zeros(m.n_kept, dtype=torch.float64)
+        if keep and m.layer in observer.gram:
+            idx = torch.tensor(keep)
+            gram = observer.gram[m.layer][idx][:, idx]  # [kept, kept]
+            ridge = RIDGE * gram.diagonal().mean().clamp_min(1e-30)
+            solved = torch.linalg.solve(
+                gram + ridge * torch.eye(len(keep)), observer.cross[m.layer][idx]
+            )
+            s[idx] = solved
+        elif keep:
+            s[torch.tensor(keep)] = 1.0
+        scales.append(s)
+    return scales
+
+
+@dataclass
+class FisherPruning:
+    model: Transformer  # pruned, tuned scales folded into W_O
+    removed: pd.DataFrame  # step, layer, head, method, value (Fisher information)
+    scales: list[torch.Tensor]  # [head] per site of the original model: 0 removed, else tuned
+
+
+def fisher_prune(
+    model: Transformer,
+    batches: Sequence[Batch],
+    fraction: float,
+    *,
+    tune: bool = True,
+    progress=None,
+) -> FisherPruning:
+    """Remove `fraction` of the heads present with the least Fisher information (global budget),
+    tune the kept heads' scales on the same calibration `batches`, and fold them into the
+    weights of a physically pruned copy. The input model is left unchanged."""
+    from probe.analysis.importance import head_importance
+
+    table = head_importance(model, batches, "fisher", progress=progress)
+    present = present_heads(model)
+    chosen = plan_removal(table, present, head_quota(present, fraction, "global"))
+    values = table.set_index(["layer", "head"])["value"]
+    removed = pd.DataFrame(
+        [{"step": 0, "layer": a, "head": b, "method": "fisher", "value": values[(a, b)]}
+         for a, b in chosen],
+        columns=["step", "layer", "head", "method", "value"],
+    )  # fmt: skip
+    masks = head_mask(model, chosen)
+    scales = tune_masks(model, chosen, batches) if tune else [g.double() for g in masks]
+    before = [g.detach().clone() for g in model.gates()]
+    try:
+        model.set_gates([s.to(g.dtype) for s, g in zip(scales, before, strict=True)])
+        pruned = prune_heads(model, chosen)
+    finally:
+        model.set_gates(before)
+    for m in pruned.attention_modules():
+        m.fold_gates()
+    return FisherPruning(pruned, removed, scales)

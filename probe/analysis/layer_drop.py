@@ -1,0 +1,85 @@
+"""Attention-layer importance (He et al. 2024, "What Matters in Transformers? Not All Attention Is
+Needed"): a sub-layer that barely changes the residual stream can be dropped whole.
+
+    I_l = mean over tokens of 1 - cos(x, x + attn_l(norm(x)))
+
+with x the residual stream the sub-layer adds to (pre-LN; with post-LN the sum before the norm).
+Dropping a sub-layer removes all its heads (`prune_heads` on every head of the site), leaving only
+W_O's bias, if any.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from probe.config import Norm
+from probe.evaluate import forward_batch
+from probe.model import Transformer
+from probe.tasks import Batch
+
+COLUMNS = ["layer", "site", "method", "value"]
+
+
+@torch.no_grad()
+def layer_importance(model: Transformer, batches: Sequence[Batch]) -> pd.DataFrame:
+    """1 - cos(x, x + attn(norm(x))) per attention site, averaged over every token of `batches`:
+    columns layer, site, method ("attention-layer"), value. Sites without heads get 0."""
+    blocks = list(model.encoder or []) + list(model.blocks)
+    pre = model.cfg.norm == Norm.PRE
+    sums: dict[int, float] = {}
+    counts: dict[int, int] = {}
+    streams: dict[int, torch.Tensor] = {}
+    handles = []
+
+    def keep_stream(layer: int):
+        def hook(module, args):
+            streams[layer] = args[0]
+
+        return hook
+
+    def score(layer: int):
+        def hook(module, args, out):
+            x = streams.pop(layer) if pre else args[0]  # [batch, seq, d_model]
+            cos = F.cosine_similarity(x.double(), (x + out).double(), dim=-1)  # [batch, seq]
+            sums[layer] = sums.get(layer, 0.0) + float((1 - cos).sum())
+            counts[layer] = counts.get(layer, 0) + cos.numel()
+
+        return hook
+
+    was_training = model.training
+    model.eval()
+    try:
+        for block in blocks:
+            for norm, attn in block.attention_sublayers():
+                if pre:
+                    handles.append(norm.register_forward_pre_hook(keep_stream(attn.layer)))
+                handles.append(attn.register_forward_hook(score(attn.layer)))
+        device = next(model.parameters()).device
+        for batch in batches:
+            forward_batch(model, batch.to(device))
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    rows = [
+        {"layer": s.index, "site": s.name, "method": "attention-layer",
+         "value": sums.get(s.index, 0.0) / max(counts.get(s.index, 0), 1)}
+        for s in model.cfg.sites()
+    ]  # fmt: skip
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def plan_layers(table: pd.DataFrame, model: Transformer, fraction: float) -> list[tuple[int, int]]:
+    """Every head of the round(fraction * sites) least important attention sub-layers that
+    still hold heads (ties: lower layer first)."""
+    from probe.analysis.pruning import n_to_remove, present_heads
+
+    present = present_heads(model)
+    live = table[[bool(present[layer]) for layer in table.layer]]
+    live = live.sort_values(["value", "layer"], kind="stable")
+    drop = live.head(n_to_remove(fraction, len(live)))
+    return [(int(layer), h) for layer in drop.layer for h in present[int(layer)]]
