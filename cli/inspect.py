@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import pandas as pd
 import typer
 from probe_cli.common import (
     BatchSizeOpt,
@@ -81,6 +82,14 @@ def inspect_cli(
     ] = None,
     text: TextOpt = None,
     whole: WholeOpt = False,
+    needles: Annotated[
+        int | None,
+        typer.Option(
+            help="Imported language models: needle-in-a-haystack prompts for the retrieval-head "
+            "score (Wu et al. 2024), as long as the longest --lengths, at least 64 tokens "
+            "(default 4; 0: skip)."
+        ),
+    ] = None,
     batch_size: BatchSizeOpt = 32,
     batches: Annotated[int, typer.Option(help="Batches per length.")] = 2,
     streaming: Annotated[
@@ -133,8 +142,19 @@ def inspect_cli(
                 ckpt.model, ckpt.task, wanted, batch_size=batch_size, n_batches=batches, seed=seed,
                 streaming=STREAMING[streaming], period=period, progress=show,
             )  # fmt: skip
+    needles = _needles(ckpt, needles)
+    if needles:
+        with console.status(f"retrieval heads: {needles} needle prompts"):
+            result.roles = pd.concat(
+                [
+                    result.roles,
+                    _retrieval(ckpt, text, whole, needles, _context(ckpt, wanted), seed),
+                ],
+                ignore_index=True,
+            )
     manifest = {
         "command": "inspect",
+        "needle_prompts": needles,
         "checkpoint": str(checkpoint),
         "lengths": result.lengths,
         "batch_size": batch_size,
@@ -153,6 +173,31 @@ def inspect_cli(
     console.print(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written))
 
 
+def _needles(ckpt, needles: int | None) -> int:
+    """How many retrieval prompts: only imported causal language models have them."""
+    if ckpt.objective == "causal-lm":
+        return 4 if needles is None else needles
+    if needles:
+        raise ProbeError("--needles needs an imported causal language model (probe import).")
+    return 0
+
+
+def _context(ckpt, wanted: list[int]) -> int:
+    """Needle prompts as long as the longest inspected rows, at least 64 tokens, within a
+    learned position table."""
+    limit = ckpt.model_cfg.max_positions
+    return min(max(max(wanted), 64), limit if limit is not None else 1 << 30)
+
+
+def _retrieval(ckpt, text, whole, needles: int, context: int, seed: int) -> pd.DataFrame:
+    from probe.analysis.retrieval import needle_prompts, retrieval_scores
+    from probe.text import read_documents
+
+    docs = read_documents(text, whole=whole)
+    prompts = needle_prompts(docs, ckpt.tokenizer(), needles, context, seed=seed)
+    return retrieval_scores(ckpt.model, prompts)
+
+
 def short_site(site: str) -> str:
     """blocks.0.attn -> 0 self; encoder.1.attn -> enc 1 self; decoder.0.cross -> dec 0 cross."""
     part, index, kind = site.split(".")
@@ -165,6 +210,7 @@ ROLE_SHORT = {
     "induction": "induct",
     "positional": "offset",
     "sink": "sink",
+    "retrieval": "retr",
 }
 
 

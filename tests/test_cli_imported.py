@@ -118,6 +118,9 @@ def test_inspect_importance_and_sweep_on_a_gqa_model(imported, tmp_path, capsys)
     assert manifest["source"]["model_type"] == "llama" and manifest["text"] == "shipped corpus"
     stats = (out / "attention_stats.csv").read_text()
     assert "blocks.1.attn" in stats
+    roles = (out / "roles.csv").read_text()
+    assert "retrieval" in roles and "induction" in roles
+    assert manifest["needle_prompts"] == 4
     imp = tmp_path / "imp"
     assert (
         exit_code(["importance", str(ckpt), "--out", str(imp), "--method", "ablation", *TEXT]) == 0

@@ -25,6 +25,7 @@ ROLE_TITLES = {
     "induction": "induction (repeated random tokens)",
     "positional": "fixed offset: best mean p(i -> i+o)",
     "sink": "sink: p(-> position 0)",
+    "retrieval": "retrieval: share of copied needle tokens it looks at most",
 }
 SCALE_LABELS = {"sqrt": "1/sqrt(d_k)", "none": "1 (unscaled)", "inverse": "1/d_k"}
 SCALE_ORDER = ["sqrt", "none", "inverse"]
@@ -126,6 +127,8 @@ def role_heatmaps(roles: pd.DataFrame) -> plt.Figure:
     n_rows = -(-len(present) // n_cols)
     size = (0.8 * n_head * n_cols + 4.0, (0.5 * n_layer + 1.3) * n_rows + 0.6)
     fig, axes = plt.subplots(n_rows, n_cols, figsize=size, squeeze=False)
+    for ax in axes.flat[len(present) :]:
+        ax.axis("off")
     for ax, role in zip(axes.flat, present, strict=False):
         part = roles[roles.role == role]
         grid = part.pivot_table(index="layer", columns="head", values="score", dropna=False)
