@@ -49,13 +49,12 @@ class _Contributions:
 
     def record(self, call: AttentionCall) -> None:
         m = self.mods[call.layer]
-        out = call.head_out.double()  # [batch, head, q, d_head]
-        weight = m.o.weight.detach().double().view(m.o.out_features, m.n_kept, m.d_head)
-        c = torch.einsum("bhqd,ehd->bqhe", out, weight)  # [batch, q, head, d_model]
-        c = c.reshape(-1, m.n_kept, m.o.out_features)  # [token, head, d_model]
-        target = c.sum(1)  # [token, d_model]
-        gram = torch.einsum("nhe,nje->hj", c, c)  # [head, head]
-        cross = torch.einsum("nhe,ne->h", c, target)  # [head]
+        out = call.head_out.detach().float()  # [batch, head, q, d_head]
+        weight = m.o.weight.detach().float().view(m.o.out_features, m.n_kept, m.d_head)
+        c = torch.einsum("bhqd,ehd->hbqe", out, weight)  # [head, batch, q, d_model]
+        flat = c.reshape(m.n_kept, -1).double()  # [head, token * d_model]
+        gram = flat @ flat.T  # [head, head]
+        cross = gram.sum(1)  # [head]: c_h . sum_j c_j, the target being the sum of all heads
         self.gram[call.layer] = self.gram.get(call.layer, 0) + gram.cpu()
         self.cross[call.layer] = self.cross.get(call.layer, 0) + cross.cpu()
 

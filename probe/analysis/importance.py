@@ -156,16 +156,18 @@ def _rows(model: Transformer, method: str, values: list[torch.Tensor]) -> list[d
 
 @contextmanager
 def _gates_in_graph(model: Transformer) -> Iterator[None]:
-    """Gates require grad within the block, so head outputs are in the graph even when every
-    weight is frozen."""
-    before = [g.requires_grad for g in model.gates()]
+    """Within the block only the gates require grad: head outputs are in the graph, and the
+    backward pass computes no weight gradients (nor keeps what they would need)."""
+    params = list(model.parameters())
+    before = [p.requires_grad for p in params]
+    gates = {id(g) for g in model.gates()}
     try:
-        for g in model.gates():
-            g.requires_grad_(True)
+        for p in params:
+            p.requires_grad_(id(p) in gates)
         yield
     finally:
-        for g, flag in zip(model.gates(), before, strict=True):
-            g.requires_grad_(flag)
+        for p, flag in zip(params, before, strict=True):
+            p.requires_grad_(flag)
 
 
 def _gradient(
