@@ -38,7 +38,12 @@ from probe_cli.selection import (
 from rich.table import Table
 
 from probe.analysis.importance import parse_methods
-from probe.analysis.pruning_runs import primary_metric, prune_and_compare, pruning_curve
+from probe.analysis.pruning_runs import (
+    CURVE_EXTRAS,
+    primary_metric,
+    prune_and_compare,
+    pruning_curve,
+)
 from probe.checkpoint import (
     CHECKPOINT_FILES,
     TOKENIZER,
@@ -81,7 +86,10 @@ def _fractions(spec: str | None) -> list[float] | None:
 
 def _sweep(ckpt, out, methods, seeds, fractions, lengths, batch_size, batches, seed, select,
            earlier, data):  # fmt: skip
-    names = parse_methods(methods)
+    wanted = [m.strip() for m in methods.split(",") if m.strip()]
+    extras = [m for m in wanted if m in CURVE_EXTRAS]
+    rest = [m for m in wanted if m not in CURVE_EXTRAS]
+    names = (parse_methods(",".join(rest)) if rest else []) + extras
     if "random" not in names:
         names.append("random")
         console.print("adding the random baseline to the sweep")
@@ -203,7 +211,11 @@ def prune_cli(
         bool, typer.Option("--sweep", help="Write the pruning curve instead of a checkpoint.")
     ] = False,
     methods: Annotated[
-        str, typer.Option(help="Sweep: estimators, comma-separated.")
+        str,
+        typer.Option(
+            help="Sweep: estimators, comma-separated; also fisher+tune (Fisher ranking with mask "
+            "tuning at every point) and attention-layer (whole sub-layers)."
+        ),
     ] = "gradient,ablation,random",
     seeds: Annotated[int, typer.Option(help="Sweep: importance splits / random seeds.")] = 3,
     fractions: Annotated[

@@ -151,25 +151,42 @@ def with_reference(model: Transformer, batches: Sequence[Batch]) -> list[Batch]:
 
 
 @torch.no_grad()
+def _embedding_metrics(model: Transformer, batches: Sequence[Batch]) -> dict[str, float]:
+    """similarity: mean cosine of each row's mean-pooled embedding to its reference; neighbours:
+    the share of rows whose nearest other row (by cosine) is the same as under the references."""
+    device = model.embed.weight.device
+    pooled, refs = [], []
+    for b in batches:
+        pooled.append(model.features(b.inputs.to(device)).float().mean(1).cpu())  # [batch, d]
+        refs.append(b.reference.float().cpu())
+    mine, theirs = F.normalize(torch.cat(pooled), dim=-1), F.normalize(torch.cat(refs), dim=-1)
+    similarity = float((mine * theirs).sum(-1).double().mean())
+    n = mine.shape[0]
+    if n < 2:
+        return {"similarity": similarity, "examples": n}
+    eye = torch.eye(n, dtype=torch.bool)
+    near = (mine @ mine.T).masked_fill(eye, -2.0).argmax(-1)  # [row]
+    want = (theirs @ theirs.T).masked_fill(eye, -2.0).argmax(-1)  # [row]
+    agree = float((near == want).double().mean())
+    return {"similarity": similarity, "neighbours": agree, "examples": n}
+
+
+@torch.no_grad()
 def text_metrics(model: Transformer, batches: Sequence[Batch], objective: str) -> dict[str, float]:
     """What fits an imported model on text batches: loss and perplexity for language models
-    (next-token or masked-token), mean cosine similarity to the reference embeddings for
-    sentence encoders."""
+    (next-token or masked-token); for sentence encoders the mean cosine similarity to the
+    reference embeddings and the agreement of nearest neighbours."""
     device = model.embed.weight.device
+    if objective == "embedding":
+        return _embedding_metrics(model, batches)
     total, count = 0.0, 0
     for b in batches:
         b = b.to(device)
-        if objective == "embedding":
-            total += float((1 - batch_loss(model, b, reduction="none")).double().sum())
-            count += b.inputs.shape[0]
-            continue
         logits = forward_batch(model, b)  # [batch, seq, vocab]
         token_loss = F.cross_entropy(logits.float().transpose(1, 2), b.targets, reduction="none")
         total += float(token_loss[b.loss_mask].double().sum())
         count += int(b.loss_mask.sum())
     mean = total / max(count, 1)
-    if objective == "embedding":
-        return {"similarity": mean, "examples": count}
     return {"loss": mean, "perplexity": math.exp(min(mean, 700.0)), "tokens": count}
 
 

@@ -140,3 +140,30 @@ def test_layer_importance_against_a_hand_run_residual_stream():
         drop = plan_layers(table, m, 1 / 3)
         lowest = int(table.sort_values("value").layer.iloc[0])
         assert drop == [(lowest, h) for h in range(4)]
+
+
+def test_curve_points_of_tuned_fisher_and_layer_drop_match_direct_scoring():
+    from probe.analysis.importance import head_importance
+    from probe.analysis.layer_drop import layer_importance, plan_layers
+    from probe.analysis.pruning import plan_removal, present_heads
+    from probe.analysis.pruning_runs import pruning_curve, score_batches
+
+    m = model(n_layer=2)
+    split, scoring = data(0), data(5)
+    curve = pruning_curve(m, [split], scoring, ["fisher+tune", "attention-layer"], [0.0, 0.5])
+    loss = curve[curve.metric == "loss"].set_index(["method", "fraction"])["value"]
+    base = score_batches(m, scoring)["loss"]
+    assert (
+        abs(loss[("fisher+tune", 0.0)] - base) < 1e-6
+    )  # the ridge term moves the scales of a full mask by ~1e-6
+    plan = plan_removal(head_importance(m, split, "fisher"), present_heads(m), 4)
+    scales = tune_masks(m, plan, split)
+    m.set_gates([s.float() for s in scales])
+    want = score_batches(m, scoring)["loss"]
+    m.set_gates(None)
+    assert abs(loss[("fisher+tune", 0.5)] - want) < 1e-6
+    dropped = plan_layers(layer_importance(m, split), m, 0.5)
+    m.set_gates(head_mask(m, dropped))
+    want = score_batches(m, scoring)["loss"]
+    m.set_gates(None)
+    assert abs(loss[("attention-layer", 0.5)] - want) < 1e-6

@@ -245,3 +245,35 @@ def test_no_tokens_and_wrong_types(words):
     chunks = tokenize_documents(["the cat"], words, max_tokens=8)
     with pytest.raises(ProbeError, match="batch_size must be a positive integer"):
         next(batches(chunks, 0))
+
+
+def test_neighbour_agreement_against_a_direct_count():
+    """_embedding_metrics' `neighbours` is the share of rows whose nearest other row (cosine)
+    is the same for the model's embeddings as for the references."""
+    import torch
+
+    from probe.config import ModelConfig
+    from probe.evaluate import _embedding_metrics
+    from probe.model import Transformer
+    from probe.tasks import Batch
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(arch="encoder", vocab_size=20, n_layer=1, d_model=16)).eval()
+    tokens = torch.randint(0, 20, (12, 6))
+    with torch.no_grad():
+        own = model.features(tokens).mean(1)
+    noisy = own + 0.5 * torch.randn_like(own)
+    batch = Batch(tokens, tokens, tokens > 0, None, 6, reference=noisy, objective="embedding")
+    got = _embedding_metrics(model, [batch])
+    near = []
+    for emb in (own, noisy):
+        best = []
+        for i in range(12):
+            sims = [float(torch.cosine_similarity(emb[i], emb[j], dim=0)) if j != i else -9
+                    for j in range(12)]  # fmt: skip
+            best.append(max(range(12), key=lambda j, s=sims: s[j]))
+        near.append(best)
+    want = sum(a == b for a, b in zip(*near, strict=True)) / 12
+    assert abs(got["neighbours"] - want) < 1e-12
+    sim = torch.cosine_similarity(own, noisy, dim=-1).mean()
+    assert abs(got["similarity"] - float(sim)) < 1e-6

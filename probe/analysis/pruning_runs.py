@@ -17,9 +17,10 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from probe.analysis.fisher import fisher_prune
+from probe.analysis.fisher import fisher_prune, tune_masks
 from probe.analysis.groups import select_units
 from probe.analysis.importance import head_importance
+from probe.analysis.layer_drop import layer_importance, plan_layers
 from probe.analysis.pruning import (
     check_counts,
     head_mask,
@@ -77,7 +78,7 @@ def score_text(model: Transformer, batches: Sequence[Batch]) -> dict[str, float]
         objective = batches[0].objective
         metrics = text_metrics(model, batches, objective)
         if objective == "embedding":
-            return {"similarity": metrics["similarity"]}
+            return {k: metrics[k] for k in ("similarity", "neighbours") if k in metrics}
         device = next(model.parameters()).device
         right = total = 0
         for batch in batches:
@@ -104,6 +105,39 @@ def default_fractions(n_heads: int) -> list[float]:
     if n_heads <= 24:
         return [k / n_heads for k in range(n_heads + 1)]
     return [k / 10 for k in range(11)]
+
+
+# curve methods beyond the head-importance estimators: Fisher ranking with mask tuning at every
+# point (Kwon et al. 2022), and whole attention sub-layers by their importance (He et al. 2024)
+CURVE_EXTRAS = ("fisher+tune", "attention-layer")
+
+
+def _extra_points(model, method: str, split, scoring, fractions, n_heads: int):
+    """(fraction, metrics, n_pruned) for each fraction, for one of CURVE_EXTRAS on one split."""
+    present = present_heads(model)
+    if method == "attention-layer":
+        layers = layer_importance(model, split)
+        plans = [plan_layers(layers, model, f) for f in fractions]
+        scales = None
+    else:
+        table = head_importance(model, split, "fisher")
+        plans = [plan_removal(table, present, quota(present, f, "global")) for f in fractions]
+        scales = [tune_masks(model, plan, split) for plan in plans]
+    before = [g.detach().clone() for g in model.gates()]
+    points = []
+    seen = set()
+    for i, plan in enumerate(plans):
+        key = tuple(sorted(plan))
+        if key in seen:
+            continue
+        seen.add(key)
+        gates = head_mask(model, plan) if scales is None else [
+            s.to(g.dtype) for s, g in zip(scales[i], before, strict=True)
+        ]  # fmt: skip
+        model.set_gates(gates)
+        points.append((len(plan) / n_heads, score_batches(model, scoring), len(plan)))
+        model.set_gates(before)
+    return points
 
 
 def pruning_curve(
@@ -147,6 +181,17 @@ def pruning_curve(
         for method in methods:
             for seed, split in enumerate(importance_splits):
                 model.set_gates(before)
+                if method in CURVE_EXTRAS:
+                    for fraction, metrics, n_pruned in _extra_points(
+                        model, method, split, scoring, fractions, n_heads
+                    ):
+                        rows += [{"fraction": fraction, "method": method, "seed": seed,
+                                  "metric": k, "value": v, "n_pruned": n_pruned}
+                                 for k, v in metrics.items()]  # fmt: skip
+                    done += len(counts)
+                    if progress is not None:
+                        progress(done, total)
+                    continue
                 table, removed = None, []
                 for count in counts:
                     if table is None or iterative:
