@@ -127,8 +127,6 @@ def role_heatmaps(roles: pd.DataFrame) -> plt.Figure:
     n_rows = -(-len(present) // n_cols)
     size = (0.8 * n_head * n_cols + 4.0, (0.5 * n_layer + 1.3) * n_rows + 0.6)
     fig, axes = plt.subplots(n_rows, n_cols, figsize=size, squeeze=False)
-    for ax in axes.flat[len(present) :]:
-        ax.axis("off")
     for ax, role in zip(axes.flat, present, strict=False):
         part = roles[roles.role == role]
         grid = part.pivot_table(index="layer", columns="head", values="score", dropna=False)
@@ -157,8 +155,10 @@ def role_heatmaps(roles: pd.DataFrame) -> plt.Figure:
         ax.tick_params(axis="y", rotation=0)
     for ax in list(axes.flat)[len(present) :]:
         ax.set_visible(False)
-    fig.suptitle("head roles: mean attention probability (blank: not defined; (o): best offset)")
-    fig.tight_layout()
+    what = "mean attention probability" + ("; retrieval: share of copy steps" if
+                                            "retrieval" in present else "")  # fmt: skip
+    fig.suptitle(f"head roles: {what} (blank: not defined; (o): best offset)")
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))  # room for the title
     return fig
 
 
