@@ -107,6 +107,17 @@ def setup(root: Path) -> dict[str, Path]:
 # (id, args with {name} for paths made by `setup` and {out} for this case's output, exit code,
 #  fragment of the message)
 CASES = [
+    ("export a trained model", "export {good} --out {out}", 2,
+     "was trained by probe, not imported"),
+    ("tune without fisher", "prune {good} --out {out} --tune --no-timing", 2, "--method fisher"),
+    ("layer unit and uniform", "prune {good} --out {out} --unit layer --uniform --no-timing", 2,
+     "do not combine"),
+    ("needles on a task model", "inspect {good} --out {out} --needles 2", 2,
+     "imported causal language model"),
+    ("text on a task model", "importance {good} --out {out} --text {good}", 2,
+     "--text is for imported"),
+    ("unknown pruning unit", "prune {good} --out {out} --unit grop --no-timing", 2,
+     "Did you mean 'group'?"),
     ("prune over its source", "prune {good} --out {good} --no-timing", 2,
      "is the checkpoint being pruned"),
     ("prune over another checkpoint", "prune {good} --out {other} --no-timing", 2,
