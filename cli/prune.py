@@ -268,8 +268,15 @@ def prune_cli(
     select = {"iterative": iterative, "scope": scope, "min_heads_per_layer": min_heads_per_layer,
               "normalize": normalize}  # fmt: skip
     settings = {"lengths": chosen, "batch_size": batch_size, "batches": batches, "seed": seed,
-                **select, **text_settings(ckpt, data)}  # fmt: skip
+                "unit": unit, **select, **text_settings(ckpt, data)}  # fmt: skip
     if sweep:
+        if unit == "layer" or uniform or tune:
+            raise ProbeError(
+                "The sweep prunes by head or, with --unit group, by key/value group; for whole "
+                "layers or tuned masks give --methods attention-layer or fisher+tune."
+            )
+        if unit == "group":
+            select = {**select, "unit": "group"}
         names = _sweep(
             ckpt,
             out,

@@ -376,3 +376,15 @@ def test_fisher_tuned_and_layer_drop_pruning(imported, tmp_path):
     assert exit_code(["importance", str(imported["llama"]), "--out", str(imp), "--method",
                       "fisher", "--unit", "layer", *TEXT]) == 0  # fmt: skip
     assert len(pd.read_csv(imp / "importance_layers.csv")) == 2
+
+
+def test_sweep_by_key_value_group(imported, tmp_path):
+    import pandas as pd
+
+    out = tmp_path / "sweep"
+    assert exit_code(["prune", str(imported["llama"]), "--sweep", "--out", str(out), "--unit",
+                      "group", "--methods", "gradient", "--seeds", "1", "--fractions",
+                      "0,0.5,1", *TEXT]) == 0  # fmt: skip
+    curve = pd.read_csv(out / "pruning.csv")
+    assert set(curve.n_pruned) == {0, 6, 12}  # 0, 2 and 4 of the 4 groups of 3 query heads
+    assert json.loads((out / "manifest.json").read_text())["settings"]["unit"] == "group"

@@ -167,3 +167,21 @@ def test_curve_points_of_tuned_fisher_and_layer_drop_match_direct_scoring():
     want = score_batches(m, scoring)["loss"]
     m.set_gates(None)
     assert abs(loss[("attention-layer", 0.5)] - want) < 1e-6
+
+
+def test_curve_by_key_value_group_matches_direct_scoring():
+    from probe.analysis.groups import plan_units
+    from probe.analysis.importance import head_importance
+    from probe.analysis.pruning_runs import pruning_curve, score_batches
+
+    m = model(n_kv_head=2)  # 2 layers x 2 groups of 2 heads
+    split, scoring = data(0), data(5)
+    curve = pruning_curve(m, [split], scoring, ["gradient"], [0.0, 0.5], unit="group")
+    loss = curve[curve.metric == "loss"].set_index("fraction")
+    plan = plan_units(head_importance(m, split, "gradient"), m, 0.5, "group", uniform=False)
+    assert len(plan) == 4 and loss.loc[0.5, "n_pruned"] == 4  # 2 of 4 groups, 2 heads each
+    m.set_gates(head_mask(m, plan))
+    want = score_batches(m, scoring)["loss"]
+    m.set_gates(None)
+    assert abs(loss.loc[0.5, "value"] - want) < 1e-9
+    assert abs(loss.loc[0.0, "value"] - score_batches(m, scoring)["loss"]) < 1e-9

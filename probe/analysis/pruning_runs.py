@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 from probe.analysis.fisher import fisher_prune, tune_masks
-from probe.analysis.groups import select_units
+from probe.analysis.groups import plan_units, select_units
 from probe.analysis.importance import head_importance
 from probe.analysis.layer_drop import layer_importance, plan_layers
 from probe.analysis.pruning import (
@@ -112,13 +112,19 @@ def default_fractions(n_heads: int) -> list[float]:
 CURVE_EXTRAS = ("fisher+tune", "attention-layer")
 
 
-def _extra_points(model, method: str, split, scoring, fractions, n_heads: int):
-    """(fraction, metrics, n_pruned) for each fraction, for one of CURVE_EXTRAS on one split."""
+def _extra_points(model, method: str, split, scoring, fractions, n_heads: int, unit: str = "head",
+                  seed: int = 0):  # fmt: skip
+    """(fraction, metrics, n_pruned) for each fraction, for one of CURVE_EXTRAS on one split, or
+    for any estimator by key/value group (unit "group": `fraction` is then the share of groups,
+    the recorded fraction the share of heads they held)."""
     present = present_heads(model)
-    if method == "attention-layer":
+    scales = None
+    if unit == "group" and method not in CURVE_EXTRAS:
+        table = head_importance(model, split, method, seed=seed)
+        plans = [plan_units(table, model, f, "group", uniform=False) for f in fractions]
+    elif method == "attention-layer":
         layers = layer_importance(model, split)
         plans = [plan_layers(layers, model, f) for f in fractions]
-        scales = None
     else:
         table = head_importance(model, split, "fisher")
         plans = [plan_removal(table, present, quota(present, f, "global")) for f in fractions]
@@ -151,10 +157,14 @@ def pruning_curve(
     scope: str = "global",
     min_heads_per_layer: int = 0,
     normalize: bool = False,
+    unit: str = "head",
     progress: Progress | None = None,
 ) -> pd.DataFrame:
     """Metrics on `scoring` after pruning each fraction of heads: tidy columns fraction, method,
     seed, metric, value (plus n_pruned). One seed per importance split.
+
+    unit "group" removes whole key/value groups (one shot, global ranking by the summed
+    importance of their heads); `fractions` are then shares of the groups.
 
     One-shot ranks heads once per (method, seed); iterative re-estimates importance on the masked
     model before each further fraction. `fraction` is the share of heads actually removed.
@@ -181,9 +191,13 @@ def pruning_curve(
         for method in methods:
             for seed, split in enumerate(importance_splits):
                 model.set_gates(before)
-                if method in CURVE_EXTRAS:
+                if method in CURVE_EXTRAS or unit == "group":
+                    if unit == "group" and (method in CURVE_EXTRAS or iterative):
+                        raise ProbeError(
+                            "A curve by key/value group is one-shot, from a head estimator."
+                        )
                     for fraction, metrics, n_pruned in _extra_points(
-                        model, method, split, scoring, fractions, n_heads
+                        model, method, split, scoring, fractions, n_heads, unit, seed
                     ):
                         rows += [{"fraction": fraction, "method": method, "seed": seed,
                                   "metric": k, "value": v, "n_pruned": n_pruned}
