@@ -1,0 +1,64 @@
+"""Settings in study files: `section.field` keys (model, task, train), checked by name and type
+before any cell is built; and the study's name, which names its results folder."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from probe.config import ModelConfig, TrainConfig, did_you_mean
+from probe.errors import ProbeError
+from probe.fields import check_field
+from probe.tasks import TaskConfig
+
+SECTIONS = {"model": ModelConfig, "task": TaskConfig, "train": TrainConfig}
+
+
+def flatten(table: dict[str, Any], where: str, allow: tuple[str, ...] = tuple(SECTIONS)) -> dict:
+    """{"model": {"pe": x}} or {"model.pe": x} -> {"model.pe": x}; the first part must be a
+    config section and the rest one of its fields."""
+    flat: dict[str, Any] = {}
+    for key, value in table.items():
+        if "." not in key and isinstance(value, dict):
+            for sub, inner in value.items():
+                flat[f"{key}.{sub}"] = inner
+        else:
+            flat[key] = value
+    for key in flat:
+        check_key(key, where, allow)
+    return flat
+
+
+def check_key(key: str, where: str, allow: tuple[str, ...] = tuple(SECTIONS)) -> None:
+    section, _, name = key.partition(".")
+    if section not in allow or not name:
+        raise ProbeError(
+            f"{where}: '{key}' is not a setting; write section.field with section one of "
+            f"{', '.join(allow)} (for example 'model.pe' or 'train.seed')."
+        )
+    names = [f.name for f in dataclasses.fields(SECTIONS[section])]
+    if name not in names:
+        raise ProbeError(
+            f"{where}: unknown {section} field '{name}'.{did_you_mean(name, names)} "
+            f"Valid fields: {', '.join(names)}."
+        )
+
+
+def check_setting(key: str, value: Any, where: str) -> None:
+    """A ProbeError naming `where` and the field unless `value` has the type of setting `key`
+    ("model.d_model"); the values themselves are checked when the cells are built."""
+    section, _, name = key.partition(".")
+    check_field(SECTIONS[section], name, value, f"{where}: {section}")
+
+
+def check_name(name: Any, where: str) -> str:
+    """The study's name, which names its folder under results/: a plain folder name."""
+    if not isinstance(name, str) or not name.strip():
+        raise ProbeError(f"{where} [study] needs a name.")
+    # a separator in the name also refuses an absolute path
+    if any(c in name for c in "/\\\0") or ".." in name or name.strip() == ".":
+        raise ProbeError(
+            f"{where} [study] name {name!r} must be a plain folder name (no '/', '\\' or '..'): "
+            "it names the study's folder under results/."
+        )
+    return name
