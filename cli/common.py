@@ -97,11 +97,12 @@ def check_data_options(ckpt: Checkpoint, text: Path | None, lengths: str | None)
 
 
 def text_data(ckpt: Checkpoint, text: Path | None, whole: bool, max_tokens: int,
-              batch_size: int, batches: int, seed: int, n_importance: int = 1):  # fmt: skip
+              batch_size: int, batches: int, seed: int, n_importance: int = 1,
+              reference: bool = True):  # fmt: skip
     """Importance sets and a scoring set of text batches for an imported checkpoint."""
     from probe.evaluate import text_splits_for
     from probe.text import read_documents
 
     docs = read_documents(text, whole=whole)
     return text_splits_for(ckpt.model, ckpt.tokenizer(), ckpt.objective, docs, max_tokens,
-                           batch_size, batches, n_importance, seed)  # fmt: skip
+                           batch_size, batches, n_importance, seed, reference)  # fmt: skip

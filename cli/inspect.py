@@ -123,7 +123,10 @@ def inspect_cli(
     wanted = parse_lengths(lengths or ("128" if ckpt.imported else "8,16,32"))
     data = None
     if ckpt.imported:
-        data = {n: text_data(ckpt, text, whole, n, batch_size, batches, seed, 0)[1] for n in wanted}
+        data = {
+            n: text_data(ckpt, text, whole, n, batch_size, batches, seed, 0, False)[1]
+            for n in wanted
+        }
     with _progress() as bar:
         jobs: dict[str, int] = {}
 

@@ -172,22 +172,30 @@ def _embedding_metrics(model: Transformer, batches: Sequence[Batch]) -> dict[str
 
 
 @torch.no_grad()
-def text_metrics(model: Transformer, batches: Sequence[Batch], objective: str) -> dict[str, float]:
+def text_metrics(
+    model: Transformer, batches: Sequence[Batch], objective: str, accuracy: bool = False
+) -> dict[str, float]:
     """What fits an imported model on text batches: loss and perplexity for language models
-    (next-token or masked-token); for sentence encoders the mean cosine similarity to the
-    reference embeddings and the agreement of nearest neighbours."""
+    (next-token or masked-token; with `accuracy`, token accuracy from the same forward pass);
+    for sentence encoders the mean cosine similarity to the reference embeddings and the
+    agreement of nearest neighbours."""
     device = model.embed.weight.device
     if objective == "embedding":
         return _embedding_metrics(model, batches)
-    total, count = 0.0, 0
+    total, count, right = 0.0, 0, 0
     for b in batches:
         b = b.to(device)
         logits = forward_batch(model, b)  # [batch, seq, vocab]
         token_loss = F.cross_entropy(logits.float().transpose(1, 2), b.targets, reduction="none")
         total += float(token_loss[b.loss_mask].double().sum())
         count += int(b.loss_mask.sum())
+        if accuracy:
+            right += int((logits.argmax(-1) == b.targets)[b.loss_mask].sum())
     mean = total / max(count, 1)
-    return {"loss": mean, "perplexity": math.exp(min(mean, 700.0)), "tokens": count}
+    out = {"loss": mean, "perplexity": math.exp(min(mean, 700.0)), "tokens": count}
+    if accuracy:
+        out["token_accuracy"] = right / max(count, 1)
+    return out
 
 
 def text_splits_for(
@@ -200,9 +208,11 @@ def text_splits_for(
     n_batches: int,
     n_importance: int = 1,
     seed: int = 0,
+    reference: bool = True,
 ) -> tuple[list[list[Batch]], list[Batch]]:
     """Disjoint text batches for importance (n_importance sets) and for scoring, for an imported
-    model's objective; sentence encoders get `model`'s own embeddings as the reference."""
+    model's objective; sentence encoders get `model`'s own embeddings as the reference (unless
+    `reference` is False: for uses that compute no loss, such as attention statistics)."""
     from probe.text import text_splits
 
     limit = model.cfg.max_positions
@@ -213,7 +223,7 @@ def text_splits_for(
         )
     sets, scoring = text_splits(docs, tokenizer, objective, max_tokens, batch_size, n_batches,
                                 n_importance, seed)  # fmt: skip
-    if objective == "embedding":
+    if objective == "embedding" and reference:
         sets = [with_reference(model, s) for s in sets]
         scoring = with_reference(model, scoring)
     return sets, scoring

@@ -219,6 +219,15 @@ def text_batches(
     replaced by [MASK] (chosen with `seed`); embedding: the inputs only (pair them with the
     original model's embeddings with `evaluate.with_reference`)."""
     ids, special = stream_rows(docs, tokenizer, max_tokens, batch_size * n_batches)
+    return _objective_batches(ids, special, tokenizer, objective, batch_size, seed)
+
+
+def _objective_batches(
+    ids: torch.Tensor, special: torch.Tensor, tokenizer: Tokenizer, objective: str,
+    batch_size: int, seed: int,
+) -> list[Batch]:  # fmt: skip
+    """Rows of `stream_rows` ([row, max_tokens] ids and special flags) as objective batches."""
+    max_tokens = ids.shape[1]
     out = []
     generator = torch.Generator().manual_seed(seed)
     for start in range(0, ids.shape[0], batch_size):
@@ -256,14 +265,13 @@ def text_splits(
     set: consecutive rows of the text stream, so no row is in two sets."""
     per_set = batch_size * n_batches
     need = per_set * (n_importance + 1)
-    ids, _ = stream_rows(docs, tokenizer, max_tokens, need)
+    ids, special = stream_rows(docs, tokenizer, max_tokens, need)
     if ids.shape[0] < need:
         raise ProbeError(
             f"The text gives {ids.shape[0]} rows of {max_tokens} tokens but {need} are needed "
             f"({n_importance + 1} disjoint sets of {n_batches} x {batch_size}); give more text, "
             "or lower --batch-size, --batches or --max-tokens."
         )
-    batches = text_batches(docs, tokenizer, objective, max_tokens, batch_size,
-                           n_batches * (n_importance + 1), seed)  # fmt: skip
+    batches = _objective_batches(ids, special, tokenizer, objective, batch_size, seed)
     sets = [batches[i * n_batches : (i + 1) * n_batches] for i in range(n_importance + 1)]
     return sets[:-1], sets[-1]

@@ -76,19 +76,10 @@ def score_text(model: Transformer, batches: Sequence[Batch]) -> dict[str, float]
     model.eval()
     try:
         objective = batches[0].objective
-        metrics = text_metrics(model, batches, objective)
+        metrics = text_metrics(model, batches, objective, accuracy=True)
         if objective == "embedding":
             return {k: metrics[k] for k in ("similarity", "neighbours") if k in metrics}
-        device = next(model.parameters()).device
-        right = total = 0
-        for batch in batches:
-            batch = batch.to(device)
-            guess = forward_batch(model, batch).argmax(-1)  # [batch, seq]
-            right += int((guess == batch.targets)[batch.loss_mask].sum())
-            total += int(batch.loss_mask.sum())
-        accuracy = right / max(total, 1)
-        return {"token_accuracy": accuracy, "loss": metrics["loss"],
-                "perplexity": metrics["perplexity"]}  # fmt: skip
+        return {k: metrics[k] for k in ("token_accuracy", "loss", "perplexity")}
     finally:
         model.train(was_training)
 
