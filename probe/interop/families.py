@@ -51,6 +51,25 @@ def rename(state: dict, names: dict[str, str], where: str) -> dict:
     return {new: state[old] for old, new in names.items()}
 
 
+def tied_output(hf: dict[str, Any], names: set[str] | None, default: bool) -> bool:
+    """Whether the output layer shares the token embedding: the config says so (absent: the
+    family's `default`) when the file has an lm_head; without one it must."""
+    if names is not None and "lm_head.weight" in names:
+        return bool(hf.get("tie_word_embeddings", default))
+    return True
+
+
+def require_unpruned(cfg, name: str, detail: str = "") -> None:
+    """One clear line when a pruned model meets a format with one head count and head size for
+    every layer (BERT, GPT-2)."""
+    if any(len(s.kept_heads) != cfg.n_head for s in cfg.sites()):
+        raise ProbeError(
+            f"A pruned {name} model cannot be written as a Hugging Face {name}: its config has "
+            f"one head count and head size for every layer{detail}. Export the unpruned model, "
+            "or keep it as a probe checkpoint."
+        )
+
+
 def number(hf: dict[str, Any], key: str, where: str, default: Any = None) -> Any:
     """hf[key] (or `default`), with a clear error when it is absent and has no default."""
     value = hf.get(key, default)

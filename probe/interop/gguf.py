@@ -71,7 +71,7 @@ def read_gguf(path: str | Path) -> GGUFModel:
     """Read a Llama GGUF file; every tensor comes back dequantized to float32 under its HF name."""
     path = Path(path)
     reader = _open_reader(path)
-    metadata = _metadata(reader, path)
+    metadata = metadata_of(reader, path)
     arch = metadata.get("general.architecture")
     if arch is None:
         raise ProbeError(f"GGUF file '{path}' has no 'general.architecture' metadata key")
@@ -131,7 +131,7 @@ def _open_reader(path: Path) -> Any:
         ) from e
 
 
-def _metadata(reader: Any, path: Path) -> dict[str, Any]:
+def metadata_of(reader: Any, path: Path) -> dict[str, Any]:
     """Every key/value pair of the file: strings decoded, arrays as python lists."""
     metadata: dict[str, Any] = {}
     for key, value_field in reader.fields.items():

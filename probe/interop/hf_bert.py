@@ -9,7 +9,7 @@ import torch
 
 from probe.config import FFN, PE, Arch, ModelConfig, Norm
 from probe.errors import ProbeError
-from probe.interop.families import number, rename
+from probe.interop.families import number, rename, require_unpruned
 
 MODEL_TYPES = ("bert",)
 ACTIVATIONS = {"gelu": FFN.GELU, "gelu_new": FFN.GELU_TANH, "relu": FFN.RELU}
@@ -89,12 +89,7 @@ def to_probe(state: dict[str, torch.Tensor], cfg: ModelConfig, where: str) -> di
 
 
 def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]:
-    if any(len(s.kept_heads) != cfg.n_head for s in cfg.sites()):
-        raise ProbeError(
-            "A pruned BERT model cannot be written as a Hugging Face BERT: its config has one "
-            "head count and head size for every layer. Export the unpruned model, or keep it as "
-            "a probe checkpoint."
-        )
+    require_unpruned(cfg, "BERT")
     prefix = "bert." if cfg.head_transform else ""
     weights = {hf: state[p] for hf, p in _names(cfg, prefix).items()}
     if cfg.head_transform:

@@ -9,7 +9,7 @@ import torch
 
 from probe.config import FFN, PE, Arch, ModelConfig, Norm
 from probe.errors import ProbeError
-from probe.interop.families import number, rename
+from probe.interop.families import number, rename, require_unpruned, tied_output
 
 MODEL_TYPES = ("gpt2",)
 ACTIVATIONS = {"gelu_new": FFN.GELU_TANH, "gelu_pytorch_tanh": FFN.GELU_TANH, "gelu": FFN.GELU,
@@ -27,10 +27,7 @@ def config(hf: dict[str, Any], where: str, names: set[str] | None = None) -> Mod
         raise ProbeError(f"{where}: GPT-2 without scale_attn_weights is not supported.")
     d_model = number(hf, "n_embd", where)
     inner = hf.get("n_inner") or 4 * d_model
-    if names is not None and "lm_head.weight" in names:
-        tied = hf.get("tie_word_embeddings", True)
-    else:
-        tied = True
+    tied = tied_output(hf, names, default=True)
     return ModelConfig(
         arch=Arch.DECODER,
         vocab_size=number(hf, "vocab_size", where),
@@ -90,12 +87,7 @@ def to_probe(state: dict[str, torch.Tensor], cfg: ModelConfig, where: str) -> di
 
 
 def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]:
-    if any(len(s.kept_heads) != cfg.n_head for s in cfg.sites()):
-        raise ProbeError(
-            "A pruned GPT-2 model cannot be written as a Hugging Face GPT-2: its config has one "
-            "head count and head size for every layer (n_embd / n_head). Export the unpruned "
-            "model, or keep it as a probe checkpoint."
-        )
+    require_unpruned(cfg, "GPT-2", " (n_embd / n_head)")
     w = {
         "transformer.wte.weight": state["embed.weight"],
         "transformer.wpe.weight": state["positions.table.weight"],

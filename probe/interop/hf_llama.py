@@ -10,7 +10,7 @@ import torch
 
 from probe.config import FFN, PE, Arch, ModelConfig, Norm, NormType
 from probe.errors import ProbeError
-from probe.interop.families import number, rename
+from probe.interop.families import number, rename, tied_output
 
 MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -36,10 +36,7 @@ def config(hf: dict[str, Any], where: str, names: set[str] | None = None) -> Mod
     d_model = number(hf, "hidden_size", where)
     n_head = number(hf, "num_attention_heads", where)
     qkv_bias = hf["model_type"] == "qwen2" or bool(hf.get("attention_bias", False))
-    if names is not None and "lm_head.weight" in names:
-        tied = bool(hf.get("tie_word_embeddings", False))
-    else:
-        tied = True  # no lm_head in the file: the output shares the embedding
+    tied = tied_output(hf, names, default=False)
     return ModelConfig(
         arch=Arch.DECODER,
         vocab_size=number(hf, "vocab_size", where),

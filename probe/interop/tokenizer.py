@@ -125,11 +125,9 @@ def gguf_metadata(path: str | Path, prefix: str = "") -> dict[str, Any]:
         reader = GGUFReader(path)
     except Exception as exc:  # bad magic, truncated file, unknown version
         raise ProbeError(f"{path} is not a readable GGUF file ({exc}).") from None
-    return {
-        key: field.contents()
-        for key, field in reader.fields.items()
-        if key.startswith(prefix) and not key.startswith("GGUF.")
-    }
+    from probe.interop.gguf import metadata_of
+
+    return {k: v for k, v in metadata_of(reader, path).items() if k.startswith(prefix)}
 
 
 def bytes_to_unicode() -> dict[int, str]:
