@@ -52,16 +52,6 @@ def hf_dir(kind: str, root: Path) -> Path:
             tie_word_embeddings=True,
         )
         model = transformers.LlamaForCausalLM(cfg)
-    elif kind == "bert-mlm":
-        cfg = transformers.BertConfig(
-            vocab_size=VOCAB,
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=48,
-            max_position_embeddings=64,
-        )
-        model = transformers.BertForMaskedLM(cfg)
     else:
         cfg = transformers.BertConfig(
             vocab_size=VOCAB,
@@ -71,7 +61,10 @@ def hf_dir(kind: str, root: Path) -> Path:
             intermediate_size=48,
             max_position_embeddings=64,
         )
-        model = transformers.BertModel(cfg, add_pooling_layer=False)
+        if kind == "bert-mlm":
+            model = transformers.BertForMaskedLM(cfg)
+        else:
+            model = transformers.BertModel(cfg, add_pooling_layer=False)
     path = root / kind
     model.save_pretrained(path)
     word_tokenizer(kind != "llama").save(str(path / "tokenizer.json"))
