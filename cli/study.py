@@ -22,6 +22,7 @@ from rich.table import Table
 from probe.errors import ProbeError
 from probe.study.expect import Outcome, write_junit
 from probe.study.grid import expand
+from probe.study.heads_spec import HeadStudy, load_any, smoke_head_study
 from probe.study.reporting import read_manifest, report_from_dir, write_report
 from probe.study.runner import StudyEvent, run_study
 from probe.study.spec import Study, load_study, smoke_version
@@ -140,6 +141,28 @@ def finish(name: str, outcomes: list[Outcome], junit: Path | None, seconds: floa
         raise SystemExit(1)
 
 
+def _size(study: Study | HeadStudy) -> tuple[str, str]:
+    """How big a study is, full and smoke ('' without [smoke]): cells, or a head study's steps."""
+    if isinstance(study, HeadStudy):
+        smoke = smoke_head_study(study) if study.smoke is not None else None
+        return f"{study.source}, {_steps(study)} steps", (f"{_steps(smoke)}" if smoke else "")
+    smoke = str(len(expand(smoke_version(study)))) if study.smoke is not None else ""
+    return f"{len(expand(study))} cells", smoke
+
+
+def _steps(study: HeadStudy) -> int:
+    c, seeds = study.curves, study.text.seeds
+    per_seed = len(study.importance.methods) + len(c.methods) + len(c.group_methods)
+    per_seed += "attention-layer" in c.methods
+    return (
+        seeds * per_seed
+        + study.roles.enabled
+        + bool(study.roles.needles)
+        + bool(study.knockout.heads)
+        + 1
+    )
+
+
 def ls_cli(
     folder: Annotated[Path, typer.Argument(help="Folder of study files.")] = Path("studies"),
 ) -> None:
@@ -148,16 +171,16 @@ def ls_cli(
     if not files:
         raise ProbeError(f"No study files (*.toml) in '{folder}'.")
     view = Table(title=escape(f"studies in {folder}"))
-    for column in ("file", "name", "cells", "smoke cells", "question"):
+    for column in ("file", "name", "size", "smoke", "question"):
         view.add_column(column, overflow="fold")
     for path in files:
         try:
-            study = load_study(path)
+            study = load_any(path)
         except ProbeError as exc:
             view.add_row(escape(str(path)), "[red]invalid[/]", "", "", escape(str(exc)))
             continue
-        smoke = str(len(expand(smoke_version(study)))) if study.smoke is not None else "–"
-        view.add_row(escape(str(path)), escape(study.name), str(len(expand(study))), smoke,
+        full, smoke = _size(study)
+        view.add_row(escape(str(path)), escape(study.name), full, smoke or "–",
                      escape(study.question))  # fmt: skip
     console.print(view)
 
@@ -172,7 +195,7 @@ def validate_cli(
     errors = []
     for path in files:
         try:
-            study = load_study(path)
+            study = load_any(path)
         except ProbeError as exc:
             problem = str(exc) if str(path) in str(exc) else f"{path}: {exc}"
             if len(files) == 1:
@@ -181,9 +204,9 @@ def validate_cli(
             err_console.print(f"[bold red]invalid[/] {escape(problem)}", highlight=False,
                               soft_wrap=True)  # fmt: skip
             continue
-        smoke = f", smoke {len(expand(smoke_version(study)))}" if study.smoke is not None else ""
-        console.print(f"[green]ok[/] {escape(str(path))}: {len(expand(study))} cells{smoke}",
-                      soft_wrap=True)  # fmt: skip
+        full, smoke = _size(study)
+        smoke = f", smoke {smoke}" if smoke else ""
+        console.print(f"[green]ok[/] {escape(str(path))}: {full}{smoke}", soft_wrap=True)
     if errors:
         raise ProbeError(f"{len(errors)} of {len(files)} study files are invalid.")
 

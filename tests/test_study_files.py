@@ -7,20 +7,27 @@ from pathlib import Path
 import pytest
 
 from probe.study.grid import expand
-from probe.study.spec import load_study, smoke_version
+from probe.study.heads_spec import HeadStudy, load_any, smoke_head_study
+from probe.study.spec import smoke_version
 
 STUDIES = sorted((Path(__file__).resolve().parents[1] / "studies").glob("*.toml"))
 
 
 def test_there_are_shipped_studies():
     names = {p.stem for p in STUDIES}
-    assert {"quickstart", "positions"} <= names
+    assert {"quickstart", "positions", "minilm-heads", "smollm2-heads"} <= names
 
 
 @pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.stem)
 def test_study_validates_with_a_small_smoke_version(path):
-    study = load_study(path)
+    study = load_any(path)
     assert study.smoke is not None, "every shipped study needs a [smoke] section for CI"
+    if isinstance(study, HeadStudy):
+        smoke = smoke_head_study(study)
+        assert smoke.text.seeds <= study.text.seeds
+        assert smoke.text.batches * smoke.text.batch_size <= 8
+        assert len(smoke.curves.fractions) <= 3
+        return
     full, smoke = expand(study), expand(smoke_version(study))
     assert len(smoke) <= len(full)
     assert len(smoke) <= 16

@@ -149,10 +149,12 @@ def pruning_curve(
     min_heads_per_layer: int = 0,
     normalize: bool = False,
     unit: str = "head",
+    seeds: Sequence[int] | None = None,
     progress: Progress | None = None,
 ) -> pd.DataFrame:
     """Metrics on `scoring` after pruning each fraction of heads: tidy columns fraction, method,
-    seed, metric, value (plus n_pruned). One seed per importance split.
+    seed, metric, value (plus n_pruned). One seed per importance split: `seeds` (default 0, 1,
+    ...) labels them and seeds the random baseline.
 
     unit "group" removes whole key/value groups (one shot, global ranking by the summed
     importance of their heads); `fractions` are then shares of the groups.
@@ -175,12 +177,15 @@ def pruning_curve(
             counts.append(c)
     for c in counts:
         check_counts(present, c, min_heads_per_layer)
+    seeds = list(range(len(importance_splits))) if seeds is None else list(seeds)
+    if len(seeds) != len(importance_splits):
+        raise ProbeError(f"{len(importance_splits)} importance splits but {len(seeds)} seeds.")
     rows = []
     total, done = len(methods) * len(importance_splits) * len(counts), 0
     before = [g.detach().clone() for g in model.gates()]
     try:
         for method in methods:
-            for seed, split in enumerate(importance_splits):
+            for seed, split in zip(seeds, importance_splits, strict=True):
                 model.set_gates(before)
                 if method in CURVE_EXTRAS or unit == "group":
                     if unit == "group" and (method in CURVE_EXTRAS or iterative):

@@ -70,7 +70,7 @@ class RunResult:
 
 
 @contextmanager
-def _locked(out: Path) -> Iterator[None]:
+def locked(out: Path) -> Iterator[None]:
     out.mkdir(parents=True, exist_ok=True)
     with (out / ".lock").open("w") as handle:
         try:
@@ -199,7 +199,7 @@ def run_study(
     cells = expand(study)
     emit = progress or (lambda event: None)
     started = time.perf_counter()
-    with _locked(out), _threads(threads), provenance.pinned(provenance.git_commit()):
+    with locked(out), _threads(threads), provenance.pinned(provenance.git_commit()):
         context = {**provenance.context(resolve_device(device)), "requested_device": device,
                    "jobs": jobs, "threads": threads}  # fmt: skip
         _clean_temporaries(out)

@@ -1,9 +1,12 @@
 """Settings in study files: `section.field` keys (model, task, train), checked by name and type
-before any cell is built; and the study's name, which names its results folder."""
+before any cell is built; the study's name, which names its results folder; and reading a study
+file."""
 
 from __future__ import annotations
 
 import dataclasses
+import tomllib
+from pathlib import Path
 from typing import Any
 
 from probe.config import ModelConfig, TrainConfig, did_you_mean
@@ -62,3 +65,25 @@ def check_name(name: Any, where: str) -> str:
             "it names the study's folder under results/."
         )
     return name
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """A study file's contents, with one-line errors for a missing or unreadable file."""
+    path = Path(path)
+    if not path.exists():
+        raise ProbeError(f"No study file at '{path}'. List the shipped ones with `probe study ls`.")
+    if path.is_dir():
+        raise ProbeError(
+            f"'{path}' is a folder; give a study file in it (`probe study ls {path}`)."
+        )
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ProbeError(f"{path} is not valid TOML: {exc}.") from None
+    except UnicodeDecodeError as exc:
+        raise ProbeError(
+            f"{path} is not a text file: byte {exc.object[exc.start]:#04x} at offset {exc.start} "
+            "is not UTF-8; a study file is TOML text."
+        ) from None
+    except OSError as exc:
+        raise ProbeError(f"{path} cannot be read: {exc.strerror or exc}.") from None

@@ -9,7 +9,6 @@ section and the field.
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,14 @@ from probe.fields import shown
 from probe.presets import with_preset
 from probe.references import published
 from probe.study.expect import Expectation, parse_expectation
-from probe.study.settings import SECTIONS, check_key, check_name, check_setting, flatten
+from probe.study.settings import (
+    SECTIONS,
+    check_key,
+    check_name,
+    check_setting,
+    flatten,
+    read_toml,
+)
 from probe.study.steps import get_step, parse_options
 
 TOP_LEVEL = (
@@ -265,24 +271,7 @@ def _check_smoke(smoke: Any, where: str) -> None:
 
 def load_study(path: str | Path) -> Study:
     path = Path(path)
-    if not path.exists():
-        raise ProbeError(f"No study file at '{path}'. List the shipped ones with `probe study ls`.")
-    if path.is_dir():
-        raise ProbeError(
-            f"'{path}' is a folder; give a study file in it (`probe study ls {path}`)."
-        )
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ProbeError(f"{path} is not valid TOML: {exc}.") from None
-    except UnicodeDecodeError as exc:
-        raise ProbeError(
-            f"{path} is not a text file: byte {exc.object[exc.start]:#04x} at offset {exc.start} "
-            "is not UTF-8; a study file is TOML text."
-        ) from None
-    except OSError as exc:
-        raise ProbeError(f"{path} cannot be read: {exc.strerror or exc}.") from None
-    return parse_study(data, path)
+    return parse_study(read_toml(path), path)
 
 
 def smoke_version(study: Study) -> Study:

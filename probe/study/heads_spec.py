@@ -1,0 +1,248 @@
+"""Head studies of a real checkpoint: `studies/*.toml` files with a `[model] source`.
+
+A head study imports one model (a bundled one such as `bundled:minilm`, a Hugging Face folder or
+a GGUF file), cuts the shipped text (or a given file) into disjoint batches, and measures its
+heads: importance by several estimators, pruning curves by head, by key/value group or by
+attention sub-layer, head roles and retrieval heads, the effect of removing the retrieval heads,
+and the speed of the physically pruned models. Every error names the file, the section and the
+field; `[smoke]` overrides any option to scale the study down for CI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from probe.analysis.importance import Method
+from probe.analysis.pruning_runs import CURVE_EXTRAS
+from probe.config import check_keys, did_you_mean, from_dict
+from probe.errors import ProbeError
+from probe.study.settings import check_name
+
+TOP_LEVEL = ("study", "model", "text", "importance", "curves", "roles", "knockout", "timing",
+             "operating", "smoke")  # fmt: skip
+STUDY_KEYS = ("name", "question", "description", "title")
+CURVE_METHODS = (*(str(m) for m in Method), *CURVE_EXTRAS)
+
+
+@dataclass(frozen=True)
+class TextOptions:
+    file: str = ""  # a text file (relative to the study file); "" is the shipped corpus
+    whole: bool = False  # the whole file as one document (else blank-line paragraphs)
+    max_tokens: int = 128  # tokens per row
+    batch_size: int = 8
+    batches: int = 4  # batches per set: one importance set per seed, one scoring set
+    seeds: int = 3  # disjoint importance sets (seed r also seeds the random baseline)
+
+
+@dataclass(frozen=True)
+class ImportanceOptions:
+    methods: tuple[str, ...] = ()  # head estimators compared by rank agreement
+
+
+@dataclass(frozen=True)
+class CurveOptions:
+    methods: tuple[str, ...] = ()  # by query head: estimators, "fisher+tune", "attention-layer"
+    group_methods: tuple[str, ...] = ()  # by whole key/value group: estimators
+    fractions: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+@dataclass(frozen=True)
+class RoleOptions:
+    enabled: bool = False
+    period: int = 16  # repeated random sequences for induction
+    needles: int = 0  # needle-in-a-haystack prompts for retrieval heads (causal LMs; 0: none)
+    context: int = 256  # tokens per needle prompt
+
+
+@dataclass(frozen=True)
+class KnockoutOptions:
+    heads: tuple[int, ...] = ()  # remove the top-k retrieval heads, for each k
+    draws: int = 10  # against k random heads, this many draws
+    prompts: int = 20  # fresh needle prompts (not the ones the scores came from)
+
+
+@dataclass(frozen=True)
+class TimingOptions:
+    fractions: tuple[float, ...] = ()  # pruned models timed at these fractions (and the
+    # operating point of every curve method)
+    batch_sizes: tuple[int, ...] = (1, 8)
+    repeats: int = 3
+    threads: int = 1
+
+
+@dataclass(frozen=True)
+class OperatingOptions:
+    tolerance: float = 0.01  # how far the primary metric may move from the unpruned model's:
+    # similarity may fall by this much, loss (nats) may rise by this much
+
+
+@dataclass(frozen=True)
+class HeadStudy:
+    name: str
+    question: str
+    source: str  # what `probe import` takes
+    path: Path | None = None
+    description: str = ""
+    title: str = ""
+    text: TextOptions = TextOptions()
+    importance: ImportanceOptions = ImportanceOptions()
+    curves: CurveOptions = CurveOptions()
+    roles: RoleOptions = RoleOptions()
+    knockout: KnockoutOptions = KnockoutOptions()
+    timing: TimingOptions = TimingOptions()
+    operating: OperatingOptions = OperatingOptions()
+    smoke: dict[str, Any] | None = field(default=None, compare=False)
+    is_smoke: bool = False
+
+    @property
+    def where(self) -> str:
+        return str(self.path) if self.path is not None else "study"
+
+    def text_file(self) -> Path | None:
+        if not self.text.file:
+            return None
+        base = self.path.parent if self.path is not None else Path.cwd()
+        return base / self.text.file
+
+
+SECTIONS = {
+    "text": TextOptions,
+    "importance": ImportanceOptions,
+    "curves": CurveOptions,
+    "roles": RoleOptions,
+    "knockout": KnockoutOptions,
+    "timing": TimingOptions,
+    "operating": OperatingOptions,
+}
+
+
+def is_head_study(data: dict[str, Any]) -> bool:
+    """A parsed study file is a head study when it names a model to import."""
+    return isinstance(data, dict) and "model" in data and "base" not in data
+
+
+def _positive(where: str, **values: int) -> None:
+    for name, value in values.items():
+        if value < 1:
+            raise ProbeError(f"{where}: {name} must be at least 1, got {value}.")
+
+
+def _check(study: HeadStudy) -> HeadStudy:
+    where = study.where
+    t = study.text
+    _positive(f"{where} [text]", max_tokens=t.max_tokens, batch_size=t.batch_size,
+              batches=t.batches, seeds=t.seeds)  # fmt: skip
+    for section, methods, valid in (
+        ("importance", study.importance.methods, [str(m) for m in Method]),
+        ("curves", study.curves.methods, list(CURVE_METHODS)),
+        ("curves", study.curves.group_methods, list(CURVE_METHODS)),
+    ):
+        for m in methods:
+            if m not in valid:
+                raise ProbeError(
+                    f"{where} [{section}] unknown method '{m}'.{did_you_mean(m, valid)} "
+                    f"Available: {', '.join(valid)}."
+                )
+    extras = sorted(set(study.curves.group_methods) & set(CURVE_EXTRAS))
+    if extras:
+        raise ProbeError(
+            f"{where} [curves] group_methods: {', '.join(extras)} prune by head or by layer, not "
+            "by key/value group; list them under methods."
+        )
+    for f in (*study.curves.fractions, *study.timing.fractions):
+        if not 0.0 <= f <= 1.0:
+            raise ProbeError(f"{where}: fractions must lie in [0, 1], got {f}.")
+    if (study.curves.methods or study.curves.group_methods) and not study.curves.fractions:
+        raise ProbeError(f"{where} [curves] needs at least one fraction.")
+    _positive(f"{where} [timing]", repeats=study.timing.repeats, threads=study.timing.threads)
+    if any(b < 1 for b in study.timing.batch_sizes):
+        raise ProbeError(f"{where} [timing] batch_sizes must be at least 1.")
+    if study.knockout.heads and not study.roles.needles:
+        raise ProbeError(f"{where} [knockout] needs retrieval scores: set [roles] needles.")
+    if study.operating.tolerance < 0:
+        raise ProbeError(f"{where} [operating] tolerance must be >= 0.")
+    return study
+
+
+def _sections(data: dict[str, Any], where: str) -> dict[str, Any]:
+    out = {}
+    for name, cls in SECTIONS.items():
+        if name in data:
+            out[name] = from_dict(cls, data[name], f"{where} [{name}]")
+    return out
+
+
+def parse_head_study(data: dict[str, Any], path: Path | None = None) -> HeadStudy:
+    where = str(path) if path is not None else "study"
+    check_keys(data, TOP_LEVEL, where)
+    head = check_keys(data.get("study", {}), STUDY_KEYS, f"{where} [study]")
+    name = check_name(head.get("name") or (path.stem if path is not None else None), where)
+    if not head.get("question") or not isinstance(head["question"], str):
+        raise ProbeError(f"{where} [study] needs a question: what does this study find out?")
+    model = check_keys(data["model"], ("source",), f"{where} [model]")
+    if not isinstance(model.get("source"), str) or not model["source"]:
+        raise ProbeError(
+            f"{where} [model] needs a source: a bundled model (bundled:minilm), a Hugging Face "
+            "folder or a GGUF file."
+        )
+    smoke = data.get("smoke")
+    if smoke is not None:
+        check_keys(smoke, tuple(SECTIONS), f"{where} [smoke]")
+    study = HeadStudy(
+        name=name,
+        question=str(head["question"]).strip(),
+        source=model["source"],
+        path=path,
+        description=str(head.get("description", "")).strip(),
+        title=str(head.get("title", "")),
+        smoke=smoke,
+        **_sections(data, where),
+    )
+    _check(study)
+    if smoke is not None:
+        smoke_head_study(study)
+    return study
+
+
+def smoke_head_study(study: HeadStudy) -> HeadStudy:
+    """The study with its [smoke] options merged over each section."""
+    if study.is_smoke:
+        return study
+    where = f"{study.where} [smoke]"
+    changes = {}
+    for name, options in (study.smoke or {}).items():
+        merged = {**dataclasses.asdict(getattr(study, name)), **options}
+        changes[name] = from_dict(SECTIONS[name], merged, f"{where} [{name}]")
+    return _check(dataclasses.replace(study, is_smoke=True, **changes))
+
+
+def head_study_dict(study: HeadStudy) -> dict[str, Any]:
+    """A JSON-ready description of the (possibly smoke) study, stored with its results."""
+    out = {
+        "kind": "heads",
+        "name": study.name,
+        "question": study.question,
+        "description": study.description,
+        "title": study.title,
+        "file": study.where,
+        "smoke": study.is_smoke,
+        "source": study.source,
+    }
+    for name in SECTIONS:
+        out[name] = dataclasses.asdict(getattr(study, name))
+    return out
+
+
+def load_any(path: str | Path):
+    """A study file as a head study (`[model] source`) or a grid study (`[base]`)."""
+    from probe.study.settings import read_toml
+    from probe.study.spec import parse_study
+
+    path = Path(path)
+    data = read_toml(path)
+    if is_head_study(data):
+        return parse_head_study(data, path)
+    return parse_study(data, path)

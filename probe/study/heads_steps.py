@@ -1,0 +1,246 @@
+"""The steps of a head study, and the operating point they lead to.
+
+Seed r estimates importance on text split r (disjoint from every other split and from the
+scoring split) and seeds the random baseline; every curve is scored on the one scoring split.
+The timing step comes last: it times, on one thread, the physically pruned model of every curve
+method at the study's fixed fractions and at the method's operating point (the most heads
+removed with the primary metric still within the tolerance, in every seed).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pandas as pd
+import torch
+
+from probe.analysis.pruning import head_mask, plan_removal, present_heads, prune_heads, quota
+from probe.study.heads_runner import Step
+
+if TYPE_CHECKING:
+    from probe.study.heads_runner import Subject
+    from probe.study.heads_spec import HeadStudy
+
+RETRIEVAL_THRESHOLD = 0.1  # Wu et al. 2024 call a head a retrieval head above this score
+PRIMARY = {"embedding": ("similarity", True), "causal-lm": ("loss", False),
+           "masked-lm": ("loss", False)}  # fmt: skip
+
+
+def plan_steps(study: HeadStudy, subject: Subject) -> list[Step]:
+    """Every step but the timing, in the order they run."""
+    from probe.analysis.importance import head_importance
+    from probe.analysis.layer_drop import layer_importance
+    from probe.analysis.pruning_runs import pruning_curve
+
+    seeds = range(study.text.seeds)
+    steps = []
+
+    def importance(method: str, seed: int):
+        def run(progress):
+            split = subject.splits[0][seed]
+            table = head_importance(subject.model, split, method, seed=seed, progress=progress)
+            return table.assign(seed=seed)
+
+        return run
+
+    for method in study.importance.methods:
+        for seed in seeds:
+            options = {"method": method, "seed": seed}
+            steps.append(
+                Step(
+                    f"importance-{method}-s{seed}", "importance", options, importance(method, seed)
+                )
+            )
+    if "attention-layer" in study.curves.methods:
+        for seed in seeds:
+            steps.append(Step(f"layers-s{seed}", "layers", {"seed": seed},
+                              lambda p, s=seed: layer_importance(
+                                  subject.model, subject.splits[0][s]).assign(seed=s)))  # fmt: skip
+
+    def curve(method: str, unit: str, seed: int):
+        def run(progress):
+            sets, scoring = subject.splits
+            table = pruning_curve(subject.model, [sets[seed]], scoring, [method],
+                                  list(study.curves.fractions), unit=unit, seeds=[seed],
+                                  progress=progress)  # fmt: skip
+            return table.assign(unit=unit)
+
+        return run
+
+    by_unit = [("head", m) for m in study.curves.methods]
+    by_unit += [("group", m) for m in study.curves.group_methods]
+    for unit, method in by_unit:
+        for seed in seeds:
+            options = {"method": method, "unit": unit, "seed": seed,
+                       "fractions": list(study.curves.fractions)}  # fmt: skip
+            key = f"curve-{unit}-{method}-s{seed}"
+            steps.append(Step(key, "curves", options, curve(method, unit, seed)))
+    roles = study.roles
+    if roles.enabled:
+        steps.append(Step("roles", "roles", {"period": roles.period},
+                          lambda p: _roles(subject, roles.period)))  # fmt: skip
+    if roles.needles:
+        steps.append(Step("retrieval", "retrieval", {"needles": roles.needles,
+                                                     "context": roles.context},
+                          lambda p: _retrieval(subject)))  # fmt: skip
+    ko = study.knockout
+    if ko.heads:
+        options = {"needles": roles.needles, "context": roles.context, "heads": list(ko.heads),
+                   "draws": ko.draws, "prompts": ko.prompts}  # fmt: skip
+        steps.append(Step("knockout", "knockout", options, lambda p: knockout(subject, p)))
+    return steps
+
+
+def _roles(subject: Subject, period: int) -> pd.DataFrame:
+    from probe.analysis.roles import head_roles
+
+    return head_roles(subject.model, subject.splits[1], period=period, seed=0)
+
+
+def _retrieval(subject: Subject) -> pd.DataFrame:
+    from probe.analysis.retrieval import retrieval_scores
+
+    roles = subject.study.roles
+    return retrieval_scores(subject.model, subject.needles(roles.needles, seed=0))
+
+
+def knockout(subject: Subject, progress) -> pd.DataFrame:
+    """Copy accuracy on fresh needle prompts with the top-k retrieval heads masked, against k
+    random heads from the rest (`draws` draws), for each k: columns k, selection, draw,
+    copy_accuracy, heads."""
+    from probe.analysis.retrieval import retrieval_scores
+
+    ko = subject.study.knockout
+    model = subject.model
+    scores = _retrieval(subject).sort_values(
+        ["score", "layer", "head"], ascending=[False, True, True], kind="stable"
+    )
+    ranked = list(zip(scores.layer.astype(int), scores["head"].astype(int), strict=True))
+    prompts = subject.needles(ko.prompts, seed=1)
+    before = [g.detach().clone() for g in model.gates()]
+    runs = [(0, "none", 0, [])]
+    for k in ko.heads:
+        top = ranked[:k]
+        runs.append((k, "retrieval", 0, top))
+        rest = ranked[k:]
+        for draw in range(ko.draws):
+            gen = torch.Generator().manual_seed(draw)
+            pick = torch.randperm(len(rest), generator=gen)[:k].tolist()
+            runs.append((k, "random", draw, [rest[i] for i in sorted(pick)]))
+    rows = []
+    try:
+        for i, (k, selection, draw, heads) in enumerate(runs):
+            model.set_gates(head_mask(model, heads) if heads else before)
+            table = retrieval_scores(model, prompts)
+            rows.append({"k": k, "selection": selection, "draw": draw,
+                         "copy_accuracy": float(table["copy_accuracy"].iloc[0]),
+                         "heads": " ".join(f"L{a}H{b}" for a, b in heads)})  # fmt: skip
+            progress(i + 1, len(runs))
+    finally:
+        model.set_gates(before)
+    return pd.DataFrame(rows)
+
+
+def operating_points(curves: pd.DataFrame, objective: str, tolerance: float) -> pd.DataFrame:
+    """Per method, unit and seed: the largest share of heads removed such that the primary metric
+    at it and at every smaller share stays within `tolerance` of the unpruned model's. Columns
+    method, unit, seed, metric, fraction, n_pruned, value, reference."""
+    metric, higher = PRIMARY[objective]
+    rows = []
+    data = curves[curves.metric == metric].sort_values("fraction", kind="stable")
+    for (method, unit, seed), g in data.groupby(["method", "unit", "seed"], sort=False):
+        reference = float(g[g.n_pruned == 0].value.iloc[0]) if (g.n_pruned == 0).any() else None
+        best = None
+        if reference is not None:
+            for r in g.itertuples():
+                gap = reference - r.value if higher else r.value - reference
+                if gap > tolerance + 1e-12:
+                    break
+                best = r
+        rows.append({"method": method, "unit": unit, "seed": int(seed), "metric": metric,
+                     "fraction": None if best is None else float(best.fraction),
+                     "n_pruned": None if best is None else int(best.n_pruned),
+                     "value": None if best is None else float(best.value),
+                     "reference": reference})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def _pruned(subject: Subject, method: str, unit: str, n_pruned: int):
+    """The physically pruned model of one curve method, unit and head count (seed 0's data)."""
+    from probe.analysis.fisher import fisher_prune
+    from probe.analysis.groups import plan_units
+    from probe.analysis.importance import head_importance
+    from probe.analysis.layer_drop import layer_importance, plan_layers
+
+    model = subject.model
+    split = subject.splits[0][0]
+    present = present_heads(model)
+    fraction = n_pruned / sum(len(h) for h in present)
+    if method == "fisher+tune":
+        return fisher_prune(model, split, fraction).model
+    if method == "attention-layer":
+        plan = plan_layers(layer_importance(model, split), model, fraction)
+    else:
+        table = head_importance(model, split, method, seed=0)
+        plan = (plan_units(table, model, fraction, "group", uniform=False) if unit == "group"
+                else plan_removal(table, present, quota(present, fraction, "global")))  # fmt: skip
+    return prune_heads(model, plan)
+
+
+def timing_step(study: HeadStudy, subject: Subject, curves: pd.DataFrame) -> Step | None:
+    """Time the pruned models of every curve method at the fixed fractions and its operating
+    point, against the original, on one thread."""
+    if curves.empty or not (study.timing.fractions or study.curves.methods):
+        return None
+    t = study.timing
+    n_heads = int(curves.n_pruned.max() / max(curves.fraction.max(), 1e-9) + 0.5)
+    ops = operating_points(curves, subject_objective(curves), study.operating.tolerance)
+    wanted: list[tuple[str, str, int, str]] = []
+    for (method, unit), g in ops.groupby(["method", "unit"], sort=False):
+        counts = {round(f * n_heads): "fixed" for f in t.fractions}
+        if g.n_pruned.notna().all():
+            counts.setdefault(int(g.n_pruned.min()), "operating point")
+        for n, why in sorted(counts.items()):
+            if 0 < n < n_heads:
+                wanted.append((str(method), str(unit), n, why))
+    if not wanted:
+        return None
+    options = {"variants": wanted, "batch_sizes": list(t.batch_sizes), "repeats": t.repeats,
+               "threads": t.threads, "tolerance": study.operating.tolerance}  # fmt: skip
+    return Step("timing", "timing", options, lambda p: _time_variants(subject, wanted, p))
+
+
+def subject_objective(curves: pd.DataFrame) -> str:
+    """The objective a curve table was measured by (its primary metric tells)."""
+    return "embedding" if "similarity" in set(curves.metric) else "causal-lm"
+
+
+def _time_variants(subject: Subject, wanted, progress) -> pd.DataFrame:
+    from probe.analysis.timing import time_forward, timing_batches
+
+    t = subject.study.timing
+    model = subject.model
+    scoring = subject.splits[1]
+    longest = max(scoring, key=lambda b: b.inputs.shape[1])
+    batches = timing_batches(longest, t.batch_sizes)
+    tokens = longest.inputs.shape[1]
+    rows = []
+    for i, (method, unit, n, why) in enumerate(wanted):
+        pruned = _pruned(subject, method, unit, n)
+        table = time_forward({"original": model, "pruned": pruned}, batches, warmup=1,
+                             repeats=t.repeats, threads=t.threads)  # fmt: skip
+        params = {"original": model.parameter_counts()["total"],
+                  "pruned": pruned.parameter_counts()["total"]}  # fmt: skip
+        table = table[table.part == "model"].assign(
+            method=method,
+            unit=unit,
+            n_pruned=n,
+            why=why,
+            tokens=tokens,
+            parameters=table.variant.map(params),
+            tokens_per_s=lambda d: d.batch_size * tokens / d.seconds,
+        )
+        rows.append(table)
+        del pruned
+        progress(i + 1, len(wanted))
+    return pd.concat(rows, ignore_index=True)
