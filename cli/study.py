@@ -22,10 +22,12 @@ from rich.table import Table
 from probe.errors import ProbeError
 from probe.study.expect import Outcome, write_junit
 from probe.study.grid import expand
+from probe.study.heads_report import write_head_report
+from probe.study.heads_runner import StepEvent, run_head_study
 from probe.study.heads_spec import HeadStudy, load_any, smoke_head_study
 from probe.study.reporting import read_manifest, report_from_dir, write_report
 from probe.study.runner import StudyEvent, run_study
-from probe.study.spec import Study, load_study, smoke_version
+from probe.study.spec import Study, smoke_version
 
 app = typer.Typer(
     help="Declarative studies: train a grid of models, analyse them, write a report.",
@@ -104,7 +106,10 @@ def run_cli(
 ) -> None:
     """Run a study (finished cells are reused), write its report and check its expectations;
     exit code 1 when an expectation fails."""
-    study = load_study(file)
+    study = load_any(file)
+    if isinstance(study, HeadStudy):
+        run_heads(study, file, smoke, out, threads, overwrite)
+        return
     if smoke:
         if study.smoke is None:
             raise ProbeError(f"{file} has no [smoke] section; run it without --smoke.")
@@ -126,6 +131,53 @@ def run_cli(
     path, outcomes = write_report(out, study, result.tables, result.manifest)
     console.print(f"report: [bold]{path}[/]", soft_wrap=True)
     finish(study.name, outcomes, junit, result.manifest["wall_s"])
+
+
+def run_heads(study: HeadStudy, file: Path, smoke: bool, out: Path | None, threads: int,
+              overwrite: bool) -> None:  # fmt: skip
+    """`probe study run` of a head study: its steps, then its report."""
+    if smoke:
+        if study.smoke is None:
+            raise ProbeError(f"{file} has no [smoke] section; run it without --smoke.")
+        study = smoke_head_study(study)
+    out = out or default_out(study)
+    console.print(f"study [bold]{study.name}[/]{' (smoke)' if smoke else ''}: "
+                  f"{study.source} -> {out}")  # fmt: skip
+    columns = (
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), TimeRemainingColumn(),
+    )  # fmt: skip
+    with Progress(*columns, console=console) as bar:
+        result = run_head_study(study, out, threads=threads, progress=StepProgress(bar),
+                                overwrite=overwrite)  # fmt: skip
+    console.print(f"{result.n_run} steps run, {result.n_cached} reused from the cache, "
+                  f"{result.manifest['wall_s']:.0f} s")  # fmt: skip
+    console.print(f"report: [bold]{write_head_report(out)}[/]", soft_wrap=True)
+
+
+class StepProgress:
+    """Renders a head study's StepEvents: one bar over steps, one for the running step."""
+
+    def __init__(self, bar: Progress) -> None:
+        self.bar = bar
+        self.overall: TaskID | None = None
+        self.current: TaskID | None = None
+
+    def __call__(self, event: StepEvent) -> None:
+        bar = self.bar
+        if event.kind == "start":
+            self.overall = bar.add_task("[bold]steps", total=event.n_steps)
+        elif event.kind == "step-start":
+            self.current = bar.add_task(f"  {event.key}", total=None)
+        elif event.kind == "step" and self.current is not None:
+            bar.update(self.current, completed=event.done, total=event.total)
+        elif event.kind == "step-done":
+            if self.current is not None:
+                bar.remove_task(self.current)
+                self.current = None
+            if event.cached:
+                bar.console.print(f"  [dim]cached[/] {escape(event.key)}")
+            bar.advance(self.overall)
 
 
 def finish(name: str, outcomes: list[Outcome], junit: Path | None, seconds: float) -> None:
@@ -221,6 +273,9 @@ def report_cli(
     ] = False,
 ) -> None:
     """Rebuild a study's report (and recheck its expectations) from its results directory."""
+    if read_manifest(folder).get("kind") == "heads":
+        console.print(f"report: [bold]{write_head_report(folder)}[/]", soft_wrap=True)
+        return
     path, outcomes = report_from_dir(folder, partial=partial)
     console.print(f"report: [bold]{path}[/]", soft_wrap=True)
     finish(read_manifest(folder)["study"], outcomes, junit, 0.0)

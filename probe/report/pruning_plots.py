@@ -166,3 +166,61 @@ def pruning_curve_plot(
     ax.set_title(f"{title or 'Pruning curve'}\n(line: mean over seeds; band: 95% CI)", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def knockout_plot(knockout: pd.DataFrame) -> plt.Figure:
+    """Copy accuracy with the top-k retrieval heads masked (red) against k random heads (grey
+    dots, one per draw), for each k; the unmasked model dashed."""
+    _need(knockout, ["k", "selection", "copy_accuracy"], "knock-out")
+    fig, ax = plt.subplots(figsize=(5.6, 3.8))
+    ks = sorted(k for k in knockout.k.unique() if k > 0)
+    gen = np.random.default_rng(0)  # horizontal jitter only
+    for i, k in enumerate(ks):
+        rand = knockout[(knockout.k == k) & (knockout.selection == "random")].copy_accuracy
+        ax.scatter(i + gen.uniform(-0.12, 0.12, len(rand)), rand, s=14, color="0.5",
+                   label="random heads" if i == 0 else None)  # fmt: skip
+        top = knockout[(knockout.k == k) & (knockout.selection == "retrieval")].copy_accuracy
+        ax.scatter([i] * len(top), top, s=70, marker="D", color="tab:red",
+                   label="top retrieval heads" if i == 0 else None, zorder=3)  # fmt: skip
+    base = knockout[knockout.selection == "none"].copy_accuracy
+    if len(base):
+        ax.axhline(float(base.iloc[0]), ls="--", color="k", lw=1, label="no head masked")
+    ax.set_xticks(range(len(ks)), [str(k) for k in ks])
+    ax.set_xlabel("heads masked (k)")
+    ax.set_ylabel("copy accuracy on needle prompts")
+    ax.set_ylim(-0.03, 1.03)
+    ax.grid(alpha=0.3)
+    ax.legend(frameon=False, fontsize=8)
+    ax.set_title("Masking retrieval heads against random heads", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def speed_plot(timing: pd.DataFrame) -> plt.Figure:
+    """Tokens per second of each pruned model over the original's, measured side by side, one
+    group of bars per batch size."""
+    _need(timing, ["variant", "batch_size", "method", "n_pruned", "tokens_per_s"], "timing")
+    pivot = timing.pivot_table(index=["method", "unit", "n_pruned", "batch_size"],
+                               columns="variant", values="tokens_per_s")  # fmt: skip
+    ratio = (pivot["pruned"] / pivot["original"]).rename("ratio").reset_index()
+    sizes = sorted(ratio.batch_size.unique())
+    labels = [
+        f"{m} ({u}) −{n}"
+        for m, u, n in ratio[["method", "unit", "n_pruned"]]
+        .drop_duplicates()
+        .itertuples(index=False)
+    ]
+    fig, ax = plt.subplots(figsize=(6.4, 0.35 * len(labels) * len(sizes) + 1.6))
+    width = 0.8 / len(sizes)
+    for j, size in enumerate(sizes):
+        part = ratio[ratio.batch_size == size]
+        ax.barh(np.arange(len(part)) + j * width, part.ratio, height=width,
+                label=f"batch {size}")  # fmt: skip
+    ax.set_yticks(np.arange(len(labels)) + width * (len(sizes) - 1) / 2, labels, fontsize=8)
+    ax.axvline(1.0, color="k", lw=1)
+    ax.set_xlabel("tokens/s of the pruned model ÷ the original's (one thread)")
+    ax.invert_yaxis()
+    ax.legend(frameon=False, fontsize=8)
+    ax.set_title("Measured speed of the physically pruned models (−n: heads removed)", fontsize=10)
+    fig.tight_layout()
+    return fig

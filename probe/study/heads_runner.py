@@ -28,7 +28,7 @@ from probe.report.files import atomic_write_csv, atomic_write_json, atomic_write
 from probe.study.heads_spec import HeadStudy, head_study_dict
 from probe.study.runner import MANIFEST, check_results_dir, locked
 
-KINDS = ("importance", "layers", "curves", "roles", "retrieval", "knockout", "timing")
+KINDS = ("model", "importance", "layers", "curves", "roles", "retrieval", "knockout", "timing")
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ def plan_steps(study: HeadStudy, subject: Subject) -> list[Step]:
     from probe.analysis.pruning_runs import pruning_curve
 
     seeds = range(study.text.seeds)
-    steps = []
+    steps = [Step("model", "model", {}, lambda p: model_facts(subject))]
 
     def importance(method: str, seed: int):
         def run(progress):
@@ -89,6 +89,25 @@ def plan_steps(study: HeadStudy, subject: Subject) -> list[Step]:
                    "draws": ko.draws, "prompts": ko.prompts}  # fmt: skip
         steps.append(Step("knockout", "knockout", options, lambda p: knockout(subject, p)))
     return steps
+
+
+def model_facts(subject: Subject) -> pd.DataFrame:
+    """One row: the model's shape, its parameters, the text it is scored on, and its unpruned
+    metrics on the scoring split."""
+    from probe.analysis.pruning_runs import score_batches
+
+    model, cfg = subject.model, subject.model.cfg
+    sets, scoring = subject.splits
+    counts = model.parameter_counts()
+    row = {"source": subject.study.source, "model_type": subject.imported.source["model_type"],
+           "objective": subject.objective, "n_layer": cfg.n_layer, "n_head": cfg.n_head,
+           "n_kv_head": cfg.kv_heads, "d_model": cfg.d_model, "parameters": counts["total"],
+           "attention_parameters": counts.get("attention", 0),
+           "rows_per_split": sum(b.inputs.shape[0] for b in scoring),
+           "tokens_per_row": scoring[0].inputs.shape[1], "importance_splits": len(sets),
+           "documents": len(subject.docs)}  # fmt: skip
+    row.update(score_batches(model, scoring))
+    return pd.DataFrame([row])
 
 
 def _roles(subject: Subject, period: int) -> pd.DataFrame:

@@ -1,0 +1,157 @@
+"""The numbers a head study's report states, computed from its tables alone.
+
+Each function takes the gathered tables and returns a small DataFrame or a dict; the report
+(`heads_report.py`) only words and draws them. Comparisons follow the positions report's rules:
+an interval or a test, never a threshold on one point estimate; seeds are disjoint text splits.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from probe.study.heads_steps import PRIMARY, RETRIEVAL_THRESHOLD, operating_points
+
+# what the report counts as a head with a role: the share of attention (or of copy steps) a
+# head gives to what the role looks at
+ROLE_THRESHOLDS = {"previous_token": 0.5, "induction": 0.3, "sink": 0.5,
+                   "retrieval": RETRIEVAL_THRESHOLD}  # fmt: skip
+
+
+def primary(objective: str) -> tuple[str, bool]:
+    """(metric, higher is better) that curves and operating points are read by."""
+    return PRIMARY[objective]
+
+
+def operating_summary(curves: pd.DataFrame, objective: str, tolerance: float,
+                      n_heads: int) -> pd.DataFrame:  # fmt: skip
+    """Per method and unit: the operating point's share of heads in each seed, its minimum and
+    maximum, and the metric there (mean over seeds)."""
+    ops = operating_points(curves, objective, tolerance)
+    rows = []
+    for (method, unit), g in ops.groupby(["method", "unit"], sort=False):
+        fractions = g.fraction.astype(float)
+        rows.append({
+            "method": method, "unit": unit, "seeds": len(g),
+            "min_fraction": fractions.min(), "max_fraction": fractions.max(),
+            "min_heads": round(fractions.min() * n_heads),
+            "per_seed": " ".join(f"{f:.2f}" for f in fractions),
+            "value": g.value.mean(), "reference": g.reference.mean(),
+        })  # fmt: skip
+    return pd.DataFrame(rows).sort_values(["min_fraction", "max_fraction"], ascending=False)
+
+
+def area(curves: pd.DataFrame, metric: str, upto: float) -> pd.DataFrame:
+    """Mean of `metric` over the fractions in (0, upto], per method, unit and seed: one number
+    per seed that sums up the first part of a curve."""
+    part = curves[(curves.metric == metric) & (curves.fraction > 0) & (curves.fraction <= upto)]
+    return part.groupby(["method", "unit", "seed"], as_index=False)["value"].mean()
+
+
+def against_random(curves: pd.DataFrame, objective: str, upto: float = 0.5) -> pd.DataFrame:
+    """Each method's curve area against random rankings', seed by seed: the means, every seed
+    of the method better than every random seed or not, and an exact one-sided Mann-Whitney U
+    p-value (the method better than random)."""
+    metric, higher = primary(objective)
+    areas = area(curves, metric, upto)
+    rows = []
+    for unit, by_unit in areas.groupby("unit"):
+        rand = by_unit[by_unit.method == "random"].value.to_numpy()
+        for method, g in by_unit.groupby("method", sort=False):
+            if method == "random" or len(rand) == 0:
+                continue
+            mine = g.value.to_numpy()
+            side = "greater" if higher else "less"
+            p = stats.mannwhitneyu(mine, rand, alternative=side, method="exact").pvalue
+            rows.append({
+                "method": method, "unit": unit, "metric": metric, "upto": upto,
+                "mean": mine.mean(), "random_mean": rand.mean(), "n": len(mine),
+                "n_random": len(rand), "p_value": float(p),
+            })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def seed_stability(importance: pd.DataFrame) -> pd.DataFrame:
+    """Per method: Spearman rho between the rankings of every pair of seeds (disjoint text)."""
+    rows = []
+    for method, g in importance.groupby("method", sort=False):
+        wide = g.pivot_table(index=["layer", "head"], columns="seed", values="value")
+        seeds = list(wide.columns)
+        rhos = [stats.spearmanr(wide[a], wide[b]).statistic
+                for i, a in enumerate(seeds) for b in seeds[i + 1:]]  # fmt: skip
+        rhos = [r for r in rhos if not math.isnan(r)]
+        rows.append({"method": method, "pairs": len(rhos),
+                     "min_rho": min(rhos) if rhos else np.nan,
+                     "mean_rho": float(np.mean(rhos)) if rhos else np.nan})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def tuning_recovery(curves: pd.DataFrame) -> pd.DataFrame:
+    """Mask tuning against the same Fisher mask untuned, per seed and fraction: the loss
+    increase of each over the unpruned model and the share of it tuning recovers."""
+    loss = curves[(curves.metric == "loss") & (curves.unit == "head")]
+    wide = loss.pivot_table(index=["seed", "fraction"], columns="method", values="value")
+    if not {"fisher", "fisher+tune"} <= set(wide.columns):
+        return pd.DataFrame()
+    base = loss[loss.n_pruned == 0].groupby("seed").value.first()
+    wide = wide.reset_index()
+    wide["reference"] = wide.seed.map(base)
+    wide = wide[wide.fraction > 0]
+    untuned = wide["fisher"] - wide["reference"]
+    tuned = wide["fisher+tune"] - wide["reference"]
+    out = pd.DataFrame({"seed": wide.seed, "fraction": wide.fraction,
+                        "increase_untuned": untuned, "increase_tuned": tuned,
+                        "recovered": (untuned - tuned) / untuned.where(untuned > 0)})  # fmt: skip
+    return out.reset_index(drop=True)
+
+
+def role_counts(roles: pd.DataFrame, n_heads: int) -> pd.DataFrame:
+    """Per role: how many heads pass its threshold, their share, and the layers they sit in."""
+    rows = []
+    for role, threshold in ROLE_THRESHOLDS.items():
+        part = roles[roles.role == role]
+        if part.empty:
+            continue
+        hits = part[part.score >= threshold].sort_values("score", ascending=False)
+        top = hits.head(5)
+        rows.append({
+            "role": role, "threshold": threshold, "heads": len(hits),
+            "share": len(hits) / n_heads,
+            "layers": " ".join(str(x) for x in sorted(hits.layer.unique())),
+            "strongest": ", ".join(f"L{r.layer}H{r.head} {r.score:.2f}"
+                                   for r in top.itertuples()),
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def knockout_test(knockout: pd.DataFrame) -> pd.DataFrame:
+    """Per k: copy accuracy with the top-k retrieval heads masked, the random draws' range and
+    an empirical one-sided p-value: (1 + draws at or below it) / (1 + draws)."""
+    rows = []
+    base = knockout[knockout.selection == "none"].copy_accuracy
+    for k, g in knockout[knockout.k > 0].groupby("k"):
+        top = float(g[g.selection == "retrieval"].copy_accuracy.iloc[0])
+        rand = g[g.selection == "random"].copy_accuracy.to_numpy()
+        rows.append({
+            "k": int(k), "unmasked": float(base.iloc[0]) if len(base) else np.nan,
+            "retrieval_heads": top, "random_min": rand.min(), "random_median": np.median(rand),
+            "random_max": rand.max(), "draws": len(rand),
+            "p_value": (1 + int((rand <= top).sum())) / (1 + len(rand)),
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def speed(timing: pd.DataFrame) -> pd.DataFrame:
+    """Tokens/s of each pruned model and of the original timed beside it, and their ratio."""
+    if timing.empty:
+        return pd.DataFrame()
+    pivot = timing.pivot_table(index=["method", "unit", "n_pruned", "why", "batch_size"],
+                               columns="variant", values="tokens_per_s").reset_index()  # fmt: skip
+    params = timing[timing.variant == "pruned"].groupby(["method", "unit", "n_pruned"]).parameters
+    pivot["parameters"] = [params.first().get((m, u, n)) for m, u, n in
+                           zip(pivot.method, pivot.unit, pivot.n_pruned, strict=True)]  # fmt: skip
+    pivot["speedup"] = pivot["pruned"] / pivot["original"]
+    return pivot.rename(columns={"original": "original_tok_s", "pruned": "pruned_tok_s"})

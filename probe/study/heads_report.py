@@ -1,0 +1,273 @@
+"""A head study's report: results/NAME/report.md with its tables and figures beside it.
+
+It opens with the question and a one-sentence answer carrying its numbers, then the set-up, the
+pruning curves and operating points, the agreement between importance estimators, head roles and
+the retrieval knock-out (language models), the measured speed of the pruned models, and the
+comparison with the published direction of each claim. Rebuilt from the results directory alone
+(`probe study report DIR`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from probe.analysis.importance import importance_correlations
+from probe.errors import ProbeError
+from probe.report.pruning_plots import (
+    correlation_heatmap,
+    importance_heatmap,
+    knockout_plot,
+    pruning_curve_plot,
+    speed_plot,
+)
+from probe.report.report import MarkdownReport
+from probe.study import heads_evidence as ev
+from probe.study.heads_runner import read_head_tables
+from probe.study.runner import MANIFEST
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def _range(lo: float, hi: float) -> str:
+    return _pct(lo) if abs(hi - lo) < 1e-9 else f"{_pct(lo)} to {_pct(hi)}"
+
+
+class HeadReport:
+    """The report of one results directory: its study description, manifest and tables."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = Path(out)
+        try:
+            self.study = json.loads((self.out / "study.json").read_text(encoding="utf-8"))
+            self.manifest = json.loads((self.out / MANIFEST).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ProbeError(f"'{out}' is not a finished head study run: {exc}.") from None
+        self.tables = read_head_tables(self.out)
+        if "model" not in self.tables:
+            raise ProbeError(f"'{out}' has no model table; run the study again to finish it.")
+        self.facts = self.tables["model"].iloc[0]
+        self.objective = str(self.facts.objective)
+        self.metric, self.higher = ev.primary(self.objective)
+        self.n_heads = int(self.facts.n_layer * self.facts.n_head)
+        self.tolerance = float(self.study["operating"]["tolerance"])
+        self.curves = self.tables.get("curves", pd.DataFrame())
+        self.ops = (ev.operating_summary(self.curves, self.objective, self.tolerance,
+                                         self.n_heads) if not self.curves.empty
+                    else pd.DataFrame())  # fmt: skip
+        self.speed = ev.speed(self.tables.get("timing", pd.DataFrame()))
+
+    # ------------------------------------------------------------------ the answer
+    def _criterion(self) -> str:
+        if self.metric == "similarity":
+            return f"mean cosine similarity to the unpruned embeddings >= {1 - self.tolerance:.2f}"
+        return f"held-out loss within +{self.tolerance:g} nats of the unpruned model's"
+
+    def _best(self) -> pd.Series | None:
+        mine = self.ops[(self.ops.method != "random") & (self.ops.unit == "head")]
+        return None if mine.empty else mine.iloc[0]
+
+    def _speed_at(self, method: str, unit: str, n: int) -> str:
+        s = self.speed
+        if s.empty:
+            return ""
+        part = s[(s.method == method) & (s.unit == unit) & (s.n_pruned == n)]
+        if part.empty:
+            return ""
+        return ", ".join(f"{r.speedup:.2f}x tokens/s at batch {r.batch_size}"
+                         for r in part.itertuples())  # fmt: skip
+
+    def answer(self) -> str:
+        best = self._best()
+        if best is None:
+            return "No pruning curves were run."
+        rand = self.ops[(self.ops.method == "random") & (self.ops.unit == "head")]
+        seeds = int(best.seeds)
+        text = (
+            f"With {self._criterion()} in every one of {seeds} seeds, {best.method} importance "
+            f"removes {_range(best.min_fraction, best.max_fraction)} of the {self.n_heads} heads "
+            f"(at least {best.min_heads})"
+        )
+        if not rand.empty:
+            r = rand.iloc[0]
+            text += f", random rankings {_range(r.min_fraction, r.max_fraction)}"
+        speed = self._speed_at(best.method, best.unit, best.min_heads)
+        if speed:
+            text += f"; the pruned model runs at {speed} of the original"
+        return text + "."
+
+    # ------------------------------------------------------------------ sections
+    def setup(self, rep: MarkdownReport) -> None:
+        f, s = self.facts, self.study
+        t = s["text"]
+        rep.heading("Set-up")
+        rep.bullets([
+            f"Model: `{s['source']}` ({f.model_type}), {f.n_layer} layers x {f.n_head} query "
+            f"heads ({f.n_kv_head} key/value heads per layer), d_model {f.d_model}, "
+            f"{int(f.parameters):,} parameters ({int(f.attention_parameters):,} in attention). "
+            f"Weights sha256 `{self.manifest['source_sha256'][:16]}`.",
+            f"Text: {'`' + t['file'] + '`' if t['file'] else 'the shipped corpus'} "
+            f"({int(f.documents)} documents), rows of {int(f.tokens_per_row)} tokens; "
+            f"{t['seeds']} disjoint importance splits (one per seed) and one scoring split of "
+            f"{int(f.rows_per_split)} rows ({t['batches']} x {t['batch_size']}).",
+            f"Objective: {self.objective}; curves are read by {self.metric}. Unpruned model on "
+            f"the scoring split: " + ", ".join(
+                f"{k} {f[k]:.4g}" for k in ("similarity", "neighbours", "loss", "perplexity",
+                                            "token_accuracy") if k in f and pd.notna(f[k])
+            ) + ".",
+            f"Seed r estimates importance on split r and seeds the random ranking; heads are "
+            "removed one-shot by the ranking (masked, which gives the same outputs as physical "
+            "pruning); speed is measured on physically pruned copies, one thread, "
+            f"{s['timing']['repeats']} repeats, median.",
+        ])  # fmt: skip
+
+    def pruning(self, rep: MarkdownReport) -> None:
+        if self.curves.empty:
+            return
+        rep.heading("How many heads can go")
+        for unit, title in (("head", "by query head"), ("group", "by key/value group")):
+            part = self.curves[self.curves.unit == unit]
+            if part.empty:
+                continue
+            fig = pruning_curve_plot(part, self.metric, f"{self.study['name']}: {title}")
+            rep.figure(fig, f"pruning_{unit}_{self.metric}.png",
+                       f"{self.metric} on the scoring split against the share of heads removed "
+                       f"{title}")  # fmt: skip
+        if self.metric == "similarity" and "neighbours" in set(self.curves.metric):
+            fig = pruning_curve_plot(self.curves, "neighbours", f"{self.study['name']}")
+            rep.figure(fig, "pruning_neighbours.png",
+                       "share of each row's 5 nearest neighbours (cosine) kept")  # fmt: skip
+        rep.data(self.curves, "curves.csv", "Every curve point, per method, unit and seed.")
+        ops = self.ops.rename(columns={"value": f"{self.metric} there",
+                                       "reference": f"unpruned {self.metric}"})  # fmt: skip
+        rep.paragraph(
+            f"Operating point: the largest share of heads removed such that "
+            f"{self._criterion()} at it and at every smaller share, per seed."
+        )
+        rep.table(ops, "operating_points.csv", digits=3)
+        versus = ev.against_random(self.curves, self.objective)
+        if not versus.empty:
+            rep.paragraph(
+                f"Against random rankings: mean {self.metric} over the curve up to half the heads, "
+                "one value per seed; p: exact one-sided Mann-Whitney U test that the method's "
+                "seeds beat the random seeds."
+            )
+            rep.table(versus, "against_random.csv", digits=4)
+
+    def importance(self, rep: MarkdownReport) -> None:
+        table = self.tables.get("importance")
+        if table is None or table.empty:
+            return
+        rep.heading("Do the estimators agree?")
+        first = table[table.seed == table.seed.min()]
+        corr = importance_correlations(first)
+        rep.figure(correlation_heatmap(corr), "importance_agreement.png",
+                   "Spearman rank correlation between estimators over all heads (seed 0; "
+                   "entropy negated, so positive means agreement)")  # fmt: skip
+        rep.data(corr, "importance_agreement.csv", "Correlations with p-values.")
+        stable = ev.seed_stability(table)
+        rep.paragraph("How much each ranking depends on its text: Spearman rho between the "
+                      "rankings of every pair of seeds (disjoint splits).")  # fmt: skip
+        rep.table(stable, "importance_stability.csv", digits=3)
+        mean = table.groupby(["layer", "head", "method"], as_index=False, sort=False).value.mean()
+        rep.figure(importance_heatmap(mean), "importance_heads.png",
+                   "Importance of every head by each estimator (mean over seeds)")  # fmt: skip
+
+    def roles(self, rep: MarkdownReport) -> None:
+        roles = self.tables.get("roles")
+        retrieval = self.tables.get("retrieval")
+        if roles is None and retrieval is None:
+            return
+        rep.heading("What the heads do")
+        parts = [t for t in (roles, retrieval) if t is not None]
+        both = pd.concat([p[["layer", "site", "head", "role", "score", "offset"]] for p in parts])
+        counts = ev.role_counts(both, self.n_heads)
+        rep.paragraph(
+            "A head counts for a role when its score reaches the threshold: previous-token and "
+            "sink are mean attention on the previous and on the first token; induction is the "
+            "mean attention to the token after the current token's earlier occurrence on "
+            "repeated random sequences; retrieval is the share of copy steps on needle prompts "
+            "where the head's most-attended key is the token being copied (Wu et al. 2024's "
+            "score and threshold)."
+        )
+        rep.table(counts, "role_counts.csv", digits=3)
+        from probe.report.attention_plots import role_heatmaps
+
+        shown = both[both.role.isin(["previous_token", "induction", "sink", "retrieval"])]
+        rep.figure(role_heatmaps(shown), "roles.png", "Role scores of every head")
+        rep.data(both, "roles.csv", "Every head's score for every role.")
+        if retrieval is not None and len(retrieval):
+            acc = float(retrieval.copy_accuracy.iloc[0])
+            rep.paragraph(f"The unpruned model copies {_pct(acc)} of the needle tokens "
+                          f"({int(retrieval.steps.iloc[0])} copy steps scored).")  # fmt: skip
+        knockout = self.tables.get("knockout")
+        if knockout is not None and len(knockout):
+            rep.heading("Removing the retrieval heads", 3)
+            rep.paragraph("Copy accuracy on fresh needle prompts (not those the scores came "
+                          "from) with the top-k retrieval heads masked, against k heads drawn "
+                          "at random from the rest; p = (1 + draws at or below) / (1 + "
+                          "draws).")  # fmt: skip
+            rep.table(ev.knockout_test(knockout), "knockout.csv", digits=3)
+            rep.figure(knockout_plot(knockout), "knockout.png",
+                       "Copy accuracy with retrieval heads or random heads masked")  # fmt: skip
+
+    def tuning(self, rep: MarkdownReport) -> None:
+        rec = ev.tuning_recovery(self.curves) if not self.curves.empty else pd.DataFrame()
+        if rec.empty:
+            return
+        rep.heading("What mask tuning recovers", 3)
+        rep.paragraph("The same Fisher ranking pruned with and without mask tuning (per-layer "
+                      "least-squares rescaling of the kept heads, Kwon et al. 2022): loss "
+                      "increase over the unpruned model, and the share of it tuning recovers, "
+                      "per seed.")  # fmt: skip
+        rep.table(rec, "tuning_recovery.csv", digits=3)
+
+    def timing(self, rep: MarkdownReport) -> None:
+        if self.speed.empty:
+            return
+        rep.heading("How much faster")
+        rep.paragraph("Each physically pruned model timed side by side with the original, one "
+                      "thread; `why` says whether the count is a fixed share or the method's "
+                      "operating point.")  # fmt: skip
+        rep.table(self.speed, "speed.csv", data=self.tables["timing"], digits=3)
+        rep.figure(speed_plot(self.tables["timing"]), "speed.png",
+                   "tokens/s of each pruned model over the original's")  # fmt: skip
+
+    def files(self, rep: MarkdownReport) -> None:
+        m = self.manifest
+        rep.heading("Reproduce")
+        rep.bullets([
+            f"`probe study run {m['file']}` (finished steps are reused from `steps/`); "
+            f"`probe study report {self.out}` rebuilds this page.",
+            f"git commit {m.get('git_commit')}, torch {m.get('versions', {}).get('torch')}, "
+            f"{m.get('device')}, packages {m.get('packages')}; {len(m['steps'])} steps, this "
+            f"run {m['wall_s']:.0f} s.",
+        ])  # fmt: skip
+
+
+def write_head_report(out: Path | str, comparison=None) -> Path:
+    """Write report.md (and its tables and figures) into the results directory `out`."""
+    from probe.study.heads_claims import comparison as default_comparison
+
+    report = HeadReport(Path(out))
+    s = report.study
+    rep = MarkdownReport(report.out, s["title"] or s["name"])
+    if s["smoke"]:
+        rep.paragraph("**Smoke version** (scaled down for CI): the numbers below are not results.")
+    rep.paragraph(f"**Question.** {s['question']}")
+    rep.paragraph(f"**Answer.** {report.answer()}")
+    if s["description"]:
+        rep.paragraph(s["description"])
+    report.setup(rep)
+    report.pruning(rep)
+    report.tuning(rep)
+    report.timing(rep)
+    report.importance(rep)
+    report.roles(rep)
+    (comparison or default_comparison)(report, rep)
+    report.files(rep)
+    return rep.write()
