@@ -220,7 +220,7 @@ def speed_plot(timing: pd.DataFrame) -> plt.Figure:
     ax.axvline(1.0, color="k", lw=1)
     ax.set_xlabel("tokens/s of the pruned model ÷ the original's (one thread)")
     ax.invert_yaxis()
-    ax.legend(frameon=False, fontsize=8)
+    ax.legend(frameon=False, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title("Measured speed of the physically pruned models (−n: heads removed)", fontsize=10)
     fig.tight_layout()
     return fig

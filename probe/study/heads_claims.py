@@ -31,7 +31,7 @@ def _verdict(all_above: bool, none_above: bool) -> str:
 
 
 def michel(report: HeadReport) -> str | None:
-    best = report._best()
+    best = report.best()
     if best is None:
         return None
     ref = published("michel2019")
@@ -50,7 +50,7 @@ def michel(report: HeadReport) -> str | None:
         f"**{ref.short}** ({ref.claim_source}): many heads can be removed without noticeable "
         f"loss (their smallest figure: {_pct(low)} of heads). Here {best.method} removes "
         f"{_pct(best.min_fraction)} to {_pct(best.max_fraction)} across seeds with "
-        f"{report._criterion()}: **{verdict}** in direction (every seed at or above "
+        f"{report.criterion()}: **{verdict}** in direction (every seed at or above "
         f"{_pct(low)} is required to agree, none to disagree; the criterion differs from the "
         f"paper's task accuracy).{beat}"
     )
@@ -111,7 +111,7 @@ def wu(report: HeadReport) -> list[str]:
         out.append(
             f"**{ref.short}** ({ref.claim_source}): retrieval heads are few (about 3% to 6% of "
             f"heads score above 0.1 in models of 6B to 46B parameters). Here {n} of "
-            f"{report.n_heads} heads ({100 * n / report.n_heads:.1f}%) score above 0.1 on "
+            f"{report.n_heads} heads ({100 * n / report.n_heads:.1f}%) score at least 0.1 on "
             f"{int(report.study['roles']['needles'])} needle prompts of "
             f"{int(report.study['roles']['context'])} tokens (the paper: about 600 prompts of 1K "
             "to 50K tokens); a count, not a test."

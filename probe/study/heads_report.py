@@ -62,12 +62,12 @@ class HeadReport:
         self.speed = ev.speed(self.tables.get("timing", pd.DataFrame()))
 
     # ------------------------------------------------------------------ the answer
-    def _criterion(self) -> str:
+    def criterion(self) -> str:
         if self.metric == "similarity":
             return f"mean cosine similarity to the unpruned embeddings >= {1 - self.tolerance:.2f}"
         return f"held-out loss within +{self.tolerance:g} nats of the unpruned model's"
 
-    def _best(self) -> pd.Series | None:
+    def best(self) -> pd.Series | None:
         mine = self.ops[(self.ops.method != "random") & (self.ops.unit == "head")]
         return None if mine.empty else mine.iloc[0]
 
@@ -82,13 +82,13 @@ class HeadReport:
                          for r in part.itertuples())  # fmt: skip
 
     def answer(self) -> str:
-        best = self._best()
+        best = self.best()
         if best is None:
             return "No pruning curves were run."
         rand = self.ops[(self.ops.method == "random") & (self.ops.unit == "head")]
         seeds = int(best.seeds)
         text = (
-            f"With {self._criterion()} in every one of {seeds} seeds, {best.method} importance "
+            f"with {self.criterion()} in every one of {seeds} seeds, {best.method} importance "
             f"removes {_range(best.min_fraction, best.max_fraction)} of the {self.n_heads} heads "
             f"(at least {best.min_heads})"
         )
@@ -98,7 +98,34 @@ class HeadReport:
         speed = self._speed_at(best.method, best.unit, best.min_heads)
         if speed:
             text += f"; the pruned model runs at {speed} of the original"
-        return text + "."
+        groups = self.ops[(self.ops.method != "random") & (self.ops.unit == "group")]
+        if not groups.empty:
+            g = groups.iloc[0]
+            text += (f"; whole key/value groups by {g.method}: "
+                     f"{_range(g.min_fraction, g.max_fraction)} of the heads")  # fmt: skip
+        sentence = self._roles_clause() + text + self._knockout_clause() + "."
+        return sentence[0].upper() + sentence[1:]
+
+    def _roles_clause(self) -> str:
+        parts = [
+            t for t in (self.tables.get("roles"), self.tables.get("retrieval")) if t is not None
+        ]
+        if not parts:
+            return ""
+        counts = ev.role_counts(pd.concat(parts), self.n_heads).set_index("role")
+        named = [f"{int(counts.heads[r])} {r.replace('_', '-')}" for r in
+                 ("induction", "sink", "retrieval") if r in counts.index]  # fmt: skip
+        return f"Of {self.n_heads} heads, {', '.join(named)} heads pass their thresholds; "
+
+    def _knockout_clause(self) -> str:
+        knockout = self.tables.get("knockout")
+        if knockout is None or knockout.empty:
+            return ""
+        t = ev.knockout_test(knockout).iloc[-1]
+        return (f"; masking the top {int(t.k)} retrieval heads moves copy accuracy on needle "
+                f"prompts from {t.unmasked:.2f} to {t.retrieval_heads:.2f}, against "
+                f"{t.random_min:.2f} to {t.random_max:.2f} for {int(t.k)} random heads "
+                f"(p = {t.p_value:.2f}, {int(t.draws)} draws)")  # fmt: skip
 
     # ------------------------------------------------------------------ sections
     def setup(self, rep: MarkdownReport) -> None:
@@ -146,7 +173,7 @@ class HeadReport:
                                        "reference": f"unpruned {self.metric}"})  # fmt: skip
         rep.paragraph(
             f"Operating point: the largest share of heads removed such that "
-            f"{self._criterion()} at it and at every smaller share, per seed."
+            f"{self.criterion()} at it and at every smaller share, per seed."
         )
         rep.table(ops, "operating_points.csv", digits=3)
         versus = ev.against_random(self.curves, self.objective)

@@ -184,7 +184,7 @@ def operating_points(curves: pd.DataFrame, objective: str, tolerance: float) -> 
     return pd.DataFrame(rows)
 
 
-def _pruned(subject: Subject, method: str, unit: str, n_pruned: int):
+def pruned_model(subject: Subject, method: str, unit: str, n_pruned: int):
     """The physically pruned model of one curve method, unit and head count (seed 0's data)."""
     from probe.analysis.fisher import fisher_prune
     from probe.analysis.groups import plan_units
@@ -245,7 +245,7 @@ def _time_variants(subject: Subject, wanted, progress) -> pd.DataFrame:
     tokens = longest.inputs.shape[1]
     rows = []
     for i, (method, unit, n, why) in enumerate(wanted):
-        pruned = _pruned(subject, method, unit, n)
+        pruned = pruned_model(subject, method, unit, n)
         table = time_forward({"original": model, "pruned": pruned}, batches, warmup=1,
                              repeats=t.repeats, threads=t.threads)  # fmt: skip
         params = {"original": model.parameter_counts()["total"],
