@@ -206,13 +206,8 @@ def _steps(study: HeadStudy) -> int:
     c, seeds = study.curves, study.text.seeds
     per_seed = len(study.importance.methods) + len(c.methods) + len(c.group_methods)
     per_seed += "attention-layer" in c.methods
-    return (
-        seeds * per_seed
-        + study.roles.enabled
-        + bool(study.roles.needles)
-        + bool(study.knockout.heads)
-        + 1
-    )
+    extras = study.roles.enabled + bool(study.roles.needles) + bool(study.knockout.heads)
+    return seeds * per_seed + extras + 2  # and the model's facts, and the timing
 
 
 def ls_cli(

@@ -167,3 +167,34 @@ def test_evidence_by_hand():
     worse = curve("random", 0, [2.0, 2.5, 3.0, 3.5]) + curve("random", 1, [2.0, 2.4, 2.9, 3.6])
     versus = ev.against_random(pd.DataFrame(better + worse), "causal-lm").iloc[0]
     assert versus.p_value == pytest.approx(1 / 6)  # exact: the best of C(4, 2) orderings
+
+
+def test_timing_reuses_the_importance_it_would_compute(llama_dir):
+    """Pruned models built from seed 0's saved importance tables (through CSV, as the runner
+    reads them) are the models computing that importance again would build."""
+    import io
+    import tomllib
+
+    import torch
+
+    from probe.analysis.importance import head_importance
+    from probe.analysis.layer_drop import layer_importance
+    from probe.study.heads_runner import Subject
+    from probe.study.heads_steps import pruned_model
+
+    subject = Subject(parse_head_study(tomllib.loads(study_text(llama_dir))))
+    model, split = subject.model, subject.splits[0][0]
+
+    def saved(table):
+        return pd.read_csv(io.StringIO(table.to_csv(index=False)))
+
+    known = {m: saved(head_importance(model, split, m, seed=0)) for m in ("gradient", "fisher")}
+    known["attention-layer"] = saved(layer_importance(model, split))
+    tokens = subject.splits[1][0].inputs
+    for method, unit in (("gradient", "head"), ("gradient", "group"), ("fisher+tune", "head"),
+                         ("attention-layer", "head")):  # fmt: skip
+        again = pruned_model(subject, method, unit, 6)
+        reused = pruned_model(subject, method, unit, 6, known)
+        assert again.cfg.kept_heads == reused.cfg.kept_heads, method
+        with torch.no_grad():
+            assert torch.equal(again(tokens), reused(tokens)), method

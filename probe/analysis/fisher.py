@@ -134,14 +134,17 @@ def fisher_prune(
     fraction: float,
     *,
     tune: bool = True,
+    table: pd.DataFrame | None = None,
     progress=None,
 ) -> FisherPruning:
     """Remove `fraction` of the heads present with the least Fisher information (global budget),
     tune the kept heads' scales on the same calibration `batches`, and fold them into the
-    weights of a physically pruned copy. The input model is left unchanged."""
+    weights of a physically pruned copy. The input model is left unchanged. `table`: the Fisher
+    importance already computed on `batches` (computed here when None)."""
     from probe.analysis.importance import head_importance
 
-    table = head_importance(model, batches, "fisher", progress=progress)
+    if table is None:
+        table = head_importance(model, batches, "fisher", progress=progress)
     present = present_heads(model)
     chosen = plan_removal(table, present, head_quota(present, fraction, "global"))
     values = table.set_index(["layer", "head"])["value"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from probe.analysis.importance import importance_correlations
@@ -169,8 +170,12 @@ class HeadReport:
             rep.figure(fig, "pruning_neighbours.png",
                        "share of each row's 5 nearest neighbours (cosine) kept")  # fmt: skip
         rep.data(self.curves, "curves.csv", "Every curve point, per method, unit and seed.")
-        ops = self.ops.rename(columns={"value": f"{self.metric} there",
-                                       "reference": f"unpruned {self.metric}"})  # fmt: skip
+        ops = self.ops
+        if self.metric == "loss":  # perplexity beside the loss it is the exponential of
+            ops = ops.assign(**{"perplexity there": np.exp(ops.value),
+                                "unpruned perplexity": np.exp(ops.reference)})  # fmt: skip
+        ops = ops.rename(columns={"value": f"{self.metric} there",
+                                  "reference": f"unpruned {self.metric}"})  # fmt: skip
         rep.paragraph(
             f"Operating point: the largest share of heads removed such that "
             f"{self.criterion()} at it and at every smaller share, per seed."

@@ -157,7 +157,7 @@ def run_head_study(
     overwrite: bool = False,
 ) -> HeadRunResult:
     """Run (or resume) every step of `study` into results directory `out`."""
-    from probe.study.heads_steps import plan_steps, timing_step
+    from probe.study.heads_steps import plan_steps, seed_zero_tables, timing_step
 
     if threads < 1:
         raise ProbeError(f"--threads must be at least 1, got {threads}.")
@@ -198,7 +198,8 @@ def run_head_study(
                 for step in steps:
                     run(step)
                 curves = _concat(tables["curves"])
-                last = timing_step(study, subject, curves)
+                known = seed_zero_tables(_concat(tables["importance"]), _concat(tables["layers"]))
+                last = timing_step(study, subject, curves, known)
                 if last is not None:
                     run(last)
             except (KeyboardInterrupt, Interrupted):

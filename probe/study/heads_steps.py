@@ -184,8 +184,11 @@ def operating_points(curves: pd.DataFrame, objective: str, tolerance: float) -> 
     return pd.DataFrame(rows)
 
 
-def pruned_model(subject: Subject, method: str, unit: str, n_pruned: int):
-    """The physically pruned model of one curve method, unit and head count (seed 0's data)."""
+def pruned_model(subject: Subject, method: str, unit: str, n_pruned: int,
+                 tables: dict[str, pd.DataFrame] | None = None):  # fmt: skip
+    """The physically pruned model of one curve method, unit and head count (seed 0's data).
+    `tables`: importance already computed on seed 0's data, by method ("attention-layer": the
+    layer table), reused instead of computed again."""
     from probe.analysis.fisher import fisher_prune
     from probe.analysis.groups import plan_units
     from probe.analysis.importance import head_importance
@@ -195,20 +198,26 @@ def pruned_model(subject: Subject, method: str, unit: str, n_pruned: int):
     split = subject.splits[0][0]
     present = present_heads(model)
     fraction = n_pruned / sum(len(h) for h in present)
+    known = tables or {}
     if method == "fisher+tune":
-        return fisher_prune(model, split, fraction).model
+        return fisher_prune(model, split, fraction, table=known.get("fisher")).model
     if method == "attention-layer":
-        plan = plan_layers(layer_importance(model, split), model, fraction)
+        layers = known.get(method)
+        layers = layer_importance(model, split) if layers is None else layers
+        plan = plan_layers(layers, model, fraction)
     else:
-        table = head_importance(model, split, method, seed=0)
+        table = known.get(method)
+        table = head_importance(model, split, method, seed=0) if table is None else table
         plan = (plan_units(table, model, fraction, "group", uniform=False) if unit == "group"
                 else plan_removal(table, present, quota(present, fraction, "global")))  # fmt: skip
     return prune_heads(model, plan)
 
 
-def timing_step(study: HeadStudy, subject: Subject, curves: pd.DataFrame) -> Step | None:
+def timing_step(study: HeadStudy, subject: Subject, curves: pd.DataFrame,
+                known: dict[str, pd.DataFrame] | None = None) -> Step | None:  # fmt: skip
     """Time the pruned models of every curve method at the fixed fractions and its operating
-    point, against the original, on one thread."""
+    point, against the original, on one thread. `known`: seed 0's importance tables by method,
+    so the pruned models need not estimate it again."""
     if curves.empty or not (study.timing.fractions or study.curves.methods):
         return None
     t = study.timing
@@ -226,7 +235,18 @@ def timing_step(study: HeadStudy, subject: Subject, curves: pd.DataFrame) -> Ste
         return None
     options = {"variants": wanted, "batch_sizes": list(t.batch_sizes), "repeats": t.repeats,
                "threads": t.threads, "tolerance": study.operating.tolerance}  # fmt: skip
-    return Step("timing", "timing", options, lambda p: _time_variants(subject, wanted, p))
+    return Step("timing", "timing", options, lambda p: _time_variants(subject, wanted, p, known))
+
+
+def seed_zero_tables(importance: pd.DataFrame, layers: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """The importance tables of seed 0 by method, and the layer table as "attention-layer"."""
+    known = {}
+    if not importance.empty:
+        first = importance[importance.seed == 0]
+        known = {str(m): g.reset_index(drop=True) for m, g in first.groupby("method")}
+    if not layers.empty:
+        known["attention-layer"] = layers[layers.seed == 0].reset_index(drop=True)
+    return known
 
 
 def subject_objective(curves: pd.DataFrame) -> str:
@@ -234,7 +254,7 @@ def subject_objective(curves: pd.DataFrame) -> str:
     return "embedding" if "similarity" in set(curves.metric) else "causal-lm"
 
 
-def _time_variants(subject: Subject, wanted, progress) -> pd.DataFrame:
+def _time_variants(subject: Subject, wanted, progress, known=None) -> pd.DataFrame:
     from probe.analysis.timing import time_forward, timing_batches
 
     t = subject.study.timing
@@ -245,7 +265,7 @@ def _time_variants(subject: Subject, wanted, progress) -> pd.DataFrame:
     tokens = longest.inputs.shape[1]
     rows = []
     for i, (method, unit, n, why) in enumerate(wanted):
-        pruned = pruned_model(subject, method, unit, n)
+        pruned = pruned_model(subject, method, unit, n, known)
         table = time_forward({"original": model, "pruned": pruned}, batches, warmup=1,
                              repeats=t.repeats, threads=t.threads)  # fmt: skip
         params = {"original": model.parameter_counts()["total"],
