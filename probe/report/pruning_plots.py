@@ -124,10 +124,14 @@ def _band(values: pd.Series) -> tuple[float, float, float]:
 
 
 def pruning_curve_plot(
-    curve: pd.DataFrame, metric: str = "exact_match", title: str | None = None
+    curve: pd.DataFrame,
+    metric: str = "exact_match",
+    title: str | None = None,
+    threshold: float | None = None,
 ) -> plt.Figure:
     """`metric` against the fraction of heads pruned: a line per method (mean over seeds) with a
-    95% confidence band; the random baseline dashed grey."""
+    95% confidence band; the random baseline dashed grey; `threshold` a dotted line (the
+    tolerance an operating point is read at)."""
     _need(curve, ["fraction", "method", "seed", "metric", "value"], "pruning curve")
     part = curve[curve["metric"] == metric]
     if part.empty:
@@ -156,6 +160,8 @@ def pruning_curve_plot(
             label=label, alpha=0.9,
         )  # fmt: skip
         ax.fill_between(x, low, high, color=color, alpha=0.15, linewidth=0)
+    if threshold is not None:
+        ax.axhline(threshold, ls=":", color="k", lw=1, label=f"tolerance ({threshold:.3g})")
     ax.set_xlabel("fraction of heads pruned")
     ax.set_ylabel(METRIC_LABELS.get(metric, metric))
     ax.set_xlim(-0.02, 1.02)

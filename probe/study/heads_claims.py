@@ -26,6 +26,10 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
+def _range(lo: float, hi: float) -> str:
+    return _pct(lo) if abs(hi - lo) < 1e-9 else f"{_pct(lo)} to {_pct(hi)}"
+
+
 def _verdict(all_above: bool, none_above: bool) -> str:
     return "agrees" if all_above else ("disagrees" if none_above else "inconclusive")
 
@@ -49,7 +53,7 @@ def michel(report: HeadReport) -> str | None:
     return (
         f"**{ref.short}** ({ref.claim_source}): many heads can be removed without noticeable "
         f"loss (their smallest figure: {_pct(low)} of heads). Here {best.method} removes "
-        f"{_pct(best.min_fraction)} to {_pct(best.max_fraction)} across seeds with "
+        f"{_range(best.min_fraction, best.max_fraction)} across seeds with "
         f"{report.criterion()}: **{verdict}** in direction (every seed at or above "
         f"{_pct(low)} is required to agree, none to disagree; the criterion differs from the "
         f"paper's task accuracy).{beat}"
