@@ -13,31 +13,16 @@ study's timing step does), and both models are timed in turn on rows of the stud
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from pathlib import Path
 
 import pandas as pd
 import torch
+from bench_imported import interleaved  # same folder: median of turns
 
 from probe.evaluate import forward_batch
 from probe.study.heads_runner import Subject
 from probe.study.heads_spec import load_any
 from probe.study.heads_steps import pruned_model
-
-
-def interleaved(fns: dict, repeats: int) -> dict[str, float]:
-    """Median seconds of each function, run in turn so load drifts hit all alike."""
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    with torch.no_grad():
-        for f in fns.values():
-            f()  # warm-up
-        for _ in range(repeats):
-            for name, f in fns.items():
-                start = time.perf_counter()
-                f()
-                times[name].append(time.perf_counter() - start)
-    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def main() -> None:

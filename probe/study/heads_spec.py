@@ -19,7 +19,7 @@ from probe.analysis.importance import Method
 from probe.analysis.pruning_runs import CURVE_EXTRAS
 from probe.config import check_keys, did_you_mean, from_dict
 from probe.errors import ProbeError
-from probe.study.settings import check_name
+from probe.study.settings import study_heading
 
 TOP_LEVEL = ("study", "model", "text", "importance", "curves", "roles", "knockout", "timing",
              "operating", "smoke")  # fmt: skip
@@ -176,12 +176,7 @@ def _sections(data: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def parse_head_study(data: dict[str, Any], path: Path | None = None) -> HeadStudy:
-    where = str(path) if path is not None else "study"
-    check_keys(data, TOP_LEVEL, where)
-    head = check_keys(data.get("study", {}), STUDY_KEYS, f"{where} [study]")
-    name = check_name(head.get("name") or (path.stem if path is not None else None), where)
-    if not head.get("question") or not isinstance(head["question"], str):
-        raise ProbeError(f"{where} [study] needs a question: what does this study find out?")
+    where, head, name = study_heading(data, path, TOP_LEVEL, STUDY_KEYS)
     model = check_keys(data["model"], ("source",), f"{where} [model]")
     if not isinstance(model.get("source"), str) or not model["source"]:
         raise ProbeError(

@@ -9,7 +9,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from probe.config import ModelConfig, TrainConfig, did_you_mean
+from probe.config import ModelConfig, TrainConfig, check_keys, did_you_mean
 from probe.errors import ProbeError
 from probe.fields import check_field
 from probe.tasks import TaskConfig
@@ -87,3 +87,16 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         ) from None
     except OSError as exc:
         raise ProbeError(f"{path} cannot be read: {exc.strerror or exc}.") from None
+
+
+def study_heading(data: dict[str, Any], path: Path | None, top_level: tuple[str, ...],
+                  study_keys: tuple[str, ...]) -> tuple[str, dict[str, Any], str]:  # fmt: skip
+    """(where, the [study] table, the name) of a parsed study file of either kind, once its
+    top-level sections are known and it asks a question."""
+    where = str(path) if path is not None else "study"
+    check_keys(data, top_level, where)
+    head = check_keys(data.get("study", {}), study_keys, f"{where} [study]")
+    name = check_name(head.get("name") or (path.stem if path is not None else None), where)
+    if not head.get("question") or not isinstance(head["question"], str):
+        raise ProbeError(f"{where} [study] needs a question: what does this study find out?")
+    return where, head, name

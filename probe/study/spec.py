@@ -22,10 +22,10 @@ from probe.study.expect import Expectation, parse_expectation
 from probe.study.settings import (
     SECTIONS,
     check_key,
-    check_name,
     check_setting,
     flatten,
     read_toml,
+    study_heading,
 )
 from probe.study.steps import get_step, parse_options
 
@@ -210,12 +210,7 @@ def _reference(raw: Any, where: str) -> Reference:
 
 def parse_study(data: dict[str, Any], path: Path | None = None) -> Study:
     """Validate a parsed study file into a `Study` (every cell's configs are checked too)."""
-    where = str(path) if path is not None else "study"
-    check_keys(data, TOP_LEVEL, where)
-    head = check_keys(data.get("study", {}), STUDY_KEYS, f"{where} [study]")
-    name = check_name(head.get("name") or (path.stem if path is not None else None), where)
-    if not head.get("question") or not isinstance(head["question"], str):
-        raise ProbeError(f"{where} [study] needs a question: what does this study find out?")
+    where, head, name = study_heading(data, path, TOP_LEVEL, STUDY_KEYS)
     base = check_keys(data.get("base", {}), (*SECTIONS, "preset"), f"{where} [base]")
     report = check_keys(data.get("report", {}), REPORT_KEYS, f"{where} [report]")
     by = report.get("by", "model.pe")
