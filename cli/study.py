@@ -107,8 +107,9 @@ def run_cli(
     """Run a study (finished cells are reused), write its report and check its expectations;
     exit code 1 when an expectation fails."""
     study = load_any(file)
-    if isinstance(study, HeadStudy):
-        run_heads(study, file, smoke, out, threads, overwrite)
+    if isinstance(study, HeadStudy):  # measurements without expectations: an empty JUnit file
+        seconds = run_heads(study, file, smoke, out, threads, overwrite)
+        finish(study.name, [], junit, seconds)
         return
     if smoke:
         if study.smoke is None:
@@ -134,8 +135,8 @@ def run_cli(
 
 
 def run_heads(study: HeadStudy, file: Path, smoke: bool, out: Path | None, threads: int,
-              overwrite: bool) -> None:  # fmt: skip
-    """`probe study run` of a head study: its steps, then its report."""
+              overwrite: bool) -> float:  # fmt: skip
+    """`probe study run` of a head study: its steps, then its report; the seconds it took."""
     if smoke:
         if study.smoke is None:
             raise ProbeError(f"{file} has no [smoke] section; run it without --smoke.")
@@ -153,6 +154,7 @@ def run_heads(study: HeadStudy, file: Path, smoke: bool, out: Path | None, threa
     console.print(f"{result.n_run} steps run, {result.n_cached} reused from the cache, "
                   f"{result.manifest['wall_s']:.0f} s")  # fmt: skip
     console.print(f"report: [bold]{write_head_report(out)}[/]", soft_wrap=True)
+    return float(result.manifest["wall_s"])
 
 
 class StepProgress:

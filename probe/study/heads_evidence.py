@@ -155,3 +155,19 @@ def speed(timing: pd.DataFrame) -> pd.DataFrame:
                            zip(pivot.method, pivot.unit, pivot.n_pruned, strict=True)]  # fmt: skip
     pivot["speedup"] = pivot["pruned"] / pivot["original"]
     return pivot.rename(columns={"original": "original_tok_s", "pruned": "pruned_tok_s"})
+
+
+def least_important(importance: pd.DataFrame, method: str, n: int) -> list[str]:
+    """The heads ("L2H11", ...) that `method` ranks among the n least important in every seed
+    (n of them when the seeds agree)."""
+    from probe.analysis.pruning import ranking
+
+    part = importance[importance.method == method]
+    if part.empty or n <= 0:
+        return []
+    sets = []
+    for _, g in part.groupby("seed"):
+        rank = ranking(g.drop(columns="seed")).sort_values(["score", "layer", "head"])
+        sets.append({(int(r.layer), int(r.head)) for r in rank.head(n).itertuples()})
+    common = set.intersection(*sets)
+    return [f"L{a}H{b}" for a, b in sorted(common)]

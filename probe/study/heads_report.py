@@ -96,10 +96,18 @@ class HeadReport:
             return "No pruning curves were run."
         rand = self.ops[(self.ops.method == "random") & (self.ops.unit == "head")]
         seeds = int(best.seeds)
+        n = int(best.min_heads)
+        heads = ev.least_important(self.tables.get("importance", pd.DataFrame()), best.method, n)
+        if heads and len(heads) == n:
+            which = f": {', '.join(heads)}, the same in every seed"
+        elif heads:
+            which = f"; only {', '.join(heads)} among the {n} least important in every seed"
+        else:
+            which = ""
         text = (
             f"with {self.criterion()} in every one of {seeds} seeds, {best.method} importance "
             f"removes {_range(best.min_fraction, best.max_fraction)} of the {self.n_heads} heads "
-            f"(at least {best.min_heads})"
+            f"({n}{which})"
         )
         if not rand.empty:
             r = rand.iloc[0]
