@@ -42,21 +42,28 @@ def michel(report: HeadReport) -> str | None:
     low = min(v.value for v in ref.values if "prunable" in v.what)
     verdict = _verdict(best.min_fraction >= low, best.max_fraction < low)
     versus = ev.against_random(report.curves, report.objective)
-    row = versus[(versus.method == best.method) & (versus.unit == "head")]
+    theirs = "gradient" if "gradient" in set(versus.get("method", [])) else best.method
+    row = versus[(versus.method == theirs) & (versus.unit == "head")]
     beat = ""
     if not row.empty:
         r = row.iloc[0]
-        beat = (f" Ranked heads against random ones: mean {r.metric} {r['mean']:.4g} against "
+        beat = (f" Heads ranked by {theirs} against random ones: mean {r.metric} {r['mean']:.4g} "
+                f"against "
                 f"{r.random_mean:.4g} over the first half of the curve, one-sided p = "
                 f"{r.p_value:.3f} ({'a' if r.p_value <= ALPHA else 'no'} significant difference "
                 f"at {ALPHA}).")  # fmt: skip
+    loose = ev.operating_summary(report.curves, report.objective, 10 * report.tolerance,
+                                 report.n_heads)  # fmt: skip
+    loose = loose[(loose.method == best.method) & (loose.unit == best.unit)].iloc[0]
+    looser = (f" At ten times the tolerance {best.method} removes "
+              f"{_range(loose.min_fraction, loose.max_fraction)}.")  # fmt: skip
     return (
         f"**{ref.short}** ({ref.claim_source}): many heads can be removed without noticeable "
         f"loss (their smallest figure: {_pct(low)} of heads). Here {best.method} removes "
         f"{_range(best.min_fraction, best.max_fraction)} across seeds with "
         f"{report.criterion()}: **{verdict}** in direction (every seed at or above "
         f"{_pct(low)} is required to agree, none to disagree; the criterion differs from the "
-        f"paper's task accuracy).{beat}"
+        f"paper's task accuracy).{looser}{beat}"
     )
 
 

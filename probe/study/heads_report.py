@@ -184,8 +184,8 @@ class HeadReport:
                        f"{title}")  # fmt: skip
         if self.metric == "similarity" and "neighbours" in set(self.curves.metric):
             fig = pruning_curve_plot(self.curves, "neighbours", f"{self.study['name']}")
-            rep.figure(fig, "pruning_neighbours.png",
-                       "share of each row's 5 nearest neighbours (cosine) kept")  # fmt: skip
+            rep.figure(fig, "pruning_neighbours.png", "share of rows whose nearest other row (by "
+                       "cosine) is the same as under the unpruned model")  # fmt: skip
         rep.data(self.curves, "curves.csv", "Every curve point, per method, unit and seed.")
         ops = self.ops
         if self.metric == "loss":  # perplexity beside the loss it is the exponential of
