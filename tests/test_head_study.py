@@ -101,6 +101,7 @@ def test_a_head_study_runs_resumes_and_reports(llama_dir, tmp_path, capsys):
     # the knock-out's unmasked run copies as often as the retrieval step measured
     ko = pd.read_csv(out / "tables" / "knockout.csv")
     assert len(ko) == 1 + 1 + 3
+    check_knockout(file, ko)
     timing = pd.read_csv(out / "tables" / "timing.csv")
     pruned = timing[timing.variant == "pruned"]
     assert (pruned.parameters < timing[timing.variant == "original"].parameters.max()).all()
@@ -114,6 +115,27 @@ def test_a_head_study_runs_resumes_and_reports(llama_dir, tmp_path, capsys):
     rerun = {s["key"] for s in manifest["steps"] if not s["cached"]}
     assert rerun and all(k.startswith("curve-") or k == "timing" for k in rerun)
     assert exit_code(["study", "report", str(out)]) == 0
+
+
+def check_knockout(file: Path, ko: pd.DataFrame) -> None:
+    """Every knock-out row masks exactly its own heads (no mask left from the run before):
+    its copy accuracy is recomputed here with only those heads masked."""
+    import tomllib
+
+    from probe.analysis.pruning import masked
+    from probe.analysis.retrieval import retrieval_scores
+    from probe.study.heads_runner import Subject
+
+    subject = Subject(parse_head_study(tomllib.loads(file.read_text())))
+    prompts = subject.needles(subject.study.knockout.prompts, seed=1)
+    for row in ko.itertuples():
+        heads = [] if pd.isna(row.heads) else [
+            (int(h[1:].split("H")[0]), int(h.split("H")[1])) for h in row.heads.split()
+        ]  # fmt: skip
+        assert len(heads) == row.k
+        with masked(subject.model, heads):
+            accuracy = retrieval_scores(subject.model, prompts)["copy_accuracy"].iloc[0]
+        assert accuracy == pytest.approx(row.copy_accuracy), row
 
 
 def test_bad_head_study_files_are_one_clear_line(tmp_path, capsys):
@@ -200,3 +222,26 @@ def test_timing_reuses_the_importance_it_would_compute(llama_dir):
         assert again.cfg.kept_heads == reused.cfg.kept_heads, method
         with torch.no_grad():
             assert torch.equal(again(tokens), reused(tokens)), method
+
+
+def test_each_knockout_run_masks_only_its_own_heads(llama_dir, monkeypatch):
+    """The copy accuracy a run reports comes from a model with exactly its k heads masked: a
+    stand-in scorer returns the number of closed gates instead of an accuracy."""
+    import tomllib
+
+    import probe.analysis.retrieval as retrieval
+    from probe.study.heads_runner import Subject
+    from probe.study.heads_steps import knockout
+
+    real = retrieval.retrieval_scores
+
+    def closed_gates(model, prompts, require_copy=True):
+        table = real(model, prompts, require_copy)
+        closed = sum(int((g == 0).sum()) for g in model.gates())
+        return table.assign(copy_accuracy=float(closed))
+
+    subject = Subject(parse_head_study(tomllib.loads(study_text(llama_dir))))
+    monkeypatch.setattr(retrieval, "retrieval_scores", closed_gates)
+    table = knockout(subject, lambda done, total: None)
+    assert list(table.copy_accuracy) == list(table.k.astype(float))
+    assert all((g == 1).all() for g in subject.model.gates())  # and nothing is left masked

@@ -149,7 +149,9 @@ def knockout(subject: Subject, progress) -> pd.DataFrame:
     rows = []
     try:
         for i, (k, selection, draw, heads) in enumerate(runs):
-            model.set_gates(head_mask(model, heads) if heads else before)
+            model.set_gates(before)  # head_mask starts from the current gates: reset first
+            if heads:
+                model.set_gates(head_mask(model, heads))
             table = retrieval_scores(model, prompts)
             rows.append({"k": k, "selection": selection, "draw": draw,
                          "copy_accuracy": float(table["copy_accuracy"].iloc[0]),
