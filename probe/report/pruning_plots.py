@@ -164,7 +164,7 @@ def pruning_curve_plot(
         ax.axhline(threshold, ls=":", color="k", lw=1, label=f"tolerance ({threshold:.3g})")
     ax.set_xlabel("fraction of heads pruned")
     ax.set_ylabel(METRIC_LABELS.get(metric, metric))
-    ax.set_xlim(-0.02, 1.02)
+    ax.set_xlim(-0.02, min(1.0, float(part["fraction"].max())) + 0.02)
     if bounded:
         ax.set_ylim(-0.03, 1.03)
     ax.grid(alpha=0.3)

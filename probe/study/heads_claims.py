@@ -8,6 +8,7 @@ criterion) is said next to the verdict.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import pandas as pd
@@ -24,6 +25,11 @@ ALPHA = 0.05
 
 def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
+
+
+def _smallest_p(n: int, m: int) -> float:
+    """The smallest one-sided exact Mann-Whitney p with n against m values: 1 / C(n + m, n)."""
+    return 1 / math.comb(n + m, n)
 
 
 def _range(lo: float, hi: float) -> str:
@@ -51,7 +57,8 @@ def michel(report: HeadReport) -> str | None:
                 f"against "
                 f"{r.random_mean:.4g} over the first half of the curve, one-sided p = "
                 f"{r.p_value:.3f} ({'a' if r.p_value <= ALPHA else 'no'} significant difference "
-                f"at {ALPHA}).")  # fmt: skip
+                f"at {ALPHA}; the smallest p {int(r.n)} against {int(r.n_random)} seeds allow is "
+                f"{_smallest_p(int(r.n), int(r.n_random)):.3f}).")  # fmt: skip
     loose = ev.operating_summary(report.curves, report.objective, 10 * report.tolerance,
                                  report.n_heads)  # fmt: skip
     loose = loose[(loose.method == best.method) & (loose.unit == best.unit)].iloc[0]

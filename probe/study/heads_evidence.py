@@ -92,7 +92,8 @@ def seed_stability(importance: pd.DataFrame) -> pd.DataFrame:
 def tuning_recovery(curves: pd.DataFrame) -> pd.DataFrame:
     """Mask tuning against the same Fisher mask untuned, per seed and fraction: the loss
     increase of each over the unpruned model and the share of it tuning recovers."""
-    loss = curves[(curves.metric == "loss") & (curves.unit == "head")]
+    loss = curves[(curves.metric == "loss") & (curves.unit == "head")
+                  & curves.method.isin(["fisher", "fisher+tune"])]  # fmt: skip
     wide = loss.pivot_table(index=["seed", "fraction"], columns="method", values="value")
     if not {"fisher", "fisher+tune"} <= set(wide.columns):
         return pd.DataFrame()

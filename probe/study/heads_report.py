@@ -100,6 +100,8 @@ class HeadReport:
         heads = ev.least_important(self.tables.get("importance", pd.DataFrame()), best.method, n)
         if heads and len(heads) == n:
             which = f": {', '.join(heads)}, the same in every seed"
+        elif len(heads) > 6:
+            which = f"; {len(heads)} of them among the {n} least important in every seed"
         elif heads:
             which = f"; only {', '.join(heads)} among the {n} least important in every seed"
         else:
