@@ -22,11 +22,11 @@ def palette(names: list[str]) -> dict[str, tuple]:
     return {name: colours[i % len(colours)] for i, name in enumerate(names)}
 
 
-def _facets(n: int, width: float = 4.6, height: float = 3.4):
+def _facets(n: int, width: float = 4.6, height: float = 3.4, sharey: bool = True):
     cols = min(n, 2 if n <= 4 else 3)
     rows = math.ceil(n / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False,
-                             sharey=True)  # fmt: skip
+                             sharey=sharey)  # fmt: skip
     axes = axes.ravel()
     for ax in axes[n:]:
         ax.set_visible(False)
@@ -148,5 +148,23 @@ def training_curves(
         ax.set_ylabel("training loss")
         ax.grid(alpha=0.3, which="both")
     _legend(fig, axes, hue)
+    fig.tight_layout()
+    return fig
+
+
+def attention_training_curves(df: pd.DataFrame, statistics: list[str],
+                              order: list[str] | None = None) -> plt.Figure:  # fmt: skip
+    """One panel per statistic against training step, a line per arm (mean over seeds, 95%
+    band). Needs columns arm, seed, step, metric, value."""
+    order = order or sorted(df["arm"].unique())
+    fig, axes = _facets(len(statistics), width=3.8, height=3.0, sharey=False)
+    for ax, name in zip(axes, statistics, strict=True):
+        sns.lineplot(data=df[df["metric"] == name], x="step", y="value", hue="arm",
+                     hue_order=order, palette=palette(order), ax=ax, lw=1, **BAND)  # fmt: skip
+        ax.set_title(name.replace("_", " "))
+        ax.set_xlabel("step")
+        ax.set_ylabel("mean over heads")
+        ax.grid(alpha=0.3)
+    _legend(fig, axes, "arm")
     fig.tight_layout()
     return fig

@@ -197,6 +197,15 @@ def training(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list
         "Training loss against step (log scale; moving average over 9 logged steps)",
     )
     rep.data(loss, "training_loss.csv", "Smoothed training loss per seed.")
+    stats = summary.attention_over_training(table)
+    if not stats.empty:
+        shown = [m for m in ("normalized_entropy", "max_logit", "p_max") if m in set(stats.metric)]
+        rep.figure(plots.attention_training_curves(stats, shown, order=order),
+                   "attention_during_training.png",
+                   "Attention statistics during training, averaged over every head (mean over "
+                   "seeds, 95% band)")  # fmt: skip
+        rep.data(stats, "attention_during_training.csv",
+                 "Per-cell attention statistics by step (mean over heads).")  # fmt: skip
     final = summary.final_loss(table)
     rep.table(_wide(final, order), "final_loss.csv", data=final,
               caption="Last logged training loss.")  # fmt: skip

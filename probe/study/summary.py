@@ -99,3 +99,12 @@ def final_loss(train: pd.DataFrame) -> pd.DataFrame:
     loss = training_loss(train)
     last = loss[loss["step"] == loss.groupby(CELL)["step"].transform("max")]
     return over_seeds(last, ["arm", "task"])
+
+
+def attention_over_training(train: pd.DataFrame) -> pd.DataFrame:
+    """Per-head attention statistics logged during training (`stats_every`), averaged over the
+    layers and heads of each cell: columns of CELL, step, metric, value."""
+    rows = train[train["split"] == "attention"]
+    if rows.empty:
+        return rows
+    return rows.groupby([*CELL, "step", "metric"], as_index=False)["value"].mean()
