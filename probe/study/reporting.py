@@ -123,6 +123,8 @@ def write_report(
     _setup(rep, study, manifest)
     order = arm_order(study)
     findings: list[str] = []
+    if "init_scaling" in tables:
+        findings += sections.init_scaling(rep, tables["init_scaling"])
     if "eval" in tables:
         findings += sections.accuracy(rep, tables["eval"], order)
     if "attention" in tables:

@@ -340,3 +340,35 @@ def _first_share(per_seed: pd.DataFrame, arms: list[str], tasks: list[str], best
         mrr = summary.reciprocal_ranks({t: {a: float(r[(a, t)]) for a in arms} for t in tasks})
         hits += max(sorted(mrr), key=lambda a: mrr[a]) == best
     return hits / len(resamples)
+
+
+def init_scaling(rep: MarkdownReport, table: pd.DataFrame) -> list[str]:
+    """The sqrt(d_k) argument at initialization: one cell's table (every cell computes the same)."""
+    from probe.report.attention_plots import scaling_init_figure
+
+    first = table[table["cell"] == table["cell"].iloc[0]] if "cell" in table else table
+    first = first[["d_k", "n", "score_scale", "statistic", "value"]]
+    first = first.rename(columns={"score_scale": "scale"})
+    rep.heading("At initialization: why sqrt(d_k)")
+    rep.paragraph(
+        "Scores q.k of independent unit-variance q and k have variance d_k; each scale multiplies "
+        "them by 1/sqrt(d_k), 1 or 1/d_k. Measured on random vectors (no training)."
+    )
+    rep.figure(scaling_init_figure(first), "init_scaling.png", "Score variance, entropy, "
+               "near-one-hot rows and softmax Jacobian against d_k")  # fmt: skip
+    wanted = ["score_var", "normalized_entropy", "p_max_gt_0.9", "softmax_jacobian_norm"]
+    n, d_k = int(first["n"].max()), int(first["d_k"].max())
+    at = first[(first["n"] == n) & (first["d_k"] == d_k) & first["statistic"].isin(wanted)]
+    wide = at.pivot_table(index="scale", columns="statistic", values="value").reset_index()
+    rep.table(wide, "init_scaling.csv", data=first, digits=3,
+              caption=f"At d_k = {d_k} and n = {n} keys per query.")  # fmt: skip
+    rows = wide.set_index("scale")
+    if {"sqrt", "none"} <= set(rows.index) and "p_max_gt_0.9" in rows:
+        var, hot = rows["score_var"], 100 * rows["p_max_gt_0.9"]
+        return [
+            f"At initialization (d_k = {d_k}, n = {n}): unscaled scores have variance "
+            f"{var['none']:.0f} and {hot['none']:.0f}% of softmax rows are near one-hot "
+            f"(p_max > 0.9); scaled by 1/sqrt(d_k), variance {var['sqrt']:.2f} and "
+            f"{hot['sqrt']:.0f}%."
+        ]
+    return []

@@ -88,6 +88,14 @@ class PruneOptions:
     seed: int = 2468  # scoring data; importance split r comes from seed + 1 + r, disjoint
 
 
+@dataclass(frozen=True)
+class InitScalingOptions:
+    d_ks: tuple[int, ...] = (8, 16, 32, 64, 128, 256, 512)  # key widths, independent of the cell
+    ns: tuple[int, ...] = (128, 1024)  # keys per query
+    n_queries: int = 512
+    seed: int = 0
+
+
 # -------------------------------------------------------------------------------------- steps
 
 
@@ -118,6 +126,16 @@ def _attention(ctx: StepContext, opts: AttentionOptions) -> dict[str, pd.DataFra
         ctx.model, batches, list(opts.statistics), progress=ctx.progress
     )
     return {"attention": table}
+
+
+def _init_scaling(ctx: StepContext, opts: InitScalingOptions) -> dict[str, pd.DataFrame]:
+    """The sqrt(d_k) argument at initialization (`probe.analysis.scaling.init_scaling`): scores
+    of unit-variance q and k under each fixed scale, against d_k. It does not depend on the cell,
+    so every cell gives the same table (computing it takes well under a second)."""
+    scaling = _require("init_scaling", "probe.analysis.scaling")
+    table = scaling.init_scaling(opts.d_ks, opts.ns, n_queries=opts.n_queries, seed=opts.seed)
+    # "scale" would collide with a grid factor model.scale among the cell's identity columns
+    return {"init_scaling": table.rename(columns={"scale": "score_scale"})}
 
 
 def _prune(ctx: StepContext, opts: PruneOptions) -> dict[str, pd.DataFrame]:
@@ -188,6 +206,9 @@ STEPS: dict[str, Step] = {
         Step("attention", AttentionOptions, _attention, ("attention",),
              "per-head attention statistics (entropy, max logit, ...) at each length",
              _check_attention),
+        Step("init_scaling", InitScalingOptions, _init_scaling, ("init_scaling",),
+             "score variance, entropy, one-hot rows and softmax gradient at initialization "
+             "against d_k, per fixed scale"),
         Step("prune", PruneOptions, _prune, ("pruning",),
              "accuracy after removing a growing fraction of heads, by importance and at random",
              _check_prune),
