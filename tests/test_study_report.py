@@ -143,3 +143,31 @@ def test_reciprocal_rank_leaves_out_tasks_no_arm_learns(tmp_path):
     assert "rank addition" not in ranks.columns  # no arm fits it: not ranked at all
     assert ranks.loc["learned", "mrr"] == pytest.approx(1 / 6)  # as without addition
     assert "tasks no arm fits are not ranked" in path.read_text()
+
+
+def test_scaling_at_init_and_attention_during_training(tmp_path):
+    """A grid over model.scale with the init_scaling step: the init table keeps its own scale
+    column (not the grid factor's), its score variance is d_k x factor^2 (the formula), and the
+    attention statistics logged in training get their figure."""
+    from tiny_study import tiny_study
+
+    from probe.study.runner import run_study
+
+    text = tiny_study(steps=4).replace(
+        'model.pe = ["learned", "rope"]', 'model.scale = ["sqrt", "none"]'
+    )
+    text = text.replace("eval_every = 0", "eval_every = 0\nstats_every = 2")
+    text += "\n[analysis.init_scaling]\nd_ks = [16, 64]\nns = [128]\nn_queries = 256\n"
+    study = parse_study(tomllib.loads(text))
+    result = run_study(study, tmp_path / "out")
+    path, _ = write_report(tmp_path / "out", study, result.tables, result.manifest)
+    init = pd.read_csv(tmp_path / "out" / "init_scaling.csv")
+    assert set(init.scale) == {"sqrt", "none", "inverse"}
+    var = init[init.statistic == "score_var"].set_index(["d_k", "scale"]).value
+    for d_k in (16, 64):
+        for scale, factor in (("sqrt", d_k**-0.5), ("none", 1.0), ("inverse", 1 / d_k)):
+            assert var[(d_k, scale)] == pytest.approx(d_k * factor**2, rel=0.15)
+    report = path.read_text()
+    assert "## At initialization: why sqrt(d_k)" in report
+    assert "attention_during_training.png" in report
+    assert (tmp_path / "out" / "attention_during_training.png").is_file()
