@@ -25,6 +25,7 @@ from probe.study.grid import expand
 from probe.study.heads_report import write_head_report
 from probe.study.heads_runner import StepEvent, run_head_study
 from probe.study.heads_spec import HeadStudy, load_any, smoke_head_study
+from probe.study.heads_steps import step_count
 from probe.study.reporting import read_manifest, report_from_dir, write_report
 from probe.study.runner import StudyEvent, run_study
 from probe.study.spec import Study, smoke_version
@@ -199,17 +200,11 @@ def _size(study: Study | HeadStudy) -> tuple[str, str]:
     """How big a study is, full and smoke ('' without [smoke]): cells, or a head study's steps."""
     if isinstance(study, HeadStudy):
         smoke = smoke_head_study(study) if study.smoke is not None else None
-        return f"{study.source}, {_steps(study)} steps", (f"{_steps(smoke)}" if smoke else "")
+        return f"{study.source}, {step_count(study)} steps", (
+            str(step_count(smoke)) if smoke else ""
+        )
     smoke = str(len(expand(smoke_version(study)))) if study.smoke is not None else ""
     return f"{len(expand(study))} cells", smoke
-
-
-def _steps(study: HeadStudy) -> int:
-    c, seeds = study.curves, study.text.seeds
-    per_seed = len(study.importance.methods) + len(c.methods) + len(c.group_methods)
-    per_seed += "attention-layer" in c.methods
-    extras = study.roles.enabled + bool(study.roles.needles) + bool(study.knockout.heads)
-    return seeds * per_seed + extras + 2  # and the model's facts, and the timing
 
 
 def ls_cli(

@@ -8,7 +8,6 @@ criterion) is said next to the verdict.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import pandas as pd
@@ -21,19 +20,6 @@ if TYPE_CHECKING:
     from probe.study.heads_report import HeadReport
 
 ALPHA = 0.05
-
-
-def _pct(x: float) -> str:
-    return f"{100 * x:.0f}%"
-
-
-def _smallest_p(n: int, m: int) -> float:
-    """The smallest one-sided exact Mann-Whitney p with n against m values: 1 / C(n + m, n)."""
-    return 1 / math.comb(n + m, n)
-
-
-def _range(lo: float, hi: float) -> str:
-    return _pct(lo) if abs(hi - lo) < 1e-9 else f"{_pct(lo)} to {_pct(hi)}"
 
 
 def _verdict(all_above: bool, none_above: bool) -> str:
@@ -58,18 +44,18 @@ def michel(report: HeadReport) -> str | None:
                 f"{r.random_mean:.4g} over the first half of the curve, one-sided p = "
                 f"{r.p_value:.3f} ({'a' if r.p_value <= ALPHA else 'no'} significant difference "
                 f"at {ALPHA}; the smallest p {int(r.n)} against {int(r.n_random)} seeds allow is "
-                f"{_smallest_p(int(r.n), int(r.n_random)):.3f}).")  # fmt: skip
+                f"{ev.smallest_p(int(r.n), int(r.n_random)):.3f}).")  # fmt: skip
     loose = ev.operating_summary(report.curves, report.objective, 10 * report.tolerance,
                                  report.n_heads)  # fmt: skip
     loose = loose[(loose.method == best.method) & (loose.unit == best.unit)].iloc[0]
     looser = (f" At ten times the tolerance {best.method} removes "
-              f"{_range(loose.min_fraction, loose.max_fraction)}.")  # fmt: skip
+              f"{ev.share_range(loose.min_fraction, loose.max_fraction)}.")  # fmt: skip
     return (
         f"**{ref.short}** ({ref.claim_source}): many heads can be removed without noticeable "
-        f"loss (their smallest figure: {_pct(low)} of heads). Here {best.method} removes "
-        f"{_range(best.min_fraction, best.max_fraction)} across seeds with "
+        f"loss (their smallest figure: {ev.pct(low)} of heads). Here {best.method} removes "
+        f"{ev.share_range(best.min_fraction, best.max_fraction)} across seeds with "
         f"{report.criterion()}: **{verdict}** in direction (every seed at or above "
-        f"{_pct(low)} is required to agree, none to disagree; the criterion differs from the "
+        f"{ev.pct(low)} is required to agree, none to disagree; the criterion differs from the "
         f"paper's task accuracy).{looser}{beat}"
     )
 
@@ -87,7 +73,7 @@ def kwon(report: HeadReport) -> str | None:
     verdict = _verdict(lo > 0.5, hi < 0.5)
     return (
         f"**{ref.short}** ({ref.claim_source}): mask tuning recovers most of the accuracy the "
-        f"pruned mask loses. Here tuning recovers {_pct(lo)} to {_pct(hi)} of the loss "
+        f"pruned mask loses. Here tuning recovers {ev.pct(lo)} to {ev.pct(hi)} of the loss "
         f"increase ({len(part)} seed-and-fraction points up to half the heads where the untuned "
         f"mask loses more than {report.tolerance:g} nats): **{verdict}** (more than half in "
         "every point is required to agree, less than half in every point to disagree). The "
@@ -166,7 +152,7 @@ def xiao(report: HeadReport) -> str | None:
         f"**{ref.short}** ({ref.claim_source}): many heads put a large share of their attention "
         f"on the first token, beyond the bottom two layers. Here {len(sinks)} of "
         f"{report.n_heads} heads put at least half of it there, in layers "
-        f"{', '.join(str(x) for x in layers) or 'none'} ({_pct(share_low)} of them in layers 0 "
+        f"{', '.join(str(x) for x in layers) or 'none'} ({ev.pct(share_low)} of them in layers 0 "
         "and 1); a description, not a test."
     )
 

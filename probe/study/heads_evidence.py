@@ -21,6 +21,15 @@ ROLE_THRESHOLDS = {"previous_token": 0.5, "induction": 0.3, "sink": 0.5,
                    "retrieval": RETRIEVAL_THRESHOLD}  # fmt: skip
 
 
+def pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def share_range(lo: float, hi: float) -> str:
+    """ "6%" when the seeds agree, else "30% to 40%"."""
+    return pct(lo) if abs(hi - lo) < 1e-9 else f"{pct(lo)} to {pct(hi)}"
+
+
 def primary(objective: str) -> tuple[str, bool]:
     """(metric, higher is better) that curves and operating points are read by."""
     return PRIMARY[objective]
@@ -72,6 +81,11 @@ def against_random(curves: pd.DataFrame, objective: str, upto: float = 0.5) -> p
                 "n_random": len(rand), "p_value": float(p),
             })  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def smallest_p(n: int, m: int) -> float:
+    """The smallest one-sided exact Mann-Whitney p with n against m values: 1 / C(n + m, n)."""
+    return 1 / math.comb(n + m, n)
 
 
 def seed_stability(importance: pd.DataFrame) -> pd.DataFrame:

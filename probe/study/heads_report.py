@@ -30,14 +30,6 @@ from probe.study.heads_runner import read_head_tables
 from probe.study.runner import MANIFEST
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.0f}%"
-
-
-def _range(lo: float, hi: float) -> str:
-    return _pct(lo) if abs(hi - lo) < 1e-9 else f"{_pct(lo)} to {_pct(hi)}"
-
-
 class HeadReport:
     """The report of one results directory: its study description, manifest and tables."""
 
@@ -108,12 +100,12 @@ class HeadReport:
             which = ""
         text = (
             f"with {self.criterion()} in every one of {seeds} seeds, {best.method} importance "
-            f"removes {_range(best.min_fraction, best.max_fraction)} of the {self.n_heads} heads "
-            f"({n}{which})"
+            f"removes {ev.share_range(best.min_fraction, best.max_fraction)} of the "
+            f"{self.n_heads} heads ({n}{which})"
         )
         if not rand.empty:
             r = rand.iloc[0]
-            text += f", random rankings {_range(r.min_fraction, r.max_fraction)}"
+            text += f", random rankings {ev.share_range(r.min_fraction, r.max_fraction)}"
         speed = self._speed_at(best.method, best.unit, best.min_heads)
         if speed:
             text += f"; the pruned model runs at {speed} of the original"
@@ -121,7 +113,7 @@ class HeadReport:
         if not groups.empty:
             g = groups.iloc[0]
             text += (f"; whole key/value groups by {g.method}: "
-                     f"{_range(g.min_fraction, g.max_fraction)} of the heads")  # fmt: skip
+                     f"{ev.share_range(g.min_fraction, g.max_fraction)} of the heads")  # fmt: skip
         sentence = self._roles_clause() + text + self._knockout_clause() + "."
         return sentence[0].upper() + sentence[1:]
 
@@ -264,7 +256,7 @@ class HeadReport:
         rep.data(both, "roles.csv", "Every head's score for every role.")
         if retrieval is not None and len(retrieval):
             acc = float(retrieval.copy_accuracy.iloc[0])
-            rep.paragraph(f"The unpruned model copies {_pct(acc)} of the needle tokens "
+            rep.paragraph(f"The unpruned model copies {ev.pct(acc)} of the needle tokens "
                           f"({int(retrieval.steps.iloc[0])} copy steps scored).")  # fmt: skip
         knockout = self.tables.get("knockout")
         if knockout is not None and len(knockout):

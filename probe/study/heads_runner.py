@@ -106,6 +106,14 @@ class Subject:
         return text_splits_for(self.model, self.imported.tokenizer, self.objective, self.docs,
                                t.max_tokens, t.batch_size, t.batches, t.seeds)  # fmt: skip
 
+    @cached_property
+    def retrieval(self) -> pd.DataFrame:
+        """Retrieval scores on the study's needle prompts (seed 0): the retrieval step's table,
+        and the ranking the knock-out masks by, computed once per run."""
+        from probe.analysis.retrieval import retrieval_scores
+
+        return retrieval_scores(self.model, self.needles(self.study.roles.needles, seed=0))
+
     def needles(self, n: int, seed: int):
         from probe.analysis.retrieval import needle_prompts
 
@@ -157,7 +165,7 @@ def run_head_study(
     overwrite: bool = False,
 ) -> HeadRunResult:
     """Run (or resume) every step of `study` into results directory `out`."""
-    from probe.study.heads_steps import plan_steps, seed_zero_tables, timing_step
+    from probe.study.heads_steps import plan_steps, seed_zero_tables, times_models, timing_step
 
     if threads < 1:
         raise ProbeError(f"--threads must be at least 1, got {threads}.")
@@ -174,7 +182,7 @@ def run_head_study(
                 atomic_write_text(out / "study.toml", study.path.read_text(encoding="utf-8"))
             atomic_write_json(out / "study.json", head_study_dict(study))
             steps = plan_steps(study, subject)
-            n_steps = len(steps) + (1 if study.timing.fractions or study.curves.methods else 0)
+            n_steps = len(steps) + times_models(study)
             emit(StepEvent("start", n_steps))
             tables: dict[str, list[pd.DataFrame]] = {k: [] for k in KINDS}
             record: list[dict[str, Any]] = []

@@ -19,7 +19,7 @@ from probe.analysis.importance import Method
 from probe.analysis.pruning_runs import CURVE_EXTRAS
 from probe.config import check_keys, did_you_mean, from_dict
 from probe.errors import ProbeError
-from probe.study.settings import study_heading
+from probe.study.settings import heading_dict, study_heading
 
 TOP_LEVEL = ("study", "model", "text", "importance", "curves", "roles", "knockout", "timing",
              "operating", "smoke")  # fmt: skip
@@ -218,12 +218,7 @@ def head_study_dict(study: HeadStudy) -> dict[str, Any]:
     """A JSON-ready description of the (possibly smoke) study, stored with its results."""
     out = {
         "kind": "heads",
-        "name": study.name,
-        "question": study.question,
-        "description": study.description,
-        "title": study.title,
-        "file": study.where,
-        "smoke": study.is_smoke,
+        **heading_dict(study),
         "source": study.source,
     }
     for name in SECTIONS:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 import torch
 
-from probe.analysis.pruning import head_mask, plan_removal, present_heads, prune_heads, quota
+from probe.analysis.pruning import masked, plan_removal, present_heads, prune_heads, quota
 from probe.study.heads_runner import Step
 
 if TYPE_CHECKING:
@@ -26,8 +26,9 @@ PRIMARY = {"embedding": ("similarity", True), "causal-lm": ("loss", False),
            "masked-lm": ("loss", False)}  # fmt: skip
 
 
-def plan_steps(study: HeadStudy, subject: Subject) -> list[Step]:
-    """Every step but the timing, in the order they run."""
+def plan_steps(study: HeadStudy, subject: Subject | None) -> list[Step]:
+    """Every step but the timing, in the order they run. The subject is only used when a step
+    runs: planning with None counts the steps without a model."""
     from probe.analysis.importance import head_importance
     from probe.analysis.layer_drop import layer_importance
     from probe.analysis.pruning_runs import pruning_curve
@@ -82,7 +83,7 @@ def plan_steps(study: HeadStudy, subject: Subject) -> list[Step]:
     if roles.needles:
         steps.append(Step("retrieval", "retrieval", {"needles": roles.needles,
                                                      "context": roles.context},
-                          lambda p: _retrieval(subject)))  # fmt: skip
+                          lambda p: subject.retrieval))  # fmt: skip
     ko = study.knockout
     if ko.heads:
         options = {"needles": roles.needles, "context": roles.context, "heads": list(ko.heads),
@@ -116,13 +117,6 @@ def _roles(subject: Subject, period: int) -> pd.DataFrame:
     return head_roles(subject.model, subject.splits[1], period=period, seed=0)
 
 
-def _retrieval(subject: Subject) -> pd.DataFrame:
-    from probe.analysis.retrieval import retrieval_scores
-
-    roles = subject.study.roles
-    return retrieval_scores(subject.model, subject.needles(roles.needles, seed=0))
-
-
 def knockout(subject: Subject, progress) -> pd.DataFrame:
     """Copy accuracy on fresh needle prompts with the top-k retrieval heads masked, against k
     random heads from the rest (`draws` draws), for each k: columns k, selection, draw,
@@ -131,12 +125,11 @@ def knockout(subject: Subject, progress) -> pd.DataFrame:
 
     ko = subject.study.knockout
     model = subject.model
-    scores = _retrieval(subject).sort_values(
+    scores = subject.retrieval.sort_values(
         ["score", "layer", "head"], ascending=[False, True, True], kind="stable"
     )
     ranked = list(zip(scores.layer.astype(int), scores["head"].astype(int), strict=True))
     prompts = subject.needles(ko.prompts, seed=1)
-    before = [g.detach().clone() for g in model.gates()]
     runs = [(0, "none", 0, [])]
     for k in ko.heads:
         top = ranked[:k]
@@ -147,18 +140,13 @@ def knockout(subject: Subject, progress) -> pd.DataFrame:
             pick = torch.randperm(len(rest), generator=gen)[:k].tolist()
             runs.append((k, "random", draw, [rest[i] for i in sorted(pick)]))
     rows = []
-    try:
-        for i, (k, selection, draw, heads) in enumerate(runs):
-            model.set_gates(before)  # head_mask starts from the current gates: reset first
-            if heads:
-                model.set_gates(head_mask(model, heads))
+    for i, (k, selection, draw, heads) in enumerate(runs):
+        with masked(model, heads):  # only these heads; the gates come back afterwards
             table = retrieval_scores(model, prompts)
-            rows.append({"k": k, "selection": selection, "draw": draw,
-                         "copy_accuracy": float(table["copy_accuracy"].iloc[0]),
-                         "heads": " ".join(f"L{a}H{b}" for a, b in heads)})  # fmt: skip
-            progress(i + 1, len(runs))
-    finally:
-        model.set_gates(before)
+        rows.append({"k": k, "selection": selection, "draw": draw,
+                     "copy_accuracy": float(table["copy_accuracy"].iloc[0]),
+                     "heads": " ".join(f"L{a}H{b}" for a, b in heads)})  # fmt: skip
+        progress(i + 1, len(runs))
     return pd.DataFrame(rows)
 
 
@@ -215,12 +203,22 @@ def pruned_model(subject: Subject, method: str, unit: str, n_pruned: int,
     return prune_heads(model, plan)
 
 
+def times_models(study: HeadStudy) -> bool:
+    """Whether a run of `study` ends with the timing step."""
+    return bool(study.timing.fractions or study.curves.methods)
+
+
+def step_count(study: HeadStudy) -> int:
+    """How many steps a run of `study` takes."""
+    return len(plan_steps(study, None)) + times_models(study)
+
+
 def timing_step(study: HeadStudy, subject: Subject, curves: pd.DataFrame,
                 known: dict[str, pd.DataFrame] | None = None) -> Step | None:  # fmt: skip
     """Time the pruned models of every curve method at the fixed fractions and its operating
     point, against the original, on one thread. `known`: seed 0's importance tables by method,
     so the pruned models need not estimate it again."""
-    if curves.empty or not (study.timing.fractions or study.curves.methods):
+    if curves.empty or not times_models(study):
         return None
     t = study.timing
     n_heads = int(curves.n_pruned.max() / max(curves.fraction.max(), 1e-9) + 0.5)

@@ -100,3 +100,16 @@ def study_heading(data: dict[str, Any], path: Path | None, top_level: tuple[str,
     if not head.get("question") or not isinstance(head["question"], str):
         raise ProbeError(f"{where} [study] needs a question: what does this study find out?")
     return where, head, name
+
+
+def heading_dict(study: Any) -> dict[str, Any]:
+    """What every kind of study stores about itself first: name, question, description, title,
+    file and whether it is the smoke version."""
+    return {
+        "name": study.name,
+        "question": study.question,
+        "description": study.description,
+        "title": study.title,
+        "file": study.where,
+        "smoke": study.is_smoke,
+    }

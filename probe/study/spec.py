@@ -24,6 +24,7 @@ from probe.study.settings import (
     check_key,
     check_setting,
     flatten,
+    heading_dict,
     read_toml,
     study_heading,
 )
@@ -328,12 +329,7 @@ def study_dict(study: Study) -> dict[str, Any]:
     from probe.study.steps import options_dict
 
     return {
-        "name": study.name,
-        "question": study.question,
-        "description": study.description,
-        "title": study.title,
-        "file": study.where,
-        "smoke": study.is_smoke,
+        **heading_dict(study),
         "base": study.base,
         "grid": {k: list(v) for k, v in study.grid.items()},
         "variants": [dataclasses.asdict(v) for v in study.variants],
