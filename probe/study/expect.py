@@ -106,7 +106,7 @@ def _number(text: str) -> float | tuple[str, float] | None:
         return None
 
 
-def _conditions(table: Any, where: str) -> tuple[Condition, ...]:
+def parse_conditions(table: Any, where: str) -> tuple[Condition, ...]:
     if not isinstance(table, dict):
         raise ProbeError(f'{where} must be a table like {{ length = "<= L" }}.')
     out = []
@@ -172,8 +172,8 @@ def parse_expectation(raw: Any, where: str, tables: tuple[str, ...] | None = Non
         per = [per]
     if not isinstance(per, list) or not all(isinstance(c, str) for c in per):
         raise ProbeError(f"{where} per must be a column name or a list of them, got {per!r}.")
-    conditions = _conditions(raw.get("where", {}), f"{where} where")
-    baseline = _conditions(raw["baseline"], f"{where} baseline") if "baseline" in raw else None
+    conditions = parse_conditions(raw.get("where", {}), f"{where} where")
+    baseline = parse_conditions(raw["baseline"], f"{where} baseline") if "baseline" in raw else None
     name = raw.get("name") or " ".join(
         [raw["metric"], *(f"({c.describe()})" for c in conditions), reduce, str(raw["bound"])]
     )

@@ -17,7 +17,7 @@ import pandas as pd
 
 from probe.errors import ProbeError
 from probe.report.report import MarkdownReport
-from probe.study import sections
+from probe.study import contrast, sections
 from probe.study.expect import Outcome, check_all
 from probe.study.grid import expand
 from probe.study.runner import MANIFEST, finished_tables, load_tables
@@ -106,6 +106,7 @@ def write_report(
     title = study.title or f"Study: {study.name}"
     rep = MarkdownReport(out, title + (" (smoke run)" if study.is_smoke else ""))
     rep.paragraph(f"**Question.** {study.question}")
+    question_at = len(rep.blocks)
     if study.description:
         rep.paragraph(study.description)
     if study.is_smoke:
@@ -135,6 +136,10 @@ def write_report(
         findings += sections.reference(rep, tables["eval"], study.reference)
     if "train" in tables:
         sections.training(rep, tables["train"], order)
+    answers = contrast.section(rep, study.contrasts, tables)
+    if answers:
+        rep.blocks.insert(question_at, "**Answer.** " + "; ".join(answers) + ".")
+        findings_at += 1
     outcomes = check_all(study.expectations, tables, study.is_smoke)
     findings += _expectations(rep, outcomes)
     rep.heading("Files")

@@ -365,6 +365,17 @@ def init_scaling(rep: MarkdownReport, table: pd.DataFrame) -> list[str]:
     rows = wide.set_index("scale")
     if {"sqrt", "none"} <= set(rows.index) and "p_max_gt_0.9" in rows:
         var, hot = rows["score_var"], 100 * rows["p_max_gt_0.9"]
+        if "softmax_jacobian_norm" in rows:
+            jac = rows["softmax_jacobian_norm"]
+            rep.paragraph(
+                f"The mean softmax Jacobian norm is not the gauge of vanishing gradients: unscaled "
+                f"it is {jac['none']:.3f} against {jac['sqrt']:.3f} scaled, because it averages "
+                "saturated rows (a one-hot row has a zero Jacobian) with rows split between a few "
+                "keys (norms up to 0.5), and an evenly spread row has a small Jacobian too "
+                f"(about 1/sqrt(n) = {n**-0.5:.3f}). The share of near-one-hot rows, "
+                f"{hot['none']:.0f}% unscaled against {hot['sqrt']:.0f}% scaled, counts the rows "
+                "whose gradient has vanished."
+            )
         return [
             f"At initialization (d_k = {d_k}, n = {n}): unscaled scores have variance "
             f"{var['none']:.0f} and {hot['none']:.0f}% of softmax rows are near one-hot "

@@ -18,6 +18,7 @@ from probe.errors import ProbeError
 from probe.fields import shown
 from probe.presets import with_preset
 from probe.references import published
+from probe.study.contrast import Contrast, parse_contrast
 from probe.study.expect import Expectation, parse_expectation
 from probe.study.settings import (
     SECTIONS,
@@ -40,6 +41,7 @@ TOP_LEVEL = (
     "expect",
     "report",
     "reference",
+    "contrast",
     "smoke",
 )
 STUDY_KEYS = ("name", "question", "description")
@@ -91,6 +93,7 @@ class Study:
     title: str = ""
     description: str = ""
     reference: Reference | None = None
+    contrasts: tuple[Contrast, ...] = ()  # claims tested over seeds (the report's verdicts)
     smoke: dict[str, Any] | None = None  # the raw [smoke] table, applied by `smoke_version`
     is_smoke: bool = False
 
@@ -226,6 +229,12 @@ def parse_study(data: dict[str, Any], path: Path | None = None) -> Study:
         parse_expectation(e, f"{where} [[expect]] #{i + 1}", tables)
         for i, e in enumerate(data.get("expect", []))
     )
+    if not isinstance(data.get("contrast", []), list):
+        raise ProbeError(f"{where}: write contrasts as [[contrast]] tables.")
+    contrasts = tuple(
+        parse_contrast(c, f"{where} [[contrast]] #{i + 1}", tables)
+        for i, c in enumerate(data.get("contrast", []))
+    )
     smoke = data.get("smoke")
     if smoke is not None:
         _check_smoke(smoke, where)
@@ -243,11 +252,19 @@ def parse_study(data: dict[str, Any], path: Path | None = None) -> Study:
         by=by,
         title=str(report.get("title", "")),
         reference=_reference(data["reference"], where) if "reference" in data else None,
+        contrasts=contrasts,
         smoke=smoke,
     )
     from probe.study.grid import expand
 
-    expand(study)  # every cell must build
+    arms = {cell.arm for cell in expand(study)}  # every cell must build
+    for i, c in enumerate(contrasts):
+        for arm in (c.a, c.b):
+            if arm not in arms:
+                raise ProbeError(
+                    f"{where} [[contrast]] #{i + 1}: no arm '{arm}'."
+                    f"{did_you_mean(arm, sorted(arms))} Arms: {', '.join(sorted(arms))}."
+                )
     if smoke is not None:
         expand(smoke_version(study))
     return study
@@ -338,4 +355,9 @@ def study_dict(study: Study) -> dict[str, Any]:
         "expect": [dataclasses.asdict(e) for e in study.expectations],
         "by": study.by,
         "reference": dataclasses.asdict(study.reference) if study.reference else None,
+        **(
+            {"contrasts": [dataclasses.asdict(c) for c in study.contrasts]}
+            if study.contrasts
+            else {}
+        ),
     }

@@ -1,0 +1,225 @@
+"""Contrasts: a claim that one arm beats another, tested over seeds (the study's verdicts).
+
+[[contrast]]
+claim = "1/sqrt(d_k) trains better than no scaling"   # the sentence the verdict is about
+table = "eval"                   # a table the study writes
+metric = "exact_match"           # a row of its metric/statistic column
+where = { length = "<= L" }      # filters, as in [[expect]]
+a = "sqrt"                       # the arm the claim is about (an arm or variant name)
+b = "none"                       # the arm it is compared with
+expect = "higher"                # higher | lower (a's value than b's) | similar
+per = ["task"]                   # one test per group (default: one over all rows)
+within = "mean"                  # how a seed's matching rows become one number: mean or std
+reference = "vaswani2017-scaling"  # optional: the entry of probe/references.toml it tests
+
+Each seed of each arm gives one number (the mean, or the spread, of its matching rows); the
+two arms' seeds are compared with an exact one-sided Mann-Whitney test. The verdict is
+"supported" when p <= ALPHA in the claimed direction, "contradicted" when p <= ALPHA the other
+way, and otherwise "not shown" with the smallest p the number of seeds allows (3 against 3 seeds
+cannot go below 0.05). For "similar" no test can show equality: the verdict reports whether a
+difference was detected either way.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from probe.config import check_keys
+from probe.errors import ProbeError
+from probe.references import published
+from probe.study.expect import Condition, parse_conditions
+from probe.study.stats import fmt_ci, mean_ci
+
+KEYS = ("claim", "table", "metric", "where", "a", "b", "expect", "per", "within", "reference")
+EXPECT = ("higher", "lower", "similar")
+WITHIN = ("mean", "std")
+ALPHA = 0.05
+
+
+@dataclass(frozen=True)
+class Contrast:
+    claim: str
+    table: str
+    metric: str
+    a: str
+    b: str
+    expect: str = "higher"
+    where: tuple[Condition, ...] = ()
+    per: tuple[str, ...] = ()
+    within: str = "mean"
+    reference: str = ""
+
+
+def parse_contrast(raw: Any, where: str, tables: tuple[str, ...]) -> Contrast:
+    """A contrast from a study file's [[contrast]] table (`tables`: those the study writes)."""
+    check_keys(raw, KEYS, where)
+    for key in ("claim", "table", "metric", "a", "b"):
+        if not isinstance(raw.get(key), str) or not raw[key]:
+            raise ProbeError(f"{where} needs '{key}' as a non-empty string "
+                             '(for example a = "sqrt", b = "none").')  # fmt: skip
+    if raw["table"] not in tables:
+        raise ProbeError(f"{where} table '{raw['table']}' is not one the study writes "
+                         f"({', '.join(tables)}).")  # fmt: skip
+    if raw.get("expect", "higher") not in EXPECT:
+        raise ProbeError(f"{where} expect must be one of {', '.join(EXPECT)}, "
+                         f"got {raw['expect']!r}.")  # fmt: skip
+    if raw.get("within", "mean") not in WITHIN:
+        raise ProbeError(f"{where} within must be one of {', '.join(WITHIN)}, "
+                         f"got {raw['within']!r}.")  # fmt: skip
+    per = raw.get("per", [])
+    per = [per] if isinstance(per, str) else per
+    if not isinstance(per, list) or not all(isinstance(c, str) for c in per):
+        raise ProbeError(f"{where} per must be a column name or a list of them, got {per!r}.")
+    if "reference" in raw:
+        try:
+            published(raw["reference"])
+        except ProbeError as exc:
+            raise ProbeError(f"{where} {exc}") from None
+    rest = {k: raw[k] for k in ("claim", "table", "metric", "a", "b") if k in raw}
+    return Contrast(
+        **rest, expect=raw.get("expect", "higher"), per=tuple(per),
+        where=parse_conditions(raw.get("where", {}), f"{where} where"),
+        within=raw.get("within", "mean"), reference=raw.get("reference", ""),
+    )  # fmt: skip
+
+
+def per_seed(contrast: Contrast, table: pd.DataFrame) -> pd.DataFrame:
+    """One number per (group, arm, seed): columns per..., arm, seed, value."""
+    df = table
+    for column in [c.column for c in contrast.where] + list(contrast.per) + ["arm", "seed"]:
+        if column not in df.columns:
+            raise ProbeError(f"contrast '{contrast.claim}': table '{contrast.table}' has no "
+                             f"column '{column}'.")  # fmt: skip
+    for key in ("metric", "statistic"):
+        if key in df.columns:
+            df = df[df[key] == contrast.metric]
+            break
+    for condition in contrast.where:
+        df = df[condition.mask(df)]
+    df = df[df["arm"].isin([contrast.a, contrast.b])]
+    keys = [*contrast.per, "arm", "seed"]
+    reduce = "mean" if contrast.within == "mean" else (lambda v: float(np.std(v, ddof=0)))
+    return df.groupby(keys, sort=True)["value"].agg(reduce).reset_index()
+
+
+def smallest_p(n: int, m: int) -> float:
+    """The smallest one-sided exact Mann-Whitney p with n against m values: 1 / C(n + m, n)."""
+    return 1 / math.comb(n + m, n)
+
+
+def evaluate(contrast: Contrast, table: pd.DataFrame) -> pd.DataFrame:
+    """The verdict per group: columns per..., claim, a, b, metric, mean/low/high of each arm,
+    n_a, n_b, p_claim (one-sided in the claimed direction; for "similar", a higher), p_other,
+    verdict."""
+    seeds = per_seed(contrast, table)
+    groups = seeds.groupby(list(contrast.per), sort=True) if contrast.per else [((), seeds)]
+    rows = []
+    for keys, group in groups:
+        keys = keys if isinstance(keys, tuple) else (keys,)
+        x = group.loc[group["arm"] == contrast.a, "value"].to_numpy(float)
+        y = group.loc[group["arm"] == contrast.b, "value"].to_numpy(float)
+        row = {**dict(zip(contrast.per, keys, strict=True)), "claim": contrast.claim,
+               "a": contrast.a, "b": contrast.b, "metric": contrast.metric,
+               "expect": contrast.expect, "n_a": len(x), "n_b": len(y)}  # fmt: skip
+        for arm, values in (("a", x), ("b", y)):
+            row[f"mean_{arm}"], row[f"low_{arm}"], row[f"high_{arm}"] = mean_ci(values)
+        if len(x) == 0 or len(y) == 0:
+            row.update(p_claim=np.nan, p_other=np.nan, verdict="no data")
+            rows.append(row)
+            continue
+        side = "less" if contrast.expect == "lower" else "greater"
+        other = "greater" if side == "less" else "less"
+        p_claim = stats.mannwhitneyu(x, y, alternative=side, method="exact").pvalue
+        p_other = stats.mannwhitneyu(x, y, alternative=other, method="exact").pvalue
+        row.update(p_claim=float(p_claim), p_other=float(p_other),
+                   verdict=_verdict(contrast.expect, p_claim, p_other, len(x), len(y)))  # fmt: skip
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _verdict(expect: str, p_claim: float, p_other: float, n: int, m: int) -> str:
+    floor = smallest_p(n, m)
+    if expect == "similar":
+        if min(p_claim, p_other) <= ALPHA:
+            return "contradicted: a difference was detected"
+        return "no difference detected (which does not show equality)"
+    if p_claim <= ALPHA:
+        return "supported"
+    if p_other <= ALPHA:
+        return "contradicted: the opposite direction"
+    if floor > ALPHA:
+        return f"not testable: {n} against {m} seeds cannot reach p <= {ALPHA:g}"
+    return "not shown"
+
+
+def verdict_table(contrasts: tuple[Contrast, ...], tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Every contrast's verdicts, one row per contrast and group (absent tables skipped)."""
+    parts = [evaluate(c, tables[c.table]) for c in contrasts if c.table in tables]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def sentence(row: pd.Series, per: tuple[str, ...], digits: int = 2) -> str:
+    """'1/sqrt(d_k) fits better than unscaled (sort: exact_match sqrt 0.95 vs none 0.74,
+    3 vs 3 seeds, p = 0.05, supported)'."""
+    group = "".join(f"{row[c]}: " for c in per)
+    return (
+        f"{row['claim']} ({group}{row['metric']} {row['a']} {row['mean_a']:.{digits}f} vs "
+        f"{row['b']} {row['mean_b']:.{digits}f}, {row['n_a']} vs {row['n_b']} seeds, "
+        f"p = {_p(row)}, {row['verdict']})"
+    )
+
+
+def _p(row: pd.Series) -> str:
+    if row["expect"] == "similar":
+        return f"{min(row['p_claim'], row['p_other']):.3g} (either direction)"
+    return f"{row['p_claim']:.3g}"
+
+
+def ci_text(row: pd.Series, arm: str, digits: int = 2) -> str:
+    return fmt_ci(row[f"mean_{arm}"], row[f"low_{arm}"], row[f"high_{arm}"], digits)
+
+
+def section(rep, contrasts: tuple[Contrast, ...], tables: dict[str, pd.DataFrame]) -> list[str]:
+    """The report's Verdicts section: one row per claim (and group) with both arms' means and
+    95% bootstrap intervals over seeds, the exact p and the verdict; the papers the claims come
+    from, quoted from the references file. Returns one sentence per verdict (the answer)."""
+    table = verdict_table(contrasts, tables)
+    if table.empty:
+        return []
+    rep.heading("Verdicts")
+    rep.paragraph(
+        "Each claim compares two arms on one number per seed (the mean, or for a spread the "
+        "standard deviation, of the matching rows) with an exact one-sided Mann-Whitney test; "
+        f"'supported' needs p <= {ALPHA:g} in the claimed direction, 'contradicted' p <= "
+        f"{ALPHA:g} the other way. With 3 seeds against 3 the smallest possible p is "
+        f"{smallest_p(3, 3):.2g}, so 'not shown' can mean too few seeds as well as no effect. "
+        "Means are over seeds with 95% bootstrap intervals."
+    )
+    shown = []
+    for c in contrasts:
+        for _, row in table[table["claim"] == c.claim].iterrows():
+            group = ", ".join(str(row[k]) for k in c.per)
+            shown.append({
+                "claim": c.claim + (f" ({group})" if group else ""),
+                "metric": c.metric + (" (spread over rows)" if c.within == "std" else ""),
+                "a": f"{row['a']} {ci_text(row, 'a')}", "b": f"{row['b']} {ci_text(row, 'b')}",
+                "seeds": f"{row['n_a']} vs {row['n_b']}", "p": _p(row),
+                "verdict": row["verdict"],
+                "source": published(c.reference).short if c.reference else "",
+            })  # fmt: skip
+    rep.table(pd.DataFrame(shown), "verdicts.csv")
+    sources = sorted({c.reference for c in contrasts if c.reference})
+    if sources:
+        rep.bullets([_source_line(published(ref)) for ref in sources])
+    return [sentence(row, next(c.per for c in contrasts if c.claim == row["claim"]))
+            for _, row in table.iterrows()]  # fmt: skip
+
+
+def _source_line(paper) -> str:
+    return f"**{paper.short}**: {paper.cite}. {paper.claim} ({paper.claim_source})."

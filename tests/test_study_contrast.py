@@ -1,0 +1,112 @@
+"""[[contrast]]: verdicts from an exact Mann-Whitney test over seeds, checked by hand."""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from itertools import combinations
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from tiny_study import SMOKE, tiny_study
+
+from probe.errors import ProbeError
+from probe.study.contrast import Contrast, evaluate, parse_contrast, smallest_p
+from probe.study.expect import parse_conditions
+from probe.study.spec import parse_study
+
+
+def table(a: list[float], b: list[float], noise: float = 0.0) -> pd.DataFrame:
+    """An eval-like table: two arms, one seed per value, a row at length 2 and one at 9 (the
+    second must be filtered away by the contrast's where)."""
+    rows = []
+    for arm, values in (("a", a), ("b", b)):
+        for seed, v in enumerate(values):
+            rows.append(
+                {
+                    "arm": arm,
+                    "seed": seed,
+                    "task": "copy",
+                    "length": 2,
+                    "L": 4,
+                    "metric": "exact_match",
+                    "value": v,
+                }
+            )
+            rows.append({"arm": arm, "seed": seed, "task": "copy", "length": 9, "L": 4,
+                         "metric": "exact_match", "value": 100.0 + noise})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def contrast(expect: str = "higher", within: str = "mean") -> Contrast:
+    return Contrast(claim="a beats b", table="eval", metric="exact_match", a="a", b="b",
+                    expect=expect, where=parse_conditions({"length": "<= L"}, "w"),
+                    per=("task",), within=within)  # fmt: skip
+
+
+def exact_p(x: list[float], y: list[float]) -> float:
+    """P(U >= u) by enumerating every split of the pooled values (no ties in these tests)."""
+    pooled, n = x + y, len(x)
+
+    def u(xs, ys):
+        return sum((a > b) + 0.5 * (a == b) for a in xs for b in ys)
+
+    observed = u(x, y)
+    splits = list(combinations(range(len(pooled)), n))
+    hits = 0
+    for idx in splits:
+        xs = [pooled[i] for i in idx]
+        ys = [pooled[i] for i in range(len(pooled)) if i not in idx]
+        hits += u(xs, ys) >= observed
+    return hits / len(splits)
+
+
+def test_separated_arms_are_supported_at_the_smallest_possible_p():
+    row = evaluate(contrast(), table([0.9, 0.8, 0.95], [0.1, 0.3, 0.2])).iloc[0]
+    assert row["p_claim"] == pytest.approx(1 / math.comb(6, 3)) == pytest.approx(0.05)
+    assert row["verdict"] == "supported"
+    assert row["mean_a"] == pytest.approx((0.9 + 0.8 + 0.95) / 3)  # the length-9 rows left out
+
+
+def test_p_matches_enumeration_and_opposite_direction_is_contradicted():
+    x, y = [0.2, 0.5, 0.1, 0.4], [0.6, 0.3, 0.9, 0.7]
+    row = evaluate(contrast(), table(x, y)).iloc[0]
+    assert row["p_claim"] == pytest.approx(exact_p(x, y))
+    assert row["p_other"] == pytest.approx(exact_p(y, x))
+    lower = evaluate(contrast("lower"), table([0.1, 0.2, 0.0], [0.5, 0.6, 0.7])).iloc[0]
+    assert lower["verdict"] == "supported"
+    flipped = evaluate(contrast(), table([0.1, 0.2, 0.0], [0.5, 0.6, 0.7])).iloc[0]
+    assert flipped["verdict"].startswith("contradicted")
+
+
+def test_similar_and_untestable_verdicts():
+    same = evaluate(contrast("similar"), table([0.5, 0.7, 0.6], [0.55, 0.65, 0.75])).iloc[0]
+    assert same["verdict"].startswith("no difference detected")
+    two = evaluate(contrast(), table([0.9, 0.8], [0.1, 0.2])).iloc[0]  # 2 vs 2: p >= 1/6
+    assert smallest_p(2, 2) == pytest.approx(1 / 6)
+    assert two["verdict"].startswith("not testable")
+
+
+def test_spread_within_seed_is_the_standard_deviation_of_the_rows():
+    df = pd.concat([table([0.0, 0.0, 0.0], [0.0, 0.0, 0.0]).assign(head=h) for h in range(2)])
+    df.loc[(df["arm"] == "a") & (df["head"] == 1) & (df["length"] == 2), "value"] = 1.0
+    row = evaluate(contrast(within="std"), df).iloc[0]
+    assert row["mean_a"] == pytest.approx(0.5)  # std of [0, 1] (population)
+    assert row["mean_b"] == pytest.approx(0.0)
+
+
+def test_spec_errors_are_one_line():
+    good = {"claim": "c", "table": "eval", "metric": "exact_match", "a": "x", "b": "y"}
+    with pytest.raises(ProbeError, match="not one the study writes"):
+        parse_contrast({**good, "table": "evl"}, "w", ("eval",))
+    with pytest.raises(ProbeError, match="expect must be one of"):
+        parse_contrast({**good, "expect": "bigger"}, "w", ("eval",))
+    with pytest.raises(ProbeError, match="needs 'a'"):
+        parse_contrast({k: v for k, v in good.items() if k != "a"}, "w", ("eval",))
+    study = tiny_study(extra=SMOKE) + (
+        '\n[[contrast]]\nclaim = "c"\ntable = "eval"\nmetric = "exact_match"\n'
+        'a = "learned"\nb = "rpoe"\n'
+    )
+    with pytest.raises(ProbeError, match=r"no arm 'rpoe'\. Did you mean 'rope'"):
+        parse_study(tomllib.loads(study), Path("x.toml"))
