@@ -218,7 +218,7 @@ def section(rep, contrasts: tuple[Contrast, ...], tables: dict[str, pd.DataFrame
     if sources:
         rep.bullets([_source_line(published(ref)) for ref in sources])
     return [sentence(row, next(c.per for c in contrasts if c.claim == row["claim"]))
-            for _, row in table.iterrows()]  # fmt: skip
+            for _, row in table.iterrows() if row["verdict"] != "no data"]  # fmt: skip
 
 
 def _source_line(paper) -> str:
