@@ -168,3 +168,25 @@ def attention_training_curves(df: pd.DataFrame, statistics: list[str],
     _legend(fig, axes, "arm")
     fig.tight_layout()
     return fig
+
+
+def depth_curves(df: pd.DataFrame, y_label: str, *, facet: str = "length",
+                 order: list[str] | None = None) -> plt.Figure:  # fmt: skip
+    """value against the depth of the residual stream (0: the embeddings), one line per arm,
+    one panel per `facet` (mean over seeds, 95% band). Needs columns arm, depth, seed, value and
+    `facet`."""
+    order = order or sorted(df["arm"].unique())
+    panels = sorted(df[facet].unique())
+    fig, axes = _facets(len(panels), width=4.2, height=3.2)
+    for ax, name in zip(axes, panels, strict=True):
+        sns.lineplot(data=df[df[facet] == name], x="depth", y="value", hue="arm",
+                     hue_order=order, palette=palette(order), marker="o", ax=ax,
+                     **BAND)  # fmt: skip
+        ax.set_title(f"{facet} {name}", loc="left")
+        ax.set_xlabel("depth (0: embeddings, d: after block d)")
+        ax.set_ylabel(y_label)
+        ax.set_xticks(sorted(df["depth"].unique()))
+        ax.grid(alpha=0.3)
+    _legend(fig, axes, "arm")
+    fig.tight_layout()
+    return fig

@@ -9,7 +9,7 @@ a = "sqrt"                       # the arm the claim is about (an arm or variant
 b = "none"                       # the arm it is compared with
 expect = "higher"                # higher | lower (a's value than b's) | similar
 per = ["task"]                   # one test per group (default: one over all rows)
-within = "mean"                  # how a seed's matching rows become one number: mean or std
+within = "mean"                  # how a seed's matching rows become one number: mean, std, max
 reference = "vaswani2017-scaling"  # optional: the entry of probe/references.toml it tests
 
 Each seed of each arm gives one number (the mean, or the spread, of its matching rows); the
@@ -38,8 +38,9 @@ from probe.study.stats import fmt_ci, mean_ci
 
 KEYS = ("claim", "table", "metric", "where", "a", "b", "expect", "per", "within", "reference")
 EXPECT = ("higher", "lower", "similar")
-WITHIN = ("mean", "std")
+WITHIN = ("mean", "std", "max")
 ALPHA = 0.05
+WITHIN_NOTE = {"mean": "", "std": " (spread over rows)", "max": " (largest over rows)"}
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,8 @@ def per_seed(contrast: Contrast, table: pd.DataFrame) -> pd.DataFrame:
         df = df[condition.mask(df)]
     df = df[df["arm"].isin([contrast.a, contrast.b])]
     keys = [*contrast.per, "arm", "seed"]
-    reduce = "mean" if contrast.within == "mean" else (lambda v: float(np.std(v, ddof=0)))
+    reduce = {"mean": "mean", "max": "max", "std": lambda v: float(np.std(v, ddof=0))}
+    reduce = reduce[contrast.within]
     return df.groupby(keys, sort=True)["value"].agg(reduce).reset_index()
 
 
@@ -207,7 +209,7 @@ def section(rep, contrasts: tuple[Contrast, ...], tables: dict[str, pd.DataFrame
             group = ", ".join(str(row[k]) for k in c.per)
             shown.append({
                 "claim": c.claim + (f" ({group})" if group else ""),
-                "metric": c.metric + (" (spread over rows)" if c.within == "std" else ""),
+                "metric": c.metric + WITHIN_NOTE[c.within],
                 "a": f"{row['a']} {ci_text(row, 'a')}", "b": f"{row['b']} {ci_text(row, 'b')}",
                 "seeds": f"{row['n_a']} vs {row['n_b']}", "p": _p(row),
                 "verdict": row["verdict"],

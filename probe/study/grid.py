@@ -33,7 +33,8 @@ LATER_FIELDS = {
 # fields renamed since: keyed under their first name, so the cells keep their keys
 RENAMED = {"model": {"kept_heads": "heads"}}
 RESERVED = {"cell", "arm", "variant", "L", "L_min", "length", "metric", "value", "n", "layer",
-            "head", "site", "statistic", "step", "split", "fraction", "method"}  # fmt: skip
+            "head", "site", "statistic", "step", "split", "fraction", "method", "depth",
+            "seen", "n_tokens"}  # fmt: skip
 
 
 def _digest(obj: Any) -> str:

@@ -17,7 +17,7 @@ import pandas as pd
 
 from probe.errors import ProbeError
 from probe.report.report import MarkdownReport
-from probe.study import contrast, sections
+from probe.study import contrast, question_sections, sections
 from probe.study.expect import Outcome, check_all
 from probe.study.grid import expand
 from probe.study.runner import MANIFEST, finished_tables, load_tables
@@ -130,6 +130,12 @@ def write_report(
         findings += sections.accuracy(rep, tables["eval"], order)
     if "attention" in tables:
         findings += sections.attention(rep, tables["attention"], order)
+    if "attention" in tables:
+        findings += question_sections.head_spread(rep, tables["attention"], order)
+    if "roles" in tables:
+        findings += question_sections.roles(rep, tables["roles"], order)
+    if "position_probe" in tables:
+        findings += question_sections.position_probe(rep, tables["position_probe"], order)
     if "pruning" in tables:
         findings += sections.pruning(rep, tables["pruning"], order)
     if study.reference is not None and "eval" in tables:

@@ -8,47 +8,15 @@ lazily, so a study that does not use them runs without it.
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
-import torch
 
-from probe.config import TrainConfig, choice, did_you_mean, from_dict
+from probe.config import choice, did_you_mean, from_dict
 from probe.errors import ProbeError
-from probe.model import Transformer
-from probe.tasks import TaskConfig, parse_lengths
-
-Progress = Callable[[int, int], None]
-
-
-@dataclass
-class StepContext:
-    model: Transformer  # trained, in eval mode
-    task: TaskConfig
-    train: TrainConfig
-    device: torch.device
-    progress: Progress | None = None  # (done, total) within the step
-
-    @property
-    def train_max(self) -> int:
-        """L: the longest training length."""
-        return self.train.train_len[1]
-
-
-def resolve_lengths(spec: str | list[int], train_max: int) -> list[int]:
-    """Lengths from a spec such as "1:2L", "4:L,24,32" or [8, 16]; `L` is the longest training
-    length and `kL` is k times it."""
-    if isinstance(spec, list | tuple):
-        return parse_lengths(",".join(str(int(n)) for n in spec))
-    if not isinstance(spec, str):
-        raise ProbeError(f"lengths must be a string like '1:2L' or a list, got {spec!r}.")
-    text = re.sub(r"(\d*)L", lambda m: str(int(m.group(1) or 1) * train_max), spec)
-    return parse_lengths(text)
-
+from probe.study import steps_questions as q
+from probe.study.step_types import Step, StepContext, require, resolve_lengths
 
 # ------------------------------------------------------------------------------------ options
 
@@ -111,7 +79,7 @@ def _eval_lengths(ctx: StepContext, opts: EvalLengthsOptions) -> dict[str, pd.Da
 
 
 def _attention(ctx: StepContext, opts: AttentionOptions) -> dict[str, pd.DataFrame]:
-    observe = _require("attention", "probe.observe")
+    observe = require("attention", "probe.observe")
     from probe.evaluate import eval_batches, form_for
 
     form = form_for(ctx.model.cfg.arch)
@@ -132,7 +100,7 @@ def _init_scaling(ctx: StepContext, opts: InitScalingOptions) -> dict[str, pd.Da
     """The sqrt(d_k) argument at initialization (`probe.analysis.scaling.init_scaling`): scores
     of unit-variance q and k under each fixed scale, against d_k. It does not depend on the cell,
     so every cell gives the same table (computing it takes well under a second)."""
-    scaling = _require("init_scaling", "probe.analysis.scaling")
+    scaling = require("init_scaling", "probe.analysis.scaling")
     table = scaling.init_scaling(opts.d_ks, opts.ns, n_queries=opts.n_queries, seed=opts.seed)
     # "scale" would collide with a grid factor model.scale among the cell's identity columns
     return {"init_scaling": table.rename(columns={"scale": "score_scale"})}
@@ -142,7 +110,7 @@ def _prune(ctx: StepContext, opts: PruneOptions) -> dict[str, pd.DataFrame]:
     """`probe.analysis.pruning_runs.pruning_curve`: the metrics after masking the least important
     heads, per estimator and fraction (0: the unpruned model), importance measured on data
     disjoint from the scoring data."""
-    runs = _require("prune", "probe.analysis.pruning_runs")
+    runs = require("prune", "probe.analysis.pruning_runs")
     from probe.analysis.importance import disjoint_splits
     from probe.analysis.pruning import present_heads
     from probe.evaluate import form_for
@@ -162,7 +130,7 @@ def _prune(ctx: StepContext, opts: PruneOptions) -> dict[str, pd.DataFrame]:
 
 
 def _check_attention(opts: AttentionOptions) -> None:
-    observe = _require("attention", "probe.observe")
+    observe = require("attention", "probe.observe")
     observe.check_statistics(list(opts.statistics))
 
 
@@ -174,28 +142,6 @@ def _check_prune(opts: PruneOptions) -> None:
     for fraction in opts.fractions:
         if not 0.0 < float(fraction) <= 1.0:
             raise ProbeError(f"fractions must lie in (0, 1], got {fraction}.")
-
-
-def _require(step: str, module: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name is None or not module.startswith(exc.name):
-            raise
-        raise ProbeError(
-            f"analysis '{step}' needs {module}, which this installation of probe does not have; "
-            f"remove [analysis.{step}] from the study or update probe."
-        ) from None
-
-
-@dataclass(frozen=True)
-class Step:
-    name: str
-    options: type
-    run: Callable[[StepContext, Any], dict[str, pd.DataFrame]]
-    tables: tuple[str, ...]  # the tables the step returns
-    doc: str
-    check: Callable[[Any], None] | None = None  # more validation of the options
 
 
 STEPS: dict[str, Step] = {
@@ -212,6 +158,12 @@ STEPS: dict[str, Step] = {
         Step("prune", PruneOptions, _prune, ("pruning",),
              "accuracy after removing a growing fraction of heads, by importance and at random",
              _check_prune),
+        Step("position_probe", q.PositionProbeOptions, q._position_probe, ("position_probe",),
+             "how well a linear probe reads absolute position off each depth of the residual "
+             "stream (and, for encoders, the gap to permutation equivariance)",
+             q._check_position_probe),
+        Step("roles", q.RolesOptions, q._roles, ("roles",),
+             "each head's previous-token, induction, positional and sink score"),
     )
 }  # fmt: skip
 

@@ -1,0 +1,134 @@
+"""Report sections of the studies of the paper's open questions (order, many heads, cost), in the
+manner of `sections.py`: each writes its tables and figures beside the report and returns the
+findings it wants stated at the top."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from probe.report import study_plots as plots
+from probe.report.report import MarkdownReport
+from probe.study.stats import fmt_ci, over_seeds
+
+
+def _ci(row) -> str:
+    return fmt_ci(row["mean"], row["low"], row["high"])
+
+
+def _arm_sorted(df: pd.DataFrame, order: list[str]) -> pd.DataFrame:
+    rank = {a: i for i, a in enumerate(order)}
+    return df.sort_values("arm", key=lambda s: s.map(rank), kind="stable")
+
+
+def position_probe(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list[str]:
+    r2 = table[table["statistic"] == "r2"]
+    if r2.empty:
+        return []
+    rep.heading("Where is each token? A linear probe for absolute position")
+    rep.paragraph(
+        "At every depth of the residual stream (0: the embeddings, d: the output of block d) a "
+        "ridge regression is fit from each task symbol's hidden state to its absolute position, "
+        "on data at the training lengths, and scored by R^2 on fresh data at each length (R^2 "
+        "below 0 means worse than predicting the mean position). Special tokens are left out: "
+        "their identity alone gives their position away."
+    )
+    rep.figure(plots.depth_curves(r2, "R^2 of the position probe", order=order),
+               "position_probe.png", "Position probe R^2 against depth, per length")  # fmt: skip
+    stats = over_seeds(r2, ["arm", "length", "depth"])
+    wide = (
+        stats.assign(text=stats.apply(_ci, axis=1), depth=stats["depth"].map("depth {}".format))
+        .pivot_table(index=["arm", "length"], columns="depth", values="text", aggfunc="first")
+        .reset_index()
+    )
+    rep.table(_arm_sorted(wide, order), "position_probe.csv", data=table,
+              caption="R^2 per depth: mean over seeds [95% bootstrap interval].")  # fmt: skip
+    findings = []
+    deepest = int(r2["depth"].max())
+    for n, part in stats[stats["depth"] >= 1].groupby("length"):
+        best = part.loc[part.groupby("arm")["mean"].idxmax()]
+        best = _arm_sorted(best, order)
+        text = ", ".join(f"{r.arm} {r.mean:.2f} (depth {r.depth})" for r in best.itertuples())
+        findings.append(
+            f"Best position-probe R^2 at length {n} over depths 1 to {deepest}: {text}."
+        )
+    gaps = table[table["statistic"] == "permutation_gap"]
+    if not gaps.empty:
+        g = over_seeds(gaps, ["arm", "length"])
+        g = g.assign(gap=g["mean"].map(lambda v: f"{v:.2g}"))[["arm", "length", "gap", "values"]]
+        rep.table(_arm_sorted(g, order), "permutation_gap.csv", data=gaps,
+                  caption="Encoders: max |f(x[pi]) - f(x)[pi]| over the final hidden states for "
+                  "a random permutation pi of the prompt (0 up to rounding: the encoder cannot "
+                  "tell orders apart). Mean over seeds; per-seed values listed.")  # fmt: skip
+        text = ", ".join(f"{r.arm} {r.gap}" for r in g.drop_duplicates("arm").itertuples())
+        findings.append(f"Encoders' gap to permutation equivariance: {text}.")
+    rep.bullets(findings)
+    return findings
+
+
+SPECIALISED = 0.5  # a head whose strongest role score reaches this has a role
+
+
+def roles(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list[str]:
+    """Per arm: the share of heads with each role (score >= SPECIALISED) and with any role."""
+    if table.empty:
+        return []
+    rep.heading("Head roles")
+    rep.paragraph(
+        "Each head's role scores are mean attention probabilities: on the previous token, on a "
+        "fixed relative offset (positional), on the first token (sink), and on the token after "
+        "the previous occurrence of the current one in a repeated random sequence (induction). "
+        f"A head has a role when its score reaches {SPECIALISED}. Shares are of all heads of "
+        "the model, mean over seeds [95% bootstrap interval]."
+    )
+    keys = ["cell", "arm", "seed", "layer", "head"]
+    heads = table.pivot_table(index=keys, columns="statistic", values="value").reset_index()
+    role_names = [c for c in heads.columns if c not in keys]
+    has = heads[role_names].ge(SPECIALISED).assign(any=lambda d: d.any(axis=1))
+    shares = pd.concat([heads[["cell", "arm", "seed"]], has.astype(float)], axis=1)
+    per_cell = shares.groupby(["cell", "arm", "seed"], as_index=False).mean(numeric_only=True)
+    long = per_cell.melt(id_vars=["cell", "arm", "seed"], var_name="role", value_name="value")
+    stats = over_seeds(long, ["arm", "role"])
+    wide = stats.assign(text=stats.apply(_ci, axis=1)).pivot_table(
+        index="arm", columns="role", values="text", aggfunc="first"
+    )
+    wide = wide[["any", *role_names]].reset_index()
+    rep.table(_arm_sorted(wide, order), "roles.csv", data=table,
+              caption="Share of heads with each role.")  # fmt: skip
+    rep.figure(plots.heatmap(stats, "arm", "role", row_order=order, title="share of heads"),
+               "roles.png", "Share of heads with each role, per arm")  # fmt: skip
+    anyrole = _arm_sorted(stats[stats["role"] == "any"], order)
+    text = ", ".join(f"{r.arm} {100 * r.mean:.0f}%" for r in anyrole.itertuples())
+    finding = f"Heads with a role (some score >= {SPECIALISED}): {text}."
+    rep.bullets([finding])
+    return [finding]
+
+
+def head_spread(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list[str]:
+    """How different a model's heads are: the standard deviation of normalized entropy over its
+    heads, per arm."""
+    rows = table[table["statistic"] == "normalized_entropy"]
+    if rows.empty or "head" not in rows:
+        return []
+    per_head = rows.groupby(["cell", "arm", "seed", "layer", "head"], as_index=False)[
+        "value"
+    ].mean()
+    spread = per_head.groupby(["cell", "arm", "seed"], as_index=False)["value"].std(ddof=0)
+    mean = per_head.groupby(["cell", "arm", "seed"], as_index=False)["value"].mean()
+    stats = over_seeds(spread, ["arm"]).assign(kind="spread over heads")
+    stats = pd.concat([stats, over_seeds(mean, ["arm"]).assign(kind="mean over heads")])
+    rep.heading("How different are the heads?")
+    rep.paragraph(
+        "Normalized attention entropy (H / log n) of each head at the recorded lengths; its "
+        "standard deviation over all heads of a model says how differently the heads attend "
+        "(0: every head alike). Mean over seeds [95% bootstrap interval]."
+    )
+    wide = stats.assign(text=stats.apply(_ci, axis=1)).pivot_table(
+        index="arm", columns="kind", values="text", aggfunc="first"
+    )
+    rep.table(_arm_sorted(wide.reset_index(), order), "head_spread.csv", data=per_head,
+              caption="Normalized entropy of the heads: mean and spread.")  # fmt: skip
+    part = _arm_sorted(stats[stats["kind"] == "spread over heads"], order)
+    text = ", ".join(f"{r.arm} {r.mean:.2f}" for r in part.itertuples())
+    finding = f"Spread of normalized attention entropy over heads: {text}."
+    rep.bullets([finding])
+    return [finding]

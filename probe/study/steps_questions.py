@@ -1,0 +1,87 @@
+"""Analysis steps of the studies of the paper's open questions (order, many heads, cost): each
+takes the trained model of a cell and returns tidy tables, like the steps in `steps.py`, whose
+registry lists them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from probe.errors import ProbeError
+from probe.study.step_types import StepContext, require, resolve_lengths
+
+
+@dataclass(frozen=True)
+class PositionProbeOptions:
+    fit_lengths: str | tuple[int, ...] = "train"  # lengths the probe is fit on ("train": L_min:L)
+    lengths: str | tuple[int, ...] = "L,2L"  # lengths it is scored at (fresh data)
+    batch_size: int = 32
+    n_batches: int = 2  # per length
+    ridge: float = 1e-3  # relative to the features' mean variance
+    seed: int = 97
+
+
+def _position_probe(ctx: StepContext, opts: PositionProbeOptions) -> dict[str, pd.DataFrame]:
+    """`probe.analysis.positions_probe`: how well a linear probe reads each token's absolute
+    position off the residual stream at each depth (0: the embeddings, d: after block d), at the
+    training lengths and beyond; for an encoder also how far it is from permutation-equivariant
+    (statistic permutation_gap: max |f(x[pi]) - f(x)[pi]| over the final hidden states)."""
+    probing = require("position_probe", "probe.analysis.positions_probe")
+    from probe.evaluate import eval_batches, form_for
+
+    low, high = ctx.train.train_len
+    fit = (
+        list(range(low, high + 1))
+        if opts.fit_lengths == "train"
+        else resolve_lengths(opts.fit_lengths, ctx.train_max)
+    )
+    lengths = resolve_lengths(opts.lengths, ctx.train_max)
+    table = probing.position_probe(
+        ctx.model, ctx.task, fit, lengths, batch_size=opts.batch_size,
+        n_batches=opts.n_batches, seed=opts.seed, ridge=opts.ridge, progress=ctx.progress,
+    )  # fmt: skip
+    # "layer" elsewhere counts attention sub-layers; here it is the depth of the residual stream
+    table = table.rename(columns={"layer": "depth", "metric": "statistic"})
+    if str(ctx.model.cfg.arch) == "encoder":
+        form = form_for(ctx.model.cfg.arch)
+        gaps = []
+        for n in lengths:
+            batch = next(iter(eval_batches(ctx.task, form, [n], opts.batch_size, 1, opts.seed)))
+            gap = probing.permutation_gap(ctx.model, batch.to(ctx.device), seed=opts.seed)
+            gaps.append({"depth": int(table["depth"].max()), "length": n, "seen": n <= high,
+                         "statistic": "permutation_gap", "value": gap,
+                         "n_tokens": int(batch.inputs.numel())})  # fmt: skip
+        table = pd.concat([table, pd.DataFrame(gaps)], ignore_index=True)
+    return {"position_probe": table}
+
+
+def _check_position_probe(opts: PositionProbeOptions) -> None:
+    if opts.fit_lengths != "train":
+        resolve_lengths(opts.fit_lengths, 16)
+    if not opts.ridge >= 0:
+        raise ProbeError(f"[analysis.position_probe] ridge must be >= 0, got {opts.ridge!r}.")
+
+
+@dataclass(frozen=True)
+class RolesOptions:
+    lengths: str | tuple[int, ...] = "L"  # task lengths whose data give the attention profiles
+    batch_size: int = 32
+    n_batches: int = 1
+    period: int = 8  # induction: length of the random sequence that is repeated
+    seed: int = 531
+
+
+def _roles(ctx: StepContext, opts: RolesOptions) -> dict[str, pd.DataFrame]:
+    """`probe.analysis.roles.head_roles`: every head's previous-token, induction, positional and
+    sink score (mean attention probabilities in [0, 1]) on the task's data."""
+    roles = require("roles", "probe.analysis.roles")
+    from probe.evaluate import eval_batches, form_for
+
+    form = form_for(ctx.model.cfg.arch)
+    lengths = resolve_lengths(opts.lengths, ctx.train_max)
+    batches = list(
+        eval_batches(ctx.task, form, lengths, opts.batch_size, opts.n_batches, opts.seed)
+    )
+    table = roles.head_roles(ctx.model, batches, period=opts.period, seed=opts.seed)
+    return {"roles": table.rename(columns={"role": "statistic", "score": "value"})}

@@ -1,0 +1,103 @@
+"""The analysis steps and report sections of the paper's-questions studies: position probe,
+head roles and head spread, run through a tiny study and checked against hand computations."""
+
+from __future__ import annotations
+
+import tomllib
+
+import numpy as np
+import pandas as pd
+import pytest
+from tiny_study import tiny_study
+
+from probe.report.report import MarkdownReport
+from probe.study import question_sections
+from probe.study.reporting import write_report
+from probe.study.runner import run_study
+from probe.study.spec import parse_study
+
+EXTRA = """
+[[variant]]
+name = "encoder-none"
+model = { arch = "encoder", pe = "none" }
+
+[analysis.attention]
+lengths = "L"
+statistics = ["normalized_entropy"]
+batch_size = 4
+
+[analysis.position_probe]
+lengths = "L,2L"
+batch_size = 16
+n_batches = 2
+
+[analysis.roles]
+batch_size = 4
+period = 4
+
+[[contrast]]
+claim = "decoders know position better than a NoPE encoder"
+table = "position_probe"
+metric = "r2"
+where = { depth = ">= 1" }
+within = "max"
+a = "rope"
+b = "encoder-none"
+"""
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("questions") / "out"
+    study = parse_study(tomllib.loads(tiny_study(steps=4, extra=EXTRA)))
+    result = run_study(study, out)
+    path, _ = write_report(out, study, result.tables, result.manifest)
+    return result.tables, path.read_text(), out
+
+
+def test_position_probe_table_has_every_depth_and_encoder_gap(run):
+    tables, report, _ = run
+    probe = tables["position_probe"]
+    r2 = probe[probe.statistic == "r2"]
+    assert set(r2.depth) == {0, 1}  # embeddings and one block
+    assert set(r2.length) == {3, 6}
+    gaps = probe[probe.statistic == "permutation_gap"]
+    assert set(gaps.arm) == {"encoder-none"}  # decoders are never permutation-equivariant
+    assert gaps.value.max() < 1e-4  # no positions: equivariant up to rounding
+    assert "## Where is each token?" in report and "permutation_gap.csv" in report
+
+
+def test_roles_and_spread_sections_are_in_the_report(run):
+    tables, report, out = run
+    assert set(tables["roles"].statistic) >= {"previous_token", "induction", "positional", "sink"}
+    assert "## Head roles" in report and "## How different are the heads?" in report
+    assert "decoders know position better than a NoPE encoder" in report
+    assert (out / "position_probe.png").is_file() and (out / "roles.png").is_file()
+
+
+def test_head_spread_and_role_shares_by_hand(tmp_path):
+    rows, roles = [], []
+    values = {0: [0.1, 0.5, 0.9, 0.3], 1: [0.4, 0.4, 0.6, 0.2]}
+    for seed, vals in values.items():
+        for i, v in enumerate(vals):
+            cell = f"c{seed}"
+            rows.append({"cell": cell, "arm": "4", "seed": seed, "layer": i // 2, "head": i % 2,
+                         "statistic": "normalized_entropy", "value": v})  # fmt: skip
+            for role, score in (("sink", v), ("induction", 1 - v)):
+                roles.append({"cell": cell, "arm": "4", "seed": seed, "layer": i // 2,
+                              "head": i % 2, "statistic": role, "value": score})  # fmt: skip
+    rep = MarkdownReport(tmp_path, "t")
+    [spread] = question_sections.head_spread(rep, pd.DataFrame(rows), ["4"])
+    expected = np.mean([np.std(v) for v in values.values()])
+    assert f"4 {expected:.2f}" in spread
+    [share] = question_sections.roles(rep, pd.DataFrame(roles), ["4"])
+    # a role when sink >= 0.5 or induction >= 0.5: seed 0 all 4 heads (0.1 -> 0.9 induction,
+    # 0.3 -> 0.7), seed 1 all 4 (0.4 -> 0.6 induction, 0.2 -> 0.8); every head has a role
+    assert "4 100%" in share
+    roles_df = pd.DataFrame(roles)
+    weaker = (roles_df.seed == 1) & (roles_df.statistic == "induction") & (roles_df.value == 0.6)
+    roles_df.loc[weaker, "value"] = 0.45
+    [share] = question_sections.roles(rep, roles_df, ["4"])
+    # seed 1's heads 0 and 1 (sink 0.4, induction 0.6 -> 0.45) lose their role: 2 of 4 keep
+    # one (head 2 by its sink score 0.6); mean over seeds (1 + 0.5) / 2
+    assert "4 75%" in share
