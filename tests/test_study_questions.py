@@ -101,3 +101,22 @@ def test_head_spread_and_role_shares_by_hand(tmp_path):
     # seed 1's heads 0 and 1 (sink 0.4, induction 0.6 -> 0.45) lose their role: 2 of 4 keep
     # one (head 2 by its sink score 0.6); mean over seeds (1 + 0.5) / 2
     assert "4 75%" in share
+
+
+def test_attention_cost_study_reports_slopes_and_an_answer(tmp_path):
+    """One cell, the attention_cost step: explicit attention keeps the n x n scores, so its
+    measured peak memory quadruples when n doubles (slope 2); SDPA's does not."""
+    text = tiny_study(steps=1, pes=("none",)).replace("[0, 1]", "[0]")
+    text += (
+        '\n[analysis.attention_cost]\nns = [64, 128, 256, 512]\nmethods = ["explicit", "sdpa"]'
+        "\nrepeats = 1\n"
+    )
+    study = parse_study(tomllib.loads(text))
+    result = run_study(study, tmp_path / "out")
+    path, _ = write_report(tmp_path / "out", study, result.tables, result.manifest)
+    slopes = pd.read_csv(tmp_path / "out" / "attention_cost_slopes.csv").set_index(["method", "y"])
+    assert slopes.loc[("explicit", "peak_bytes"), "slope"] == pytest.approx(2.0, abs=0.2)
+    assert slopes.loc[("sdpa", "peak_bytes"), "slope"] < 1.5
+    report = path.read_text()
+    assert "**Answer.** From n = 128 to 512, peak memory grows as explicit n^" in report
+    assert "## Training" not in report  # one step: no curve to draw

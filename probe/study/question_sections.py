@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from probe.references import published
 from probe.report import study_plots as plots
 from probe.report.report import MarkdownReport
 from probe.study.stats import fmt_ci, over_seeds
@@ -132,3 +133,81 @@ def head_spread(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> l
     finding = f"Spread of normalized attention entropy over heads: {text}."
     rep.bullets([finding])
     return [finding]
+
+
+def _order_class(low: float, high: float) -> str:
+    """What a slope's 95% interval says about the growth: O(n), O(n^2), or neither."""
+    eps = 0.005  # the measured memory is exact: a degenerate interval at 2.00 is quadratic
+    linear, quadratic = low - eps <= 1 <= high + eps, low - eps <= 2 <= high + eps
+    if quadratic and not linear:
+        return "quadratic"
+    if linear and not quadratic:
+        return "linear"
+    if linear and quadratic:
+        return "undetermined (the interval holds 1 and 2)"
+    return f"neither (between {low:.2f} and {high:.2f})"
+
+
+def _cost_answer(slopes: pd.DataFrame, min_n: int, max_n: int) -> str:
+    def part(y: str) -> str:
+        rows = slopes[slopes["y"] == y]
+        return ", ".join(f"{r.method} n^{r.slope:.2f} ({r.growth.split(' (')[0]})"
+                         for r in rows.itertuples())  # fmt: skip
+
+    return (f"From n = {min_n} to {max_n}, peak memory grows as {part('peak_bytes')}, and time "
+            f"as {part('seconds')} (log-log slopes, 95% intervals in the table)")  # fmt: skip
+
+
+def attention_cost(rep: MarkdownReport, table: pd.DataFrame) -> list[str]:
+    """Time and peak memory of one attention layer against sequence length, with log-log
+    slopes over the longer half of the lengths (95% intervals) and what they say. The first
+    finding is the answer in one sentence."""
+    from probe.analysis.attention_cost import fit_slopes
+    from probe.report.cost_plots import attention_cost_plot
+
+    first = table[table["cell"] == table["cell"].iloc[0]]
+    shape = first.iloc[0]
+    rep.heading("Cost of one attention layer against sequence length")
+    rep.paragraph(
+        f"Random q, k, v of batch {shape['batch']}, {shape['n_head']} heads of width "
+        f"{shape['d_head']} ({'causal' if shape['causal'] else 'bidirectional'}), on "
+        f"{shape['device']}. explicit: softmax(QK^T / sqrt(d)) V with the n x n scores in "
+        "memory; sdpa: torch's fused scaled_dot_product_attention; streaming_entropy: probe's "
+        f"per-row statistics over key tiles of {first['tile'].max()} (online softmax, no n x n "
+        "matrix); explicit_entropy: the same statistics from the full scores. Seconds are the "
+        "median of the repeats after a warm-up call; peak memory is measured (allocations "
+        "beyond the inputs, replayed from the profiler's events), not computed."
+    )
+    data = first.rename(columns={"seq_len": "n"})
+    rep.figure(attention_cost_plot(data), "attention_cost.png",
+               "Time and peak memory of one attention layer against n (log-log)")  # fmt: skip
+    medians = first.groupby(["seq_len", "method"], sort=False).agg(
+        seconds=("seconds", "median"), peak_mib=("peak_bytes", "median")
+    )
+    medians["peak_mib"] = medians["peak_mib"] / 2**20
+    rep.table(medians.reset_index(), "attention_cost.csv", data=first, digits=4,
+              caption="Median seconds and peak extra memory (MiB) per call; skipped sizes "
+              "(predicted to exceed the memory) are absent.")  # fmt: skip
+    lengths = sorted(first["seq_len"].unique())
+    min_n = int(lengths[len(lengths) // 2 - 1]) if len(lengths) >= 4 else int(lengths[0])
+    slopes = pd.concat([fit_slopes(data, y=y, min_n=min_n) for y in ("seconds", "peak_bytes")])
+    slopes = slopes.assign(growth=[_order_class(lo, hi) for lo, hi in zip(
+        slopes["low"], slopes["high"], strict=True)])  # fmt: skip
+    shown = slopes[["method", "y", "slope", "low", "high", "points", "growth"]]
+    rep.table(shown, "attention_cost_slopes.csv", digits=2,
+              caption=f"Slope of log(median) against log(n) for n >= {min_n}, with its 95% "
+              "interval (2: quadratic, 1: linear).")  # fmt: skip
+    findings = [_cost_answer(slopes, min_n, int(lengths[-1]))]
+    for y, what in (("peak_bytes", "Peak memory"), ("seconds", "Time")):
+        part = slopes[slopes["y"] == y]
+        text = "; ".join(f"{r.method} slope {r.slope:.2f} [{r.low:.2f}, {r.high:.2f}], {r.growth}"
+                         for r in part.itertuples())  # fmt: skip
+        findings.append(f"{what} against n (n >= {min_n}): {text}.")
+    rep.bullets(findings)
+    papers = [published(ref) for ref in ("vaswani2017-cost", "dao2022")]
+    rep.paragraph(
+        "What the papers say: "
+        + " ".join(f"**{p.short}**: {p.claim} ({p.claim_source})." for p in papers)
+    )
+    rep.bullets([f"{p.short}: {p.cite}." for p in papers])
+    return findings

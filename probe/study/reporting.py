@@ -126,6 +126,10 @@ def write_report(
     findings: list[str] = []
     if "init_scaling" in tables:
         findings += sections.init_scaling(rep, tables["init_scaling"])
+    answers = []
+    if "attention_cost" in tables:
+        cost = question_sections.attention_cost(rep, tables["attention_cost"])
+        answers, findings = cost[:1], findings + cost[1:]
     if "eval" in tables:
         findings += sections.accuracy(rep, tables["eval"], order)
     if "attention" in tables:
@@ -142,7 +146,7 @@ def write_report(
         findings += sections.reference(rep, tables["eval"], study.reference)
     if "train" in tables:
         sections.training(rep, tables["train"], order)
-    answers = contrast.section(rep, study.contrasts, tables)
+    answers += contrast.section(rep, study.contrasts, tables)
     if answers:
         rep.blocks.insert(question_at, "**Answer.** " + "; ".join(answers) + ".")
         findings_at += 1

@@ -188,7 +188,7 @@ def pruning(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list[
 
 def training(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list[str]:
     loss = summary.training_loss(table, smooth=9)
-    if loss.empty:
+    if loss.empty or loss["step"].nunique() < 2:  # nothing to draw (a model trained one step)
         return []
     rep.heading("Training")
     rep.figure(

@@ -164,6 +164,10 @@ STEPS: dict[str, Step] = {
              q._check_position_probe),
         Step("roles", q.RolesOptions, q._roles, ("roles",),
              "each head's previous-token, induction, positional and sink score"),
+        Step("attention_cost", q.AttentionCostOptions, q._attention_cost, ("attention_cost",),
+             "seconds and measured peak memory of one attention layer against sequence length: "
+             "explicit softmax(QK^T)V, fused SDPA and streaming statistics",
+             q._check_attention_cost),
     )
 }  # fmt: skip
 

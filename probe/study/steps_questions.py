@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from probe.config import choice
 from probe.errors import ProbeError
 from probe.study.step_types import StepContext, require, resolve_lengths
 
@@ -85,3 +86,38 @@ def _roles(ctx: StepContext, opts: RolesOptions) -> dict[str, pd.DataFrame]:
     )
     table = roles.head_roles(ctx.model, batches, period=opts.period, seed=opts.seed)
     return {"roles": table.rename(columns={"role": "statistic", "score": "value"})}
+
+
+@dataclass(frozen=True)
+class AttentionCostOptions:
+    ns: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096)  # sequence lengths
+    methods: tuple[str, ...] = ("explicit", "sdpa", "streaming_entropy")
+    repeats: int = 3
+    batch: int = 1
+    causal: bool = True
+    tile: int = 128  # keys per tile of the streaming statistics (fixed: memory n x tile)
+    threads: int = 1  # torch CPU threads while measuring
+    seed: int = 0
+
+
+def _attention_cost(ctx: StepContext, opts: AttentionCostOptions) -> dict[str, pd.DataFrame]:
+    """`probe.analysis.attention_cost`: seconds and measured peak memory of one attention core
+    (one layer's heads) at each sequence length, for each implementation, on random q, k, v of
+    the cell's shape (its n_head and d_head; the trained weights play no part)."""
+    cost = require("attention_cost", "probe.analysis.attention_cost")
+    cfg = ctx.model.cfg
+    table = cost.attention_cost(
+        opts.ns, d_head=cfg.d_head, n_head=cfg.n_head, batch=opts.batch, causal=opts.causal,
+        methods=opts.methods, repeats=opts.repeats, tile=opts.tile, seed=opts.seed,
+        device=ctx.device, threads=opts.threads, progress=ctx.progress,
+    )  # fmt: skip
+    return {"attention_cost": table.rename(columns={"n": "seq_len"})}
+
+
+def _check_attention_cost(opts: AttentionCostOptions) -> None:
+    from probe.analysis.attention_cost import Method
+
+    for method in opts.methods:
+        choice(Method, method, "attention cost method")
+    if not opts.ns or any(not isinstance(n, int) or n < 2 for n in opts.ns):
+        raise ProbeError(f"[analysis.attention_cost] ns must be whole numbers >= 2, got {opts.ns}.")
