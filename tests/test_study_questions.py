@@ -120,3 +120,52 @@ def test_attention_cost_study_reports_slopes_and_an_answer(tmp_path):
     report = path.read_text()
     assert "**Answer.** From n = 128 to 512, peak memory grows as explicit n^" in report
     assert "## Training" not in report  # one step: no curve to draw
+
+
+def test_importance_iterative_pruning_and_timing_steps(tmp_path):
+    """The heads study's steps on a tiny model: every estimator's table, iterative curves
+    labelled apart from one-shot ones, and the physically pruned model timed with exactly the
+    removed heads' parameters gone (4 d_model d_head weights + 3 d_head biases per head)."""
+    text = (
+        tiny_study(steps=4, pes=("rope",))
+        .replace("[0, 1]", "[0]")
+        .replace("n_head = 2", "n_head = 4")
+    )
+    text += """
+[analysis.importance]
+methods = ["gradient", "ablation", "entropy"]
+batch_size = 8
+n_batches = 1
+
+[analysis.prune]
+fractions = [0.25, 0.5]
+methods = ["gradient", "random"]
+iterative = ["gradient"]
+batch_size = 8
+n_batches = 1
+
+[analysis.prune_timing]
+fractions = [0.5]
+batch_sizes = [1]
+repeats = 2
+batch_size = 8
+n_batches = 1
+"""
+    study = parse_study(tomllib.loads(text))
+    result = run_study(study, tmp_path / "out")
+    path, _ = write_report(tmp_path / "out", study, result.tables, result.manifest)
+    importance = result.tables["importance"]
+    assert set(importance.method) == {"gradient", "ablation", "entropy"}
+    assert len(importance) == 3 * 4  # one row per head and estimator
+    pruning = result.tables["pruning"]
+    iterative = pruning[pruning.method == "gradient iterative"]
+    assert set(iterative.fraction) == {0.25, 0.5}
+    timing = result.tables["prune_timing"]
+    d_model, d_head = 16, 4
+    per_head = 4 * d_model * d_head + 3 * d_head
+    row = timing.iloc[0]
+    assert row.n_pruned == 2
+    assert row.original_params - row.params == row.n_pruned * per_head
+    report = path.read_text()
+    for heading in ("## Do the importance estimators agree?", "## Speed of the physically pruned"):
+        assert heading in report

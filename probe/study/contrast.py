@@ -7,6 +7,8 @@ metric = "exact_match"           # a row of its metric/statistic column
 where = { length = "<= L" }      # filters, as in [[expect]]
 a = "sqrt"                       # the arm the claim is about (an arm or variant name)
 b = "none"                       # the arm it is compared with
+column = "arm"                   # the column a and b are values of (e.g. "method" to compare
+                                 # two estimators within the same models)
 expect = "higher"                # higher | lower (a's value than b's) | similar
 per = ["task"]                   # one test per group (default: one over all rows)
 within = "mean"                  # how a seed's matching rows become one number: mean, std, max
@@ -36,7 +38,19 @@ from probe.references import published
 from probe.study.expect import Condition, parse_conditions
 from probe.study.stats import fmt_ci, mean_ci
 
-KEYS = ("claim", "table", "metric", "where", "a", "b", "expect", "per", "within", "reference")
+KEYS = (
+    "claim",
+    "table",
+    "metric",
+    "where",
+    "a",
+    "b",
+    "column",
+    "expect",
+    "per",
+    "within",
+    "reference",
+)
 EXPECT = ("higher", "lower", "similar")
 WITHIN = ("mean", "std", "max")
 ALPHA = 0.05
@@ -50,6 +64,7 @@ class Contrast:
     metric: str
     a: str
     b: str
+    column: str = "arm"
     expect: str = "higher"
     where: tuple[Condition, ...] = ()
     per: tuple[str, ...] = ()
@@ -82,7 +97,9 @@ def parse_contrast(raw: Any, where: str, tables: tuple[str, ...]) -> Contrast:
             published(raw["reference"])
         except ProbeError as exc:
             raise ProbeError(f"{where} {exc}") from None
-    rest = {k: raw[k] for k in ("claim", "table", "metric", "a", "b") if k in raw}
+    if not isinstance(raw.get("column", "arm"), str):
+        raise ProbeError(f"{where} column must be a column name, got {raw['column']!r}.")
+    rest = {k: raw[k] for k in ("claim", "table", "metric", "a", "b", "column") if k in raw}
     return Contrast(
         **rest, expect=raw.get("expect", "higher"), per=tuple(per),
         where=parse_conditions(raw.get("where", {}), f"{where} where"),
@@ -91,9 +108,10 @@ def parse_contrast(raw: Any, where: str, tables: tuple[str, ...]) -> Contrast:
 
 
 def per_seed(contrast: Contrast, table: pd.DataFrame) -> pd.DataFrame:
-    """One number per (group, arm, seed): columns per..., arm, seed, value."""
+    """One number per (group, side, seed): columns per..., side (a's or b's value of the
+    contrast's column), seed, value."""
     df = table
-    for column in [c.column for c in contrast.where] + list(contrast.per) + ["arm", "seed"]:
+    for column in [c.column for c in contrast.where] + [*contrast.per, contrast.column, "seed"]:
         if column not in df.columns:
             raise ProbeError(f"contrast '{contrast.claim}': table '{contrast.table}' has no "
                              f"column '{column}'.")  # fmt: skip
@@ -103,8 +121,9 @@ def per_seed(contrast: Contrast, table: pd.DataFrame) -> pd.DataFrame:
             break
     for condition in contrast.where:
         df = df[condition.mask(df)]
-    df = df[df["arm"].isin([contrast.a, contrast.b])]
-    keys = [*contrast.per, "arm", "seed"]
+    df = df[df[contrast.column].astype(str).isin([contrast.a, contrast.b])]
+    df = df.assign(side=df[contrast.column].astype(str))
+    keys = [*contrast.per, "side", "seed"]
     reduce = {"mean": "mean", "max": "max", "std": lambda v: float(np.std(v, ddof=0))}
     reduce = reduce[contrast.within]
     return df.groupby(keys, sort=True)["value"].agg(reduce).reset_index()
@@ -124,8 +143,8 @@ def evaluate(contrast: Contrast, table: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for keys, group in groups:
         keys = keys if isinstance(keys, tuple) else (keys,)
-        x = group.loc[group["arm"] == contrast.a, "value"].to_numpy(float)
-        y = group.loc[group["arm"] == contrast.b, "value"].to_numpy(float)
+        x = group.loc[group["side"] == contrast.a, "value"].to_numpy(float)
+        y = group.loc[group["side"] == contrast.b, "value"].to_numpy(float)
         row = {**dict(zip(contrast.per, keys, strict=True)), "claim": contrast.claim,
                "a": contrast.a, "b": contrast.b, "metric": contrast.metric,
                "expect": contrast.expect, "n_a": len(x), "n_b": len(y)}  # fmt: skip

@@ -17,7 +17,7 @@ import pandas as pd
 
 from probe.errors import ProbeError
 from probe.report.report import MarkdownReport
-from probe.study import contrast, question_sections, sections
+from probe.study import contrast, head_sections, question_sections, sections
 from probe.study.expect import Outcome, check_all
 from probe.study.grid import expand
 from probe.study.runner import MANIFEST, finished_tables, load_tables
@@ -142,6 +142,12 @@ def write_report(
         findings += question_sections.position_probe(rep, tables["position_probe"], order)
     if "pruning" in tables:
         findings += sections.pruning(rep, tables["pruning"], order)
+    if "importance" in tables:
+        findings += head_sections.agreement(rep, tables["importance"], order)
+        if "roles" in tables:
+            findings += head_sections.survivors(rep, tables["importance"], tables["roles"], order)
+    if "prune_timing" in tables:
+        findings += head_sections.prune_timing(rep, tables["prune_timing"], order)
     if study.reference is not None and "eval" in tables:
         findings += sections.reference(rep, tables["eval"], study.reference)
     if "train" in tables:

@@ -259,7 +259,7 @@ def parse_study(data: dict[str, Any], path: Path | None = None) -> Study:
 
     arms = {cell.arm for cell in expand(study)}  # every cell must build
     for i, c in enumerate(contrasts):
-        for arm in (c.a, c.b):
+        for arm in (c.a, c.b) if c.column == "arm" else ():
             if arm not in arms:
                 raise ProbeError(
                     f"{where} [[contrast]] #{i + 1}: no arm '{arm}'."

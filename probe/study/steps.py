@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import pandas as pd
 
@@ -54,6 +54,11 @@ class PruneOptions:
     batch_size: int = 64
     n_batches: int = 2
     seed: int = 2468  # scoring data; importance split r comes from seed + 1 + r, disjoint
+    iterative: tuple[str, ...] = ()  # methods also run iteratively (labelled "METHOD iterative")
+
+    # added after cells were cached: left out of a cell's key at their default, so the cells
+    # computed before them stay valid
+    added_later: ClassVar[tuple[str, ...]] = ("iterative",)
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,13 @@ def _prune(ctx: StepContext, opts: PruneOptions) -> dict[str, pd.DataFrame]:
         ctx.model, splits, scoring, list(opts.methods), [0.0, *opts.fractions],
         progress=ctx.progress,
     )  # fmt: skip
+    if opts.iterative:
+        again = runs.pruning_curve(
+            ctx.model, splits, scoring, list(opts.iterative), [0.0, *opts.fractions],
+            iterative=True, progress=ctx.progress,
+        )  # fmt: skip
+        again = again[again["fraction"] > 0].assign(method=again["method"] + " iterative")
+        table = pd.concat([table, again], ignore_index=True)
     n_heads = sum(len(h) for h in present_heads(ctx.model))
     table = table.rename(columns={"seed": "split"}).assign(n_heads=n_heads)
     return {"pruning": table}
@@ -137,7 +149,7 @@ def _check_attention(opts: AttentionOptions) -> None:
 def _check_prune(opts: PruneOptions) -> None:
     from probe.analysis.importance import Method
 
-    for method in opts.methods:
+    for method in (*opts.methods, *opts.iterative):
         choice(Method, method, "importance method")
     for fraction in opts.fractions:
         if not 0.0 < float(fraction) <= 1.0:
@@ -168,6 +180,11 @@ STEPS: dict[str, Step] = {
              "seconds and measured peak memory of one attention layer against sequence length: "
              "explicit softmax(QK^T)V, fused SDPA and streaming statistics",
              q._check_attention_cost),
+        Step("importance", q.ImportanceOptions, q._importance, ("importance",),
+             "every head's importance by each estimator (for their agreement)",
+             q._check_importance),
+        Step("prune_timing", q.PruneTimingOptions, q._prune_timing, ("prune_timing",),
+             "forward-pass time of the physically pruned model against the original"),
     )
 }  # fmt: skip
 
@@ -203,6 +220,10 @@ def parse_options(name: str, raw: dict[str, Any]) -> Any:
 
 def options_dict(options: Any) -> dict[str, Any]:
     """JSON-ready options (for hashing and the manifest)."""
+    later = getattr(options, "added_later", ())
+    defaults = {f.name: f.default for f in dataclasses.fields(options)}
     return {
-        k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(options).items()
+        k: list(v) if isinstance(v, tuple) else v
+        for k, v in dataclasses.asdict(options).items()
+        if not (k in later and v == defaults[k])
     }

@@ -121,3 +121,80 @@ def _check_attention_cost(opts: AttentionCostOptions) -> None:
         choice(Method, method, "attention cost method")
     if not opts.ns or any(not isinstance(n, int) or n < 2 for n in opts.ns):
         raise ProbeError(f"[analysis.attention_cost] ns must be whole numbers >= 2, got {opts.ns}.")
+
+
+@dataclass(frozen=True)
+class ImportanceOptions:
+    methods: tuple[str, ...] = (
+        "gradient", "fisher", "ablation", "mean-ablation", "confidence", "entropy",
+    )  # fmt: skip
+    lengths: str | tuple[int, ...] = "L"
+    batch_size: int = 64
+    n_batches: int = 2
+    seed: int = 2469  # the prune step's first importance split (seed + 1 there): the same data
+
+
+def _importance(ctx: StepContext, opts: ImportanceOptions) -> dict[str, pd.DataFrame]:
+    """`probe.analysis.importance.head_importance` of every head by each estimator, on one set
+    of task data (by default the prune step's first importance split)."""
+    importance = require("importance", "probe.analysis.importance")
+    from probe.evaluate import eval_batches, form_for
+
+    form = form_for(ctx.model.cfg.arch)
+    lengths = resolve_lengths(opts.lengths, ctx.train_max)
+    batches = list(
+        eval_batches(ctx.task, form, lengths, opts.batch_size, opts.n_batches, opts.seed)
+    )
+    tables = [importance.head_importance(ctx.model, batches, m) for m in opts.methods]
+    return {"importance": pd.concat(tables, ignore_index=True)}
+
+
+def _check_importance(opts: ImportanceOptions) -> None:
+    from probe.analysis.importance import Method
+
+    for method in opts.methods:
+        choice(Method, method, "importance method")
+
+
+@dataclass(frozen=True)
+class PruneTimingOptions:
+    fractions: tuple[float, ...] = (0.25, 0.5, 0.75)  # of all heads, physically removed
+    method: str = "gradient"  # the estimator choosing the heads
+    lengths: str | tuple[int, ...] = "L"  # importance data and the timed batch's length
+    batch_sizes: tuple[int, ...] = (1, 64)
+    repeats: int = 20
+    threads: int = 1
+    batch_size: int = 64
+    n_batches: int = 2
+    seed: int = 2469
+
+
+def _prune_timing(ctx: StepContext, opts: PruneTimingOptions) -> dict[str, pd.DataFrame]:
+    """Seconds per forward pass of the physically pruned model (`prune_model`: the heads go from
+    the weights) against the original, side by side in one process on `threads` threads, at
+    each fraction; columns fraction, n_pruned, batch_size, part, seconds, ratio, params."""
+    pruning = require("prune_timing", "probe.analysis.pruning")
+    from probe.analysis.timing import time_forward, time_ratios, timing_batches
+    from probe.evaluate import eval_batches, form_for
+
+    form = form_for(ctx.model.cfg.arch)
+    lengths = resolve_lengths(opts.lengths, ctx.train_max)
+    data = list(eval_batches(ctx.task, form, lengths, opts.batch_size, opts.n_batches, opts.seed))
+    longest = max(data, key=lambda b: b.inputs.shape[1]).to(ctx.device)
+    batches = timing_batches(longest, opts.batch_sizes)
+    original_params = ctx.model.parameter_counts()["total"]
+    rows = []
+    for i, fraction in enumerate(opts.fractions):
+        result = pruning.prune_model(ctx.model, data, fraction, method=opts.method)
+        timing = time_forward({"original": ctx.model, "pruned": result.model}, batches,
+                              warmup=2, repeats=opts.repeats, threads=opts.threads)  # fmt: skip
+        ratios = time_ratios(timing)
+        pruned = timing.merge(ratios, on=["variant", "batch_size", "part"])
+        pruned = pruned[pruned["variant"] == "pruned"].drop(columns="variant")
+        rows.append(pruned.assign(
+            fraction=fraction, n_pruned=len(result.removed), method=opts.method,
+            params=result.model.parameter_counts()["total"], original_params=original_params,
+        ))  # fmt: skip
+        if ctx.progress is not None:
+            ctx.progress(i + 1, len(opts.fractions))
+    return {"prune_timing": pd.concat(rows, ignore_index=True)}

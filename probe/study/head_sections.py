@@ -1,0 +1,121 @@
+"""Report sections of a grid study that prunes its own trained models (the heads study): how
+the importance estimators agree, what physical pruning buys in time, and which roles the heads
+that survive pruning have."""
+
+from __future__ import annotations
+
+import pandas as pd
+from scipy import stats
+
+from probe.report import study_plots as plots
+from probe.report.report import MarkdownReport
+from probe.study.question_sections import SPECIALISED, _arm_sorted
+from probe.study.stats import fmt_ci, over_seeds
+
+KEEP = 0.5  # the survivors: the most important half of the heads
+
+
+def agreement(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list[str]:
+    """Spearman rank correlation between every pair of estimators, per cell, then averaged
+    over the cells of each arm (and over arms in the heatmap)."""
+    from probe.analysis.importance import importance_correlations
+
+    parts = []
+    for (cell, arm, seed), g in table.groupby(["cell", "arm", "seed"], sort=False):
+        rho = importance_correlations(g[["layer", "head", "method", "value"]])
+        parts.append(rho.assign(cell=cell, arm=arm, seed=seed))
+    rho = pd.concat(parts, ignore_index=True)
+    rho = rho[rho["method"] != rho["other"]].rename(columns={"rho": "value"})
+    rep.heading("Do the importance estimators agree?")
+    rep.paragraph(
+        "Spearman rank correlation between the estimators' head rankings, per model, averaged "
+        "over seeds and arms (entropy is negated, so a positive rho always means agreement on "
+        "which heads matter). Gradient and Fisher are Michel et al. 2019's and Kwon et al. "
+        "2022's gate sensitivities; ablation and mean-ablation measure the loss with the head "
+        "removed; confidence (Voita et al. 2019) and entropy read the attention pattern only."
+    )
+    mean = rho.groupby(["method", "other"], as_index=False)["value"].mean()
+    methods = list(dict.fromkeys(table["method"]))
+    grid = mean.pivot(index="method", columns="other", values="value").reindex(methods)
+    grid = grid[[m for m in methods if m in grid.columns]]
+    cells = grid.stack().rename("mean").reset_index()
+    fig = plots.heatmap(cells, "method", "other", row_order=methods, vmin=-1, vmax=1,
+                        title="Spearman rho")  # fmt: skip
+    rep.figure(fig, "importance_agreement.png", "Rank agreement between importance estimators")
+    by_arm = over_seeds(rho[rho["other"] == "gradient"], ["arm", "method"])
+    wide = by_arm.assign(text=by_arm.apply(lambda r: fmt_ci(r["mean"], r["low"], r["high"]),
+                                           axis=1))  # fmt: skip
+    wide = wide.pivot_table(index="arm", columns="method", values="text", aggfunc="first")
+    rep.table(_arm_sorted(wide.reset_index(), order), "importance_agreement.csv", data=rho,
+              caption="Spearman rho with the gradient ranking, per arm: mean over seeds "
+              "[95% bootstrap interval].")  # fmt: skip
+    with_gradient = mean[mean["other"] == "gradient"].set_index("method")["value"]
+    text = ", ".join(f"{m} {v:.2f}" for m, v in with_gradient.items())
+    finding = f"Rank agreement with gradient importance (mean Spearman rho): {text}."
+    rep.bullets([finding])
+    return [finding]
+
+
+def prune_timing(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list[str]:
+    rows = table[table["part"] == "model"]
+    rep.heading("Speed of the physically pruned models")
+    rep.paragraph(
+        "Forward-pass time of the model with the heads removed from its weights, over the "
+        "original's, timed side by side in one process on one thread (median of the repeats; "
+        "below 1 is faster). The heads are the least important by "
+        f"{rows['method'].iloc[0]} importance."
+    )
+    stats_ = over_seeds(rows.rename(columns={"ratio": "value"}), ["arm", "fraction",
+                                                                  "batch_size"])  # fmt: skip
+    shown = stats_.assign(
+        ratio=stats_.apply(lambda r: fmt_ci(r["mean"], r["low"], r["high"]), axis=1),
+        speedup=(1 / stats_["mean"]).map("{:.2f}x".format),
+        fraction=stats_["fraction"].map(lambda f: f"{100 * f:g}%"),
+    )[["arm", "fraction", "batch_size", "ratio", "speedup"]]
+    rep.table(_arm_sorted(shown, order), "prune_timing.csv", data=table,
+              caption="Time ratio pruned / original: mean over seeds [95% bootstrap interval]; "
+              "speed-up = 1 / mean ratio.")  # fmt: skip
+    pooled = stats_.groupby(["fraction", "batch_size"], as_index=False)["mean"].mean()
+    text = "; ".join(f"{100 * r.fraction:g}% of heads at batch {r.batch_size}: "
+                     f"{1 / r.mean:.2f}x" for r in pooled.itertuples())  # fmt: skip
+    finding = f"Speed-up of the physically pruned models (mean over arms and seeds): {text}."
+    rep.bullets([finding])
+    return [finding]
+
+
+def survivors(rep: MarkdownReport, importance: pd.DataFrame, roles: pd.DataFrame,
+              order: list[str], method: str = "gradient") -> list[str]:  # fmt: skip
+    """Roles of the most important half of the heads (by `method`) against the rest, with
+    Fisher's exact test on the pooled counts per arm."""
+    imp = importance[importance["method"] == method]
+    if imp.empty or roles.empty:
+        return []
+    keys = ["cell", "layer", "head"]
+    rank = imp.assign(rank=imp.groupby("cell")["value"].rank(ascending=False, pct=True))
+    role = roles.groupby(keys, as_index=False)["value"].max().rename(columns={"value": "best"})
+    heads = rank.merge(role, on=keys)
+    heads = heads.assign(kept=heads["rank"] <= KEEP, has_role=heads["best"] >= SPECIALISED)
+    rep.heading("Roles of the heads that survive")
+    rep.paragraph(
+        f"The most important {100 * KEEP:g}% of each model's heads by {method} importance "
+        f"survive; a head has a role when one of its role scores reaches {SPECIALISED}. If "
+        "specialised heads carry the task (Voita et al. 2019), survivors have roles more often "
+        "than the heads pruned away; Fisher's exact test (one-sided) on the counts pooled over "
+        "seeds."
+    )
+    rows, findings = [], []
+    for arm, g in heads.groupby("arm", sort=False):
+        a = int((g.kept & g.has_role).sum())
+        b = int((g.kept & ~g.has_role).sum())
+        c = int((~g.kept & g.has_role).sum())
+        d = int((~g.kept & ~g.has_role).sum())
+        p = stats.fisher_exact([[a, b], [c, d]], alternative="greater").pvalue
+        rows.append({"arm": arm, "survivors with a role": f"{a} of {a + b}",
+                     "pruned with a role": f"{c} of {c + d}", "p (one-sided)": p})  # fmt: skip
+        findings.append(f"{arm}: {a} of {a + b} surviving heads have a role against {c} of "
+                        f"{c + d} pruned ones (Fisher p = {p:.2g})")  # fmt: skip
+    rep.table(_arm_sorted(pd.DataFrame(rows), order), "survivor_roles.csv", data=heads,
+              digits=3)  # fmt: skip
+    finding = "Roles of the heads that survive pruning: " + "; ".join(findings) + "."
+    rep.bullets([finding])
+    return [finding]
