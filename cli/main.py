@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     debug = "--debug" in args
     args = [a for a in args if a != "--debug"]
     previous = signal.signal(signal.SIGINT, _interrupt)
+    previous_term = signal.signal(signal.SIGTERM, _interrupt)  # kill PID: stop as cleanly
     try:
         app(args=args, prog_name="probe")  # standalone: usage errors exit 2, then sys.exit
     except ProbeError as exc:
@@ -52,11 +53,13 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
     finally:
         signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGTERM, previous_term)
 
 
 def _interrupt(signum, frame) -> None:
-    """Ctrl-C raises Interrupted rather than KeyboardInterrupt, which the Typer app would turn
-    into a silent exit 130; library code adds what it kept, and `main` prints it."""
+    """Ctrl-C (and SIGTERM) raises Interrupted rather than KeyboardInterrupt, which the Typer
+    app would turn into a silent exit 130; library code adds what it kept, and `main` prints
+    it."""
     raise Interrupted()
 
 

@@ -159,3 +159,46 @@ def test_every_cell_records_the_commit_the_run_started_from(tmp_path, monkeypatc
         assert done["git_commit"] == model["meta"]["git_commit"] == "commit-1"
     assert provenance.PIN not in os.environ
     assert provenance.git_commit() == "commit-2"  # unpinned after the run
+
+
+def _children(pid: int) -> set[int]:
+    """The process ids whose parent is `pid` (from /proc; Linux)."""
+    kids = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.add(int(stat.parent.name))
+    return kids
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc (Linux)")
+def test_sigterm_stops_the_parallel_workers_too(tmp_path):
+    """kill PID (SIGTERM) on a `--jobs 2` run: the parent exits 130 with one line and its
+    worker processes do not go on training and writing into the results folder."""
+    path = write_study(tmp_path, steps=5000)
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "probe_cli.main", "study", "run", str(path), "--out",
+               str(out), "--device", "cpu", "--jobs", "2"]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 60
+    while len(_children(process.pid)) < 3:  # resource tracker or manager, and two workers
+        assert process.poll() is None, process.stderr.read().decode()
+        assert time.time() < deadline, "the workers did not start"
+        time.sleep(0.1)
+    time.sleep(2.0)  # the workers are training
+    workers = _children(process.pid)
+    os.kill(process.pid, signal.SIGTERM)
+    assert process.wait(timeout=30) == 130
+    assert "interrupted:" in process.stderr.read().decode()
+    time.sleep(0.5)
+    alive = {
+        pid
+        for pid in workers
+        if Path(f"/proc/{pid}").exists()
+        and "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    }
+    assert not alive, f"worker processes left running: {alive}"

@@ -48,7 +48,7 @@ def _setup(rep: MarkdownReport, study: Study, manifest: dict[str, Any]) -> None:
     model, train = first.model, first.train
     items = [
         f"Model: {model.arch} with {model.n_layer} layer(s), {model.n_head} heads, d_model "
-        f"{model.d_model}, {model.norm}-LN, {params:,} parameters "
+        f"{model.d_model}, {model.norm}-LN, positions {model.pe}, {params:,} parameters "
         f"(for {first.task.name}; the vocabulary follows the task). Base settings: "
         f"{_settings(study.base['model'])}.",
         f"Task: {_settings(study.base['task'])}.",
@@ -56,6 +56,13 @@ def _setup(rep: MarkdownReport, study: Study, manifest: dict[str, Any]) -> None:
         f"{train.train_len[0]} to {train.train_len[1]} (L = {train.train_len[1]}). Base "
         f"settings: {_settings(study.base['train'])}.",
     ]
+    counts: dict[str, int] = {}
+    for cell in cells:  # arms that differ in size say so (per the first task's vocabulary)
+        if cell.task.name == first.task.name and cell.arm not in counts:
+            counts[cell.arm] = Transformer(cell.model).parameter_counts()["total"]
+    if len(set(counts.values())) > 1:
+        sizes = ", ".join(f"{arm} {n:,}" for arm, n in counts.items())
+        items.append(f"Parameters per arm (for {first.task.name}): {sizes}.")
     for key, values in study.grid.items():
         items.append(f"Grid `{key}`: {', '.join(str(v) for v in values)}.")
     for v in study.variants:

@@ -265,22 +265,30 @@ def _run_parallel(todo, cells, out, device, jobs, threads, emit, relay, finished
         for cell in todo:
             pending[pool.submit(_run_in_worker, cell, out, device, events)] = cell
         started: set[int] = set()
-        while pending:
-            done, _ = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-            while True:
-                try:
-                    event = events.get_nowait()
-                except queue.Empty:
-                    break
-                if event.index not in started:
-                    started.add(event.index)
-                    emit(
-                        StudyEvent("cell-start", len(cells), event.index, cells[event.index].label)
-                    )
-                relay(event)
-            for future in done:
-                pending.pop(future)
-                finished(future.result())
+        try:
+            _drain(pending, events, started, cells, emit, relay, finished)
+        except BaseException:  # interrupted (Ctrl-C, SIGTERM) or failed: stop the workers too
+            for process in list(getattr(pool, "_processes", {}).values()):
+                process.terminate()
+            raise
+
+
+def _drain(pending, events, started, cells, emit, relay, finished) -> None:
+    """Relay the workers' events and collect finished cells until none is pending."""
+    while pending:
+        done, _ = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+        while True:
+            try:
+                event = events.get_nowait()
+            except queue.Empty:
+                break
+            if event.index not in started:
+                started.add(event.index)
+                emit(StudyEvent("cell-start", len(cells), event.index, cells[event.index].label))
+            relay(event)
+        for future in done:
+            pending.pop(future)
+            finished(future.result())
 
 
 def _gather(
