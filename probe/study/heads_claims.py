@@ -14,6 +14,7 @@ import pandas as pd
 
 from probe.references import published
 from probe.study import heads_evidence as ev
+from probe.study.contrast import smallest_p
 
 if TYPE_CHECKING:
     from probe.report.report import MarkdownReport
@@ -44,7 +45,7 @@ def michel(report: HeadReport) -> str | None:
                 f"{r.random_mean:.4g} over the first half of the curve, one-sided p = "
                 f"{r.p_value:.3f} ({'a' if r.p_value <= ALPHA else 'no'} significant difference "
                 f"at {ALPHA}; the smallest p {int(r.n)} against {int(r.n_random)} seeds allow is "
-                f"{ev.smallest_p(int(r.n), int(r.n_random)):.3f}).")  # fmt: skip
+                f"{smallest_p(int(r.n), int(r.n_random)):.3f}).")  # fmt: skip
     loose = ev.operating_summary(report.curves, report.objective, 10 * report.tolerance,
                                  report.n_heads)  # fmt: skip
     loose = loose[(loose.method == best.method) & (loose.unit == best.unit)].iloc[0]

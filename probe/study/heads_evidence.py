@@ -83,11 +83,6 @@ def against_random(curves: pd.DataFrame, objective: str, upto: float = 0.5) -> p
     return pd.DataFrame(rows)
 
 
-def smallest_p(n: int, m: int) -> float:
-    """The smallest one-sided exact Mann-Whitney p with n against m values: 1 / C(n + m, n)."""
-    return 1 / math.comb(n + m, n)
-
-
 def seed_stability(importance: pd.DataFrame) -> pd.DataFrame:
     """Per method: Spearman rho between the rankings of every pair of seeds (disjoint text)."""
     rows = []
