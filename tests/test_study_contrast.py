@@ -110,3 +110,14 @@ def test_spec_errors_are_one_line():
     )
     with pytest.raises(ProbeError, match=r"no arm 'rpoe'\. Did you mean 'rope'"):
         parse_study(tomllib.loads(study), Path("x.toml"))
+
+
+def test_baseline_makes_each_seed_a_change_within_the_model():
+    # length 9 rows are 100 for every seed; the change from length 2 is 100 - value at 2
+    c = Contrast(claim="a rises less", table="eval", metric="exact_match", a="a", b="b",
+                 expect="lower", where=parse_conditions({"length": 9}, "w"),
+                 baseline=parse_conditions({"length": 2}, "w"))  # fmt: skip
+    row = evaluate(c, table([0.9, 0.8, 0.95], [0.1, 0.3, 0.2])).iloc[0]
+    assert row["mean_a"] == pytest.approx(100 - (0.9 + 0.8 + 0.95) / 3)
+    assert row["mean_b"] == pytest.approx(100 - 0.2)
+    assert row["verdict"] == "supported"  # a's change (about 99.1) is below b's (99.8)

@@ -5,6 +5,8 @@ claim = "1/sqrt(d_k) trains better than no scaling"   # the sentence the verdict
 table = "eval"                   # a table the study writes
 metric = "exact_match"           # a row of its metric/statistic column
 where = { length = "<= L" }      # filters, as in [[expect]]
+baseline = { length = 2 }        # optional: each seed's number minus that of these rows (a
+                                 # change, e.g. of entropy from L to 4L, within each model)
 a = "sqrt"                       # the arm the claim is about (an arm or variant name)
 b = "none"                       # the arm it is compared with
 column = "arm"                   # the column a and b are values of (e.g. "method" to compare
@@ -42,6 +44,7 @@ KEYS = (
     "claim",
     "table",
     "metric",
+    "baseline",
     "where",
     "a",
     "b",
@@ -67,6 +70,7 @@ class Contrast:
     column: str = "arm"
     expect: str = "higher"
     where: tuple[Condition, ...] = ()
+    baseline: tuple[Condition, ...] | None = None
     per: tuple[str, ...] = ()
     within: str = "mean"
     reference: str = ""
@@ -103,15 +107,27 @@ def parse_contrast(raw: Any, where: str, tables: tuple[str, ...]) -> Contrast:
     return Contrast(
         **rest, expect=raw.get("expect", "higher"), per=tuple(per),
         where=parse_conditions(raw.get("where", {}), f"{where} where"),
+        baseline=parse_conditions(raw["baseline"], f"{where} baseline") if "baseline" in raw
+        else None,
         within=raw.get("within", "mean"), reference=raw.get("reference", ""),
     )  # fmt: skip
 
 
 def per_seed(contrast: Contrast, table: pd.DataFrame) -> pd.DataFrame:
     """One number per (group, side, seed): columns per..., side (a's or b's value of the
-    contrast's column), seed, value."""
+    contrast's column), seed, value; with a baseline, the number minus the baseline rows'."""
+    value = _reduced(contrast, table, contrast.where)
+    if contrast.baseline is None:
+        return value
+    base = _reduced(contrast, table, contrast.baseline)
+    keys = [*contrast.per, "side", "seed"]
+    both = value.merge(base, on=keys, suffixes=("", "_baseline"))
+    return both.assign(value=both["value"] - both["value_baseline"])[[*keys, "value"]]
+
+
+def _reduced(contrast: Contrast, table: pd.DataFrame, where: tuple[Condition, ...]):
     df = table
-    for column in [c.column for c in contrast.where] + [*contrast.per, contrast.column, "seed"]:
+    for column in [c.column for c in where] + [*contrast.per, contrast.column, "seed"]:
         if column not in df.columns:
             raise ProbeError(f"contrast '{contrast.claim}': table '{contrast.table}' has no "
                              f"column '{column}'.")  # fmt: skip
@@ -119,14 +135,13 @@ def per_seed(contrast: Contrast, table: pd.DataFrame) -> pd.DataFrame:
         if key in df.columns:
             df = df[df[key] == contrast.metric]
             break
-    for condition in contrast.where:
+    for condition in where:
         df = df[condition.mask(df)]
     df = df[df[contrast.column].astype(str).isin([contrast.a, contrast.b])]
     df = df.assign(side=df[contrast.column].astype(str))
     keys = [*contrast.per, "side", "seed"]
     reduce = {"mean": "mean", "max": "max", "std": lambda v: float(np.std(v, ddof=0))}
-    reduce = reduce[contrast.within]
-    return df.groupby(keys, sort=True)["value"].agg(reduce).reset_index()
+    return df.groupby(keys, sort=True)["value"].agg(reduce[contrast.within]).reset_index()
 
 
 def smallest_p(n: int, m: int) -> float:
@@ -147,7 +162,8 @@ def evaluate(contrast: Contrast, table: pd.DataFrame) -> pd.DataFrame:
         y = group.loc[group["side"] == contrast.b, "value"].to_numpy(float)
         row = {**dict(zip(contrast.per, keys, strict=True)), "claim": contrast.claim,
                "a": contrast.a, "b": contrast.b, "metric": contrast.metric,
-               "expect": contrast.expect, "n_a": len(x), "n_b": len(y)}  # fmt: skip
+               "expect": contrast.expect, "n_a": len(x), "n_b": len(y),
+               "change": contrast.baseline is not None}  # fmt: skip
         for arm, values in (("a", x), ("b", y)):
             row[f"mean_{arm}"], row[f"low_{arm}"], row[f"high_{arm}"] = mean_ci(values)
         if len(x) == 0 or len(y) == 0:
@@ -189,8 +205,9 @@ def sentence(row: pd.Series, per: tuple[str, ...], digits: int = 2) -> str:
     """'1/sqrt(d_k) fits better than unscaled (sort: exact_match sqrt 0.95 vs none 0.74,
     3 vs 3 seeds, p = 0.05, supported)'."""
     group = "".join(f"{row[c]}: " for c in per)
+    metric = ("change in " if row["change"] else "") + row["metric"]
     return (
-        f"{row['claim']} ({group}{row['metric']} {row['a']} {row['mean_a']:.{digits}f} vs "
+        f"{row['claim']} ({group}{metric} {row['a']} {row['mean_a']:.{digits}f} vs "
         f"{row['b']} {row['mean_b']:.{digits}f}, {row['n_a']} vs {row['n_b']} seeds, "
         f"p = {_p(row)}, {row['verdict']})"
     )
@@ -228,7 +245,8 @@ def section(rep, contrasts: tuple[Contrast, ...], tables: dict[str, pd.DataFrame
             group = ", ".join(str(row[k]) for k in c.per)
             shown.append({
                 "claim": c.claim + (f" ({group})" if group else ""),
-                "metric": c.metric + WITHIN_NOTE[c.within],
+                "metric": c.metric + WITHIN_NOTE[c.within]
+                + (" (change from the baseline rows)" if c.baseline else ""),
                 "a": f"{row['a']} {ci_text(row, 'a')}", "b": f"{row['b']} {ci_text(row, 'b')}",
                 "seeds": f"{row['n_a']} vs {row['n_b']}", "p": _p(row),
                 "verdict": row["verdict"],
