@@ -161,7 +161,9 @@ def pruning(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list[
     shown = stats.assign(text=stats.apply(_ci, axis=1),
                          fraction=stats["fraction"].map(lambda f: f"{100 * f:g}%"))  # fmt: skip
     wide = shown.pivot_table(index=["arm", "method"], columns="fraction", values="text",
-                             aggfunc="first", sort=False).reset_index()  # fmt: skip
+                             aggfunc="first", sort=False)  # fmt: skip
+    columns = [f"{100 * f:g}%" for f in sorted(stats["fraction"].unique())]
+    wide = wide[[c for c in columns if c in wide.columns]].reset_index()
     wide = wide.sort_values("arm", key=lambda s: s.map({a: i for i, a in enumerate(order)}))
     rep.table(wide, "pruning.csv", data=rows, caption=_seed_note(stats))
     findings = []
