@@ -6,7 +6,7 @@ import signal
 import sys
 
 import typer
-from probe_cli import importance, inspect, interop, prune, study, train
+from probe_cli import importance, inspect, interop, prune, study, train, view
 from probe_cli.common import err_console
 
 from probe.errors import Interrupted, ProbeError
@@ -19,7 +19,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for module in (train, interop, inspect, importance, prune, study):
+for module in (train, interop, inspect, importance, prune, study, view):
     module.register(app)
 
 

@@ -94,6 +94,24 @@ class TaskConfig:
         return {"name": str(self.name), "n_symbols": self.n_symbols, "lsb_first": self.lsb_first}
 
 
+SPECIAL_NAMES = ("<pad>", "<bos>", "<sep>", "<eos>", "<mask>")  # token ids 0..N_SPECIAL - 1
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def token_name(task: TaskConfig, token: int) -> str:
+    """A readable name for token id `token` of `task`: <bos> and the other special tokens,
+    digits and '+' for addition, 0/1 for parity, letters (then s26, s27, ...) for symbols."""
+    token = int(token)
+    if 0 <= token < N_SPECIAL:
+        return SPECIAL_NAMES[token]
+    symbol = token - N_SPECIAL
+    if task.name is TaskName.ADDITION:
+        return str(symbol) if symbol < N_DIGITS else "+"
+    if task.name is TaskName.PARITY:
+        return str(symbol)
+    return LETTERS[symbol] if symbol < len(LETTERS) else f"s{symbol}"
+
+
 @dataclass(frozen=True)
 class Batch:
     inputs: torch.Tensor  # [batch, seq] long: tokens fed to the (decoder side of the) model

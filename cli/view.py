@@ -1,0 +1,186 @@
+"""`probe view`: one self-contained HTML page of a model's heads (statistics grid, patterns)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from probe_cli.common import (
+    BatchSizeOpt,
+    DeviceOpt,
+    OverwriteOpt,
+    PickleOpt,
+    SeedOpt,
+    TextOpt,
+    WholeOpt,
+    check_positive,
+    console,
+    require_heads,
+    text_data,
+)
+from probe_cli.selection import load
+
+from probe.analysis.importance import Method
+from probe.analysis.view import build_view
+from probe.checkpoint import Checkpoint
+from probe.config import choice
+from probe.errors import ProbeError
+from probe.evaluate import check_lengths, eval_batches, form_for
+from probe.report.html.viewer import write_viewer
+from probe.tasks import TaskConfig, parse_lengths, token_name
+
+
+def _task(ckpt: Checkpoint, name: str | None) -> TaskConfig:
+    if name is None:
+        return ckpt.task
+    task = TaskConfig.from_dict({**ckpt.task.to_dict(), "name": name})
+    if task.vocab_size > ckpt.model_cfg.vocab_size:
+        raise ProbeError(
+            f"task '{name}' needs {task.vocab_size} tokens but the model knows "
+            f"{ckpt.model_cfg.vocab_size}; view it on the task it was trained on "
+            f"('{ckpt.task.name}')."
+        )
+    return task
+
+
+def _default_lengths(ckpt: Checkpoint, task: TaskConfig) -> list[int]:
+    """L and 2L (L: the longest training length), 2L only where the model can take it."""
+    longest = ckpt.train_cfg.train_len[1]
+    lengths = [longest]
+    try:
+        check_lengths(ckpt.model, task, [2 * longest])
+        lengths.append(2 * longest)
+    except ProbeError:
+        pass
+    return lengths
+
+
+def _examples(ckpt, task, lengths, text, whole, batch_size, batches, seed):
+    """[(label, batches)] per length, and the token namer."""
+    if ckpt.imported:
+        tokenizer = ckpt.tokenizer()
+        groups = []
+        for n in lengths:
+            data = text_data(ckpt, text, whole, n, batch_size, batches, seed, 0, False)[1]
+            groups.append((f"{n} tokens", data))
+        return groups, lambda t: tokenizer.id_to_token(int(t)) or f"#{t}"
+    check_lengths(ckpt.model, task, lengths)
+    form = form_for(ckpt.model_cfg.arch)
+    groups = [
+        (f"length {n}", eval_batches(task, form, [n], batch_size, batches, seed + n))
+        for n in lengths
+    ]
+    return groups, lambda t: token_name(task, t)
+
+
+def _subtitle(ckpt: Checkpoint, task: TaskConfig | None) -> str:
+    cfg = ckpt.model_cfg
+    parts = [str(cfg.arch), f"{cfg.n_layer} layers", f"{cfg.n_head} heads",
+             f"d_model {cfg.d_model}", f"positions {cfg.pe}"]  # fmt: skip
+    if ckpt.imported:
+        parts.append(f"imported from {ckpt.source.get('model_type', ckpt.source.get('format'))}")
+    else:
+        parts.append(f"trained on {ckpt.task.name} (L = {ckpt.train_cfg.train_len[1]})")
+        if task is not None and task.name != ckpt.task.name:
+            parts.append(f"shown on {task.name}")
+    return " · ".join(parts)
+
+
+def _results_checkpoint(folder: Path, cell: str | None) -> Path:
+    """The model of one cell of a study's results folder (by index, key prefix or label)."""
+    from probe.study.grid import expand
+    from probe.study.spec import load_study
+
+    study = load_study(folder / "study.toml")
+    cells = expand(study)
+    kept = [c for c in cells if (folder / "models" / c.train_key / "config.json").is_file()]
+    if not kept:
+        raise ProbeError(
+            f"{folder} keeps no trained models (results/*/models/ is not committed); run the "
+            "study (probe study run) to have them, then view a cell."
+        )
+    if cell is None:
+        return folder / "models" / kept[0].train_key
+    for c in kept:
+        if cell in (str(c.index), c.label) or c.key.startswith(cell):
+            return folder / "models" / c.train_key
+    listed = "; ".join(f"{c.index}: {c.label}" for c in kept)
+    raise ProbeError(f"no kept model of a cell '{cell}' in {folder}. Cells with models: {listed}.")
+
+
+def view_cli(
+    target: Annotated[
+        Path,
+        typer.Argument(help="A checkpoint directory, or a study's results directory."),
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="The HTML file to write.")],
+    task: Annotated[
+        str | None, typer.Option("--task", help="Task to show (default: the one trained on).")
+    ] = None,
+    length: Annotated[
+        str | None,
+        typer.Option(
+            "--length",
+            help="Task lengths, one example each (a slider switches): '16' or '8,16' (default: "
+            "L and 2L); imported models: tokens per row (default 64).",
+        ),
+    ] = None,
+    text: TextOpt = None,
+    whole: WholeOpt = False,
+    importance: Annotated[
+        str,
+        typer.Option(help="Importance estimator to colour by (gradient, ablation, ...; none)."),
+    ] = "gradient",
+    cell: Annotated[
+        str | None,
+        typer.Option(help="Results directory: which cell (index, key prefix or label)."),
+    ] = None,
+    batch_size: BatchSizeOpt = 16,
+    batches: Annotated[int, typer.Option(help="Batches per length for the statistics.")] = 1,
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "cpu",
+    allow_pickle: PickleOpt = False,
+    overwrite: OverwriteOpt = False,
+) -> None:
+    """Write one self-contained HTML page of a model's heads: a layer x head grid coloured by
+    entropy, max logit, role scores or importance; click a head for its attention pattern.
+
+    Opens offline in any browser: the data is inlined and nothing is fetched."""
+    check_positive(batch_size=batch_size, batches=batches)
+    if out.suffix.lower() not in (".html", ".htm"):
+        raise ProbeError(f"--out must name an .html file, got '{out}'.")
+    if out.exists() and not overwrite:
+        raise ProbeError(f"{out} exists; pass --overwrite to replace it.")
+    if not target.exists():
+        raise ProbeError(f"{target} does not exist; give a checkpoint or a results directory.")
+    if (target / "study.toml").is_file() and (target / "manifest.json").is_file():
+        target = _results_checkpoint(target, cell)
+    elif cell is not None:
+        raise ProbeError("--cell picks a cell of a study's results directory; drop it here.")
+    ckpt = load(target, device, allow_pickle)
+    require_heads(ckpt)
+    method = None if importance == "none" else str(choice(Method, importance, "--importance"))
+    if ckpt.imported:
+        if task is not None:
+            raise ProbeError(f"{target} is an imported model: it reads text (--text), not tasks.")
+        lengths = parse_lengths(length or "64")
+        shown_task = None
+    else:
+        if text is not None:
+            raise ProbeError(f"{target} was trained on a task; --text is for imported models.")
+        shown_task = _task(ckpt, task)
+        lengths = parse_lengths(length) if length else _default_lengths(ckpt, shown_task)
+    with console.status("measuring the heads"):
+        groups, namer = _examples(ckpt, shown_task, lengths, text, whole, batch_size, batches, seed)
+        data = build_view(ckpt.model, groups, namer, importance=method, seed=seed,
+                          title=f"Heads of {target.name or target}",
+                          subtitle=_subtitle(ckpt, shown_task))  # fmt: skip
+    write_viewer(data, out)
+    n_heads = sum(len(layer["heads"]) for layer in data["layers"])
+    console.print(f"wrote {out}: {len(data['layers'])} attention sites, {n_heads} heads, "
+                  f"{len(data['examples'])} example(s); open it in a browser")  # fmt: skip
+
+
+def register(app: typer.Typer) -> None:
+    app.command("view", no_args_is_help=True)(view_cli)

@@ -1,0 +1,168 @@
+"""What `probe view` shows, gathered from a model: every head's statistics (attention entropy,
+max logit, role scores, optionally importance) and its attention pattern on one example per
+length, in the data format of `probe.report.html.viewer`.
+
+Patterns are recorded by an observer that asks the attention modules for their weights (the
+explicit softmax path), on the first example of each batch only, so a page stays small. Cross-
+attention sites have no square pattern over one token sequence and show statistics only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+
+from probe.evaluate import forward_batch
+from probe.model import AttentionCall, Transformer
+from probe.tasks import Batch
+
+STATISTICS = {  # statistic of the attention table -> label in the viewer
+    "normalized_entropy": "normalized entropy (H / log n)",
+    "entropy": "entropy (nats)",
+    "max_logit": "max logit",
+    "p_max": "largest weight (confidence)",
+    "sink_mass": "weight on the first token (sink)",
+    "attention_distance": "mean attention distance",
+}
+ROLE_LABEL = "role: {}"
+
+
+@dataclass
+class PatternRecorder:
+    """An observer keeping each self-attention head's weights for one example of the batch:
+    patterns[site index][original head id] = [q_len, k_len] array."""
+
+    row: int = 0
+    needs_weights: bool = True
+    patterns: dict[int, dict[int, np.ndarray]] = field(default_factory=dict)
+
+    def record(self, call: AttentionCall) -> None:
+        if call.probs is None or call.site.cross:
+            return
+        probs = call.probs[self.row].detach().float().cpu().numpy()  # [head, q_len, k_len]
+        site = self.patterns.setdefault(call.layer, {})
+        for i, head in enumerate(call.kept_heads):
+            site[head] = probs[i]
+
+
+@torch.no_grad()
+def record_patterns(model: Transformer, batch: Batch) -> dict[int, dict[int, np.ndarray]]:
+    """The attention weights of every head on the first example of `batch`."""
+    device = next(model.parameters()).device
+    first = batch.rows(torch.arange(batch.inputs.shape[0]) == 0).to(device)
+    recorder = PatternRecorder()
+    was_training = model.training
+    model.eval()
+    try:
+        with model.observe(recorder):
+            forward_batch(model, first)
+    finally:
+        model.train(was_training)
+    return recorder.patterns
+
+
+def _per_head(model: Transformer, values: pd.Series) -> list[list[float | None]]:
+    """[site][original head id] from a Series indexed by (layer, head); None where absent."""
+    rows = []
+    for m in model.attention_modules():
+        row = []
+        for head in range(m.site.n_head):
+            v = values.get((m.layer, head), np.nan)
+            row.append(None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v))
+        rows.append(row)
+    return rows
+
+
+def view_data(
+    model: Transformer,
+    examples: Sequence[tuple[str, Batch, list[str]]],
+    stats: pd.DataFrame,
+    roles: pd.DataFrame | None = None,
+    importance: pd.DataFrame | None = None,
+    *,
+    title: str,
+    subtitle: str = "",
+) -> dict:
+    """The viewer's data: `examples` are (label, batch, token strings of its first example);
+    `stats` the long attention table (layer, head, statistic, value; averaged over lengths),
+    `roles` (layer, head, role, score) and `importance` (layer, head, method, value) optional.
+    Heads pruned from the weights or masked by a zero gate are marked pruned."""
+    layers, pruned = [], []
+    for m in model.attention_modules():
+        layers.append({"name": m.site.name, "heads": list(range(m.site.n_head))})
+        gates = m.gate.detach().cpu().tolist()
+        kept = dict(zip(m.site.kept_heads, gates, strict=True))
+        for head in range(m.site.n_head):
+            if head not in kept or kept[head] == 0.0:
+                pruned.append([m.layer, head])
+    statistics: dict[str, dict] = {}
+    mean = stats.groupby(["layer", "head", "statistic"])["value"].mean()
+    for name, label in STATISTICS.items():
+        if name in set(stats["statistic"]):
+            values = mean.xs(name, level="statistic")
+            statistics[name] = {"label": label, "values": _per_head(model, values)}
+    if roles is not None and not roles.empty:
+        for role, part in roles.groupby("role", sort=False):
+            values = part.groupby(["layer", "head"])["score"].mean()
+            statistics[f"role_{role}"] = {
+                "label": ROLE_LABEL.format(str(role).replace("_", " ")),
+                "values": _per_head(model, values),
+            }
+    if importance is not None and not importance.empty:
+        for method, part in importance.groupby("method", sort=False):
+            values = part.groupby(["layer", "head"])["value"].mean()
+            statistics[f"importance_{method}"] = {
+                "label": f"importance ({method})",
+                "values": _per_head(model, values),
+            }
+    shown = []
+    for label, batch, tokens in examples:
+        patterns = record_patterns(model, batch)
+        shown.append({
+            "label": label, "tokens": list(tokens),
+            "patterns": {str(layer): {str(h): p for h, p in heads.items()}
+                         for layer, heads in patterns.items()},
+        })  # fmt: skip
+    data = {"title": title, "layers": layers, "statistics": statistics, "pruned": pruned,
+            "examples": shown}  # fmt: skip
+    if subtitle:
+        data["subtitle"] = subtitle
+    return data
+
+
+def build_view(
+    model: Transformer,
+    examples: Sequence[tuple[str, Sequence[Batch]]],
+    token_name,
+    *,
+    importance: str | None = "gradient",
+    title: str,
+    subtitle: str = "",
+    seed: int = 0,
+) -> dict:
+    """Measure and gather everything the viewer shows: statistics and role scores on all the
+    batches, importance by `importance` (None: none), and patterns on the first example of each
+    label's first batch. `token_name(id) -> str` labels the pattern's axes."""
+    from probe.analysis.attention import induction_period
+    from probe.analysis.importance import head_importance
+    from probe.analysis.roles import head_roles
+    from probe.observe import attention_stats
+
+    batches = [b for _, group in examples for b in group]
+    stats = attention_stats(model, batches, list(STATISTICS))
+    lengths = sorted({int(b.inputs.shape[1]) for b in batches})
+    roles = head_roles(model, batches, period=induction_period(model, lengths), seed=seed)
+    table = None
+    if importance is not None:
+        table = head_importance(model, batches, importance, seed=seed)
+    shown = []
+    for label, group in examples:
+        first = group[0]
+        tokens = [token_name(t) for t in first.inputs[0].tolist()]
+        shown.append((label, first, tokens))
+    return view_data(model, shown, stats, roles, table, title=title, subtitle=subtitle)
