@@ -121,3 +121,17 @@ def test_baseline_makes_each_seed_a_change_within_the_model():
     assert row["mean_a"] == pytest.approx(100 - (0.9 + 0.8 + 0.95) / 3)
     assert row["mean_b"] == pytest.approx(100 - 0.2)
     assert row["verdict"] == "supported"  # a's change (about 99.1) is below b's (99.8)
+
+
+def test_fitted_contrast_compares_only_arms_that_fit_their_training_lengths():
+    from probe.study.contrast import verdict_table
+
+    eval_table = table([1.0, 0.98, 0.99], [0.5, 0.6, 0.4]).assign(L_min=2, variant="")
+    claim = Contrast(claim="a generalizes better", table="eval", metric="exact_match", a="a",
+                     b="b", where=parse_conditions({"length": "> L"}, "w"))  # fmt: skip
+    fitted = Contrast(**{**claim.__dict__, "fitted": True})
+    rows = verdict_table((claim, fitted), {"eval": eval_table})
+    assert not rows.iloc[0]["verdict"].startswith("not compared")
+    assert rows.iloc[1]["verdict"] == (
+        "not compared: b (0.50) does not fit its training lengths (exact match < 0.95)"
+    )

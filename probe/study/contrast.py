@@ -14,6 +14,8 @@ column = "arm"                   # the column a and b are values of (e.g. "metho
 expect = "higher"                # higher | lower (a's value than b's) | similar
 per = ["task"]                   # one test per group (default: one over all rows)
 within = "mean"                  # how a seed's matching rows become one number: mean, std, max
+fitted = false                   # true: compare only arms that fit their training lengths
+                                 # (exact match >= 0.95 there); otherwise "not compared"
 reference = "vaswani2017-scaling"  # optional: the entry of probe/references.toml it tests
 
 Each seed of each arm gives one number (the mean, or the spread, of its matching rows); the
@@ -52,6 +54,7 @@ KEYS = (
     "expect",
     "per",
     "within",
+    "fitted",
     "reference",
 )
 EXPECT = ("higher", "lower", "similar")
@@ -73,6 +76,7 @@ class Contrast:
     baseline: tuple[Condition, ...] | None = None
     per: tuple[str, ...] = ()
     within: str = "mean"
+    fitted: bool = False
     reference: str = ""
 
 
@@ -110,7 +114,27 @@ def parse_contrast(raw: Any, where: str, tables: tuple[str, ...]) -> Contrast:
         baseline=parse_conditions(raw["baseline"], f"{where} baseline") if "baseline" in raw
         else None,
         within=raw.get("within", "mean"), reference=raw.get("reference", ""),
+        fitted=_flag(raw.get("fitted", False), f"{where} fitted"),
     )  # fmt: skip
+
+
+def _flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ProbeError(f"{where} must be true or false, got {value!r}.")
+    return value
+
+
+def unfitted(tables: dict[str, pd.DataFrame]) -> dict[str, float]:
+    """Arms whose exact match at the training lengths (mean over seeds and tasks) is below the
+    fitting threshold: arm -> that exact match."""
+    from probe.study import summary
+
+    if "eval" not in tables:
+        return {}
+    exact = summary.metric_rows(tables["eval"], "exact_match")
+    fit = summary.by_arm_task(exact[summary.seen(exact)])
+    low = fit[~summary.fitted(fit)]
+    return {str(r.arm): float(r.mean) for r in low.itertuples()}
 
 
 def per_seed(contrast: Contrast, table: pd.DataFrame) -> pd.DataFrame:
@@ -197,7 +221,17 @@ def _verdict(expect: str, p_claim: float, p_other: float, n: int, m: int) -> str
 
 def verdict_table(contrasts: tuple[Contrast, ...], tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     """Every contrast's verdicts, one row per contrast and group (absent tables skipped)."""
-    parts = [evaluate(c, tables[c.table]) for c in contrasts if c.table in tables]
+    misfit = unfitted(tables)
+    parts = []
+    for c in contrasts:
+        if c.table not in tables:
+            continue
+        part = evaluate(c, tables[c.table])
+        bad = [f"{arm} ({misfit[arm]:.2f})" for arm in (c.a, c.b) if arm in misfit]
+        if c.fitted and bad and not part.empty:
+            part = part.assign(verdict="not compared: " + ", ".join(bad) + " does not fit its "
+                               "training lengths (exact match < 0.95)")  # fmt: skip
+        parts.append(part)
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
