@@ -17,74 +17,15 @@ from probe_cli.common import (
     check_positive,
     console,
     require_heads,
-    text_data,
 )
 from probe_cli.selection import load
 
 from probe.analysis.importance import Method
-from probe.analysis.view import build_view
-from probe.checkpoint import Checkpoint
+from probe.analysis.view import checkpoint_view
 from probe.config import choice
 from probe.errors import ProbeError
-from probe.evaluate import check_lengths, eval_batches, form_for
 from probe.report.html.viewer import write_viewer
-from probe.tasks import TaskConfig, parse_lengths, token_name
-
-
-def _task(ckpt: Checkpoint, name: str | None) -> TaskConfig:
-    if name is None:
-        return ckpt.task
-    task = TaskConfig.from_dict({**ckpt.task.to_dict(), "name": name})
-    if task.vocab_size > ckpt.model_cfg.vocab_size:
-        raise ProbeError(
-            f"task '{name}' needs {task.vocab_size} tokens but the model knows "
-            f"{ckpt.model_cfg.vocab_size}; view it on the task it was trained on "
-            f"('{ckpt.task.name}')."
-        )
-    return task
-
-
-def _default_lengths(ckpt: Checkpoint, task: TaskConfig) -> list[int]:
-    """L and 2L (L: the longest training length), 2L only where the model can take it."""
-    longest = ckpt.train_cfg.train_len[1]
-    lengths = [longest]
-    try:
-        check_lengths(ckpt.model, task, [2 * longest])
-        lengths.append(2 * longest)
-    except ProbeError:
-        pass
-    return lengths
-
-
-def _examples(ckpt, task, lengths, text, whole, batch_size, batches, seed):
-    """[(label, batches)] per length, and the token namer."""
-    if ckpt.imported:
-        tokenizer = ckpt.tokenizer()
-        groups = []
-        for n in lengths:
-            data = text_data(ckpt, text, whole, n, batch_size, batches, seed, 0, False)[1]
-            groups.append((f"{n} tokens", data))
-        return groups, lambda t: tokenizer.id_to_token(int(t)) or f"#{t}"
-    check_lengths(ckpt.model, task, lengths)
-    form = form_for(ckpt.model_cfg.arch)
-    groups = [
-        (f"length {n}", eval_batches(task, form, [n], batch_size, batches, seed + n))
-        for n in lengths
-    ]
-    return groups, lambda t: token_name(task, t)
-
-
-def _subtitle(ckpt: Checkpoint, task: TaskConfig | None) -> str:
-    cfg = ckpt.model_cfg
-    parts = [str(cfg.arch), f"{cfg.n_layer} layers", f"{cfg.n_head} heads",
-             f"d_model {cfg.d_model}", f"positions {cfg.pe}"]  # fmt: skip
-    if ckpt.imported:
-        parts.append(f"imported from {ckpt.source.get('model_type', ckpt.source.get('format'))}")
-    else:
-        parts.append(f"trained on {ckpt.task.name} (L = {ckpt.train_cfg.train_len[1]})")
-        if task is not None and task.name != ckpt.task.name:
-            parts.append(f"shown on {task.name}")
-    return " · ".join(parts)
+from probe.tasks import parse_lengths
 
 
 def _results_checkpoint(folder: Path, cell: str | None) -> Path:
@@ -130,8 +71,11 @@ def view_cli(
     whole: WholeOpt = False,
     importance: Annotated[
         str,
-        typer.Option(help="Importance estimator to colour by (gradient, ablation, ...; none)."),
-    ] = "gradient",
+        typer.Option(
+            help="Importance estimator to colour by (gradient, ablation, ...; none); auto: "
+            "gradient, or ablation for a sentence encoder."
+        ),
+    ] = "auto",
     cell: Annotated[
         str | None,
         typer.Option(help="Results directory: which cell (index, key prefix or label)."),
@@ -160,22 +104,15 @@ def view_cli(
         raise ProbeError("--cell picks a cell of a study's results directory; drop it here.")
     ckpt = load(target, device, allow_pickle)
     require_heads(ckpt)
+    if importance == "auto":
+        importance = "ablation" if ckpt.objective == "embedding" else "gradient"
     method = None if importance == "none" else str(choice(Method, importance, "--importance"))
-    if ckpt.imported:
-        if task is not None:
-            raise ProbeError(f"{target} is an imported model: it reads text (--text), not tasks.")
-        lengths = parse_lengths(length or "64")
-        shown_task = None
-    else:
-        if text is not None:
-            raise ProbeError(f"{target} was trained on a task; --text is for imported models.")
-        shown_task = _task(ckpt, task)
-        lengths = parse_lengths(length) if length else _default_lengths(ckpt, shown_task)
     with console.status("measuring the heads"):
-        groups, namer = _examples(ckpt, shown_task, lengths, text, whole, batch_size, batches, seed)
-        data = build_view(ckpt.model, groups, namer, importance=method, seed=seed,
-                          title=f"Heads of {target.name or target}",
-                          subtitle=_subtitle(ckpt, shown_task))  # fmt: skip
+        data = checkpoint_view(
+            ckpt, title=f"Heads of {target.name or target}", task=task,
+            lengths=parse_lengths(length) if length else None, text=text, whole=whole,
+            batch_size=batch_size, batches=batches, importance=method, seed=seed,
+        )  # fmt: skip
     write_viewer(data, out)
     n_heads = sum(len(layer["heads"]) for layer in data["layers"])
     console.print(f"wrote {out}: {len(data['layers'])} attention sites, {n_heads} heads, "

@@ -166,3 +166,98 @@ def build_view(
         tokens = [token_name(t) for t in first.inputs[0].tolist()]
         shown.append((label, first, tokens))
     return view_data(model, shown, stats, roles, table, title=title, subtitle=subtitle)
+
+
+def _task_for(ckpt, name: str | None):
+    from probe.errors import ProbeError
+    from probe.tasks import TaskConfig
+
+    if name is None:
+        return ckpt.task
+    task = TaskConfig.from_dict({**ckpt.task.to_dict(), "name": name})
+    if task.vocab_size > ckpt.model_cfg.vocab_size:
+        raise ProbeError(
+            f"task '{name}' needs {task.vocab_size} tokens but the model knows "
+            f"{ckpt.model_cfg.vocab_size}; view it on the task it was trained on "
+            f"('{ckpt.task.name}')."
+        )
+    return task
+
+
+def default_lengths(ckpt, task) -> list[int]:
+    """L and 2L (L: the longest training length), 2L only where the model can take it."""
+    from probe.errors import ProbeError
+    from probe.evaluate import check_lengths
+
+    longest = ckpt.train_cfg.train_len[1]
+    lengths = [longest]
+    try:
+        check_lengths(ckpt.model, task, [2 * longest])
+        lengths.append(2 * longest)
+    except ProbeError:
+        pass
+    return lengths
+
+
+def _subtitle(ckpt, task) -> str:
+    cfg = ckpt.model_cfg
+    parts = [str(cfg.arch), f"{cfg.n_layer} layers", f"{cfg.n_head} heads",
+             f"d_model {cfg.d_model}", f"positions {cfg.pe}"]  # fmt: skip
+    if ckpt.imported:
+        parts.append(f"imported from {ckpt.source.get('model_type', ckpt.source.get('format'))}")
+    else:
+        parts.append(f"trained on {ckpt.task.name} (L = {ckpt.train_cfg.train_len[1]})")
+        if task is not None and task.name != ckpt.task.name:
+            parts.append(f"shown on {task.name}")
+    return " · ".join(parts)
+
+
+def checkpoint_view(
+    ckpt,
+    *,
+    title: str,
+    task: str | None = None,
+    lengths: Sequence[int] | None = None,
+    text=None,
+    whole: bool = False,
+    batch_size: int = 16,
+    batches: int = 1,
+    importance: str | None = "gradient",
+    seed: int = 0,
+) -> dict:
+    """The viewer's data for a checkpoint: task data at `lengths` (default L and 2L) for a
+    model trained here, text rows of `lengths` tokens (default 64) for an imported one."""
+    from probe.errors import ProbeError
+    from probe.evaluate import check_lengths, eval_batches, form_for, text_splits_for
+    from probe.tasks import token_name
+    from probe.text import read_documents
+
+    if ckpt.imported:
+        if task is not None:
+            raise ProbeError(f"{ckpt.path} is an imported model: it reads text, not tasks.")
+        tokenizer = ckpt.tokenizer()
+        docs = read_documents(text, whole=whole)
+        groups = []
+        for n in lengths or [64]:
+            data = text_splits_for(ckpt.model, tokenizer, ckpt.objective, docs, n, batch_size,
+                                   batches, 0, seed, False)[1]  # fmt: skip
+            groups.append((f"text rows of {n}", data))
+        shown = None
+
+        def namer(t: int) -> str:
+            return tokenizer.id_to_token(int(t)) or f"#{t}"
+    else:
+        if text is not None:
+            raise ProbeError(f"{ckpt.path} was trained on a task; text is for imported models.")
+        shown = _task_for(ckpt, task)
+        lengths = list(lengths) if lengths else default_lengths(ckpt, shown)
+        check_lengths(ckpt.model, shown, lengths)
+        form = form_for(ckpt.model_cfg.arch)
+        groups = [(f"length {n}", eval_batches(shown, form, [n], batch_size, batches, seed + n))
+                  for n in lengths]  # fmt: skip
+
+        def namer(t: int) -> str:
+            return token_name(shown, t)
+
+    return build_view(ckpt.model, groups, namer, importance=importance, seed=seed, title=title,
+                      subtitle=_subtitle(ckpt, shown))  # fmt: skip

@@ -229,8 +229,9 @@ def verdict_table(contrasts: tuple[Contrast, ...], tables: dict[str, pd.DataFram
         part = evaluate(c, tables[c.table])
         bad = [f"{arm} ({misfit[arm]:.2f})" for arm in (c.a, c.b) if arm in misfit]
         if c.fitted and bad and not part.empty:
-            part = part.assign(verdict="not compared: " + ", ".join(bad) + " does not fit its "
-                               "training lengths (exact match < 0.95)")  # fmt: skip
+            verb = "does not fit its" if len(bad) == 1 else "do not fit their"
+            part = part.assign(verdict=f"not compared: {', '.join(bad)} {verb} training lengths "
+                               "(exact match < 0.95)")  # fmt: skip
         parts.append(part)
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
