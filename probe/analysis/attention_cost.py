@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import gc
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from enum import StrEnum
@@ -172,6 +173,9 @@ def _cpu_peak(fn: Callable[[], object]) -> int:
     from torch._C._profiler import _EventType  # the event tree torch's memory profiler reads
     from torch.profiler import ProfilerActivity, profile
 
+    # kineto reads this when the profiler first starts; without it every start and stop prints
+    # a log line (KINETO_LOG_LEVEL=6 silences them; a value the user set is kept)
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     events = []

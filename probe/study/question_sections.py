@@ -145,7 +145,11 @@ def _order_class(low: float, high: float) -> str:
         return "linear"
     if linear and quadratic:
         return "undetermined (the interval holds 1 and 2)"
-    return f"neither (between {low:.2f} and {high:.2f})"
+    if high < 1:
+        return "sub-linear"
+    if low > 2:
+        return "faster than quadratic"
+    return "between linear and quadratic"
 
 
 def _cost_answer(slopes: pd.DataFrame, min_n: int, max_n: int) -> str:
