@@ -185,7 +185,7 @@ def _run(cell: Cell, root: Path, device: str, report: Callable[[CellEvent], None
 
 def read_table(path: Path | io.StringIO) -> pd.DataFrame:
     """A results CSV with only empty fields as missing ('none' and 'None' stay strings)."""
-    df = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    df = pd.read_csv(path, keep_default_na=False, na_values=[""], low_memory=False)
     for column in ("variant", "arm"):
         if column in df.columns:
             df[column] = ["" if pd.isna(v) else str(v) for v in df[column]]
