@@ -42,7 +42,9 @@ SmokeOpt = Annotated[
 
 
 def default_out(study: Study) -> Path:
-    return Path("results") / (f"{study.name}-smoke" if study.is_smoke else study.name)
+    """runs/NAME (git-ignored): a run never rewrites the committed results/NAME, which is the
+    reference its report compares with; `--out results/NAME` updates the reference."""
+    return Path("runs") / (f"{study.name}-smoke" if study.is_smoke else study.name)
 
 
 class CellProgress:
@@ -90,7 +92,12 @@ def run_cli(
     smoke: SmokeOpt = False,
     jobs: Annotated[int, typer.Option("--jobs", "-j", help="Cells run in parallel.")] = 1,
     out: Annotated[
-        Path | None, typer.Option("--out", "-o", help="Results directory (default results/NAME).")
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Results directory (default runs/NAME; results/NAME is the committed reference).",
+        ),
     ] = None,
     device: DeviceOpt = "auto",
     threads: Annotated[int, typer.Option(help="torch CPU threads per cell.")] = 1,
@@ -263,14 +270,38 @@ def report_cli(
     partial: Annotated[
         bool, typer.Option("--partial", help="Report on the finished cells of an unfinished run.")
     ] = False,
+    viewers: Annotated[
+        bool,
+        typer.Option(
+            "--viewers/--no-viewers",
+            help="Also write a head viewer per cell whose model is kept (viewers/index.html).",
+        ),
+    ] = True,
 ) -> None:
-    """Rebuild a study's report (and recheck its expectations) from its results directory."""
+    """Rebuild a study's report (report.md and report.html; expectations rechecked) from its
+    results directory, and a head viewer page for each cell whose trained model is kept."""
     if read_manifest(folder).get("kind") == "heads":
         console.print(f"report: [bold]{write_head_report(folder)}[/]", soft_wrap=True)
         return
     path, outcomes = report_from_dir(folder, partial=partial)
-    console.print(f"report: [bold]{path}[/]", soft_wrap=True)
+    console.print(f"report: [bold]{path}[/] (and {path.with_suffix('.html').name})",
+                  soft_wrap=True)  # fmt: skip
+    if viewers:
+        _viewers(folder)
     finish(read_manifest(folder)["study"], outcomes, junit, 0.0)
+
+
+def _viewers(folder: Path) -> None:
+    from probe.study.viewers import VIEWERS, write_viewers
+
+    with Progress(TextColumn("viewers"), BarColumn(), MofNCompleteColumn(),
+                  console=console, transient=True) as bar:  # fmt: skip
+        job = bar.add_task("viewers", total=None)
+        pages = write_viewers(folder, lambda done, total: bar.update(job, completed=done,
+                                                                     total=total))  # fmt: skip
+    if pages:
+        console.print(f"viewers: [bold]{folder / VIEWERS / 'index.html'}[/] ({len(pages)} cells)",
+                      soft_wrap=True)  # fmt: skip
 
 
 app.command("run")(run_cli)

@@ -71,8 +71,8 @@ def train_cli(
     pe: Annotated[
         str, typer.Option(help="sinusoidal, learned, none, rope, alibi, t5, fire.")
     ] = "learned",
-    train_len: Annotated[str, typer.Option(help="Task lengths to train on, 'lo:hi'.")] = "4:16",
-    steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 400,
+    train_len: Annotated[str, typer.Option(help="Task lengths to train on, 'lo:hi'.")] = "2:8",
+    steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 1500,
     seed: SeedOpt = 0,
     layers: Annotated[int, typer.Option(help="Blocks (encoder blocks for encoder-decoder).")] = 2,
     heads: Annotated[int, typer.Option(help="Heads per attention sub-layer.")] = 4,
@@ -102,8 +102,8 @@ def train_cli(
     label_smoothing: Annotated[
         float, typer.Option(help="Label smoothing of the training loss (the paper: 0.1).")
     ] = 0.0,
-    batch_size: Annotated[int, typer.Option(help="Examples per step.")] = 32,
-    lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 1e-3,
+    batch_size: Annotated[int, typer.Option(help="Examples per step.")] = 64,
+    lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 2e-3,
     warmup: Annotated[int, typer.Option(help="Warm-up steps.")] = 40,
     n_symbols: Annotated[int, typer.Option(help="Task alphabet size.")] = 16,
     eval_every: Annotated[int, typer.Option(help="Evaluate and checkpoint every N steps.")] = 100,

@@ -25,29 +25,8 @@ from probe.analysis.view import checkpoint_view
 from probe.config import choice
 from probe.errors import ProbeError
 from probe.report.html.viewer import write_viewer
+from probe.study.viewers import pick_cell
 from probe.tasks import parse_lengths
-
-
-def _results_checkpoint(folder: Path, cell: str | None) -> Path:
-    """The model of one cell of a study's results folder (by index, key prefix or label)."""
-    from probe.study.grid import expand
-    from probe.study.spec import load_study
-
-    study = load_study(folder / "study.toml")
-    cells = expand(study)
-    kept = [c for c in cells if (folder / "models" / c.train_key / "config.json").is_file()]
-    if not kept:
-        raise ProbeError(
-            f"{folder} keeps no trained models (results/*/models/ is not committed); run the "
-            "study (probe study run) to have them, then view a cell."
-        )
-    if cell is None:
-        return folder / "models" / kept[0].train_key
-    for c in kept:
-        if cell in (str(c.index), c.label) or c.key.startswith(cell):
-            return folder / "models" / c.train_key
-    listed = "; ".join(f"{c.index}: {c.label}" for c in kept)
-    raise ProbeError(f"no kept model of a cell '{cell}' in {folder}. Cells with models: {listed}.")
 
 
 def view_cli(
@@ -98,8 +77,10 @@ def view_cli(
         raise ProbeError(f"{out} exists; pass --overwrite to replace it.")
     if not target.exists():
         raise ProbeError(f"{target} does not exist; give a checkpoint or a results directory.")
+    title = f"Heads of {target.name or target}"
     if (target / "study.toml").is_file() and (target / "manifest.json").is_file():
-        target = _results_checkpoint(target, cell)
+        picked, model = pick_cell(target, cell)
+        title, target = f"Heads of {target.name}: {picked.label}", model
     elif cell is not None:
         raise ProbeError("--cell picks a cell of a study's results directory; drop it here.")
     ckpt = load(target, device, allow_pickle)
@@ -109,7 +90,7 @@ def view_cli(
     method = None if importance == "none" else str(choice(Method, importance, "--importance"))
     with console.status("measuring the heads"):
         data = checkpoint_view(
-            ckpt, title=f"Heads of {target.name or target}", task=task,
+            ckpt, title=title, task=task,
             lengths=parse_lengths(length) if length else None, text=text, whole=whole,
             batch_size=batch_size, batches=batches, importance=method, seed=seed,
         )  # fmt: skip

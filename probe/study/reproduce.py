@@ -1,0 +1,110 @@
+"""Did this run reproduce the committed reference? A run of a shipped study writes to runs/NAME
+(git-ignored); the committed results/NAME is its reference. The same cells (same configs, hence
+the same keys) are compared table by table: identical when the seeds and the torch build match,
+otherwise each summary number (exact match per arm, task and seen/unseen lengths, mean over
+seeds) must have a 95% interval over seeds that overlaps the reference's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from probe.study import summary
+from probe.study.runner import MANIFEST, load_tables
+
+REFERENCE_ROOT = Path("results")
+TOLERANCE = 0.01  # exact match: one point
+
+
+def reference_for(out: Path, name: str, smoke: bool) -> Path | None:
+    """results/NAME when this run wrote elsewhere and that folder holds a finished run of the
+    same study (smoke runs are not compared with full ones)."""
+    ref = REFERENCE_ROOT / name
+    if not (ref / MANIFEST).is_file() or ref.resolve() == Path(out).resolve():
+        return None
+    manifest = json.loads((ref / MANIFEST).read_text(encoding="utf-8"))
+    if manifest.get("study") != name or bool(manifest.get("smoke")) != smoke:
+        return None
+    if manifest.get("n_done") != manifest.get("n_cells"):
+        return None
+    return ref
+
+
+def _same(a: pd.DataFrame, b: pd.DataFrame) -> tuple[bool, float]:
+    """(identical, largest absolute difference of the value column) of two tables of the
+    same cells, rows matched on every other column."""
+    if "value" not in a.columns or list(a.columns) != list(b.columns) or len(a) != len(b):
+        return False, float("nan")
+    keys = [c for c in a.columns if c not in ("value", "min", "max", "n")]
+    a = a.sort_values(keys, kind="stable").reset_index(drop=True)
+    b = b.sort_values(keys, kind="stable").reset_index(drop=True)
+    if not a[keys].astype(str).equals(b[keys].astype(str)):
+        return False, float("nan")
+    x, y = a["value"].to_numpy(float), b["value"].to_numpy(float)
+    both = ~(np.isnan(x) & np.isnan(y))
+    diff = float(np.nanmax(np.abs(x[both] - y[both]))) if both.any() else 0.0
+    return diff == 0.0 and bool((np.isnan(x) == np.isnan(y)).all()), diff
+
+
+def _summary(eval_table: pd.DataFrame) -> pd.DataFrame:
+    exact = summary.metric_rows(eval_table, "exact_match")
+    exact = exact.assign(lengths=np.where(summary.seen(exact), "seen", "unseen"))
+    exact = exact[summary.seen(exact) | summary.unseen(exact)]
+    return summary.over_seeds(exact, ["arm", "task", "lengths"])
+
+
+def reproduction(tables: dict[str, pd.DataFrame], manifest: dict, ref: Path) -> str:
+    """One sentence: whether this run's tables reproduce those of the reference folder."""
+    ref_manifest = json.loads((ref / MANIFEST).read_text(encoding="utf-8"))
+    ref_tables = load_tables(ref)
+    cells = set(tables["train"]["cell"]) if "train" in tables else set()
+    common = cells & set(ref_tables["train"]["cell"]) if "train" in ref_tables else set()
+    if not common:
+        return (f"Reference: {ref} holds no cell with this run's configuration, so nothing is "
+                "compared (the study file changed since the reference was run).")  # fmt: skip
+    identical, largest = True, 0.0
+    for name, table in tables.items():
+        if name not in ref_tables or name == "train":  # the training log carries wall times
+            continue
+        mine = table[table["cell"].isin(common)]
+        theirs = ref_tables[name][ref_tables[name]["cell"].isin(common)]
+        same, diff = _same(mine.reset_index(drop=True), theirs.reset_index(drop=True))
+        identical = identical and same
+        largest = max(largest, diff) if not np.isnan(diff) else largest
+    torch_here = manifest.get("versions", {}).get("torch", "?")
+    torch_there = ref_manifest.get("versions", {}).get("torch", "?")
+    where = f"the committed reference {ref}"
+    if identical:
+        return (f"This run reproduced {where} exactly: every result table of its {len(common)} "
+                f"cells is identical (same seeds; torch {torch_here} here and there).")  # fmt: skip
+    if "eval" not in tables or "eval" not in ref_tables:
+        return (f"This run differs from {where} (largest difference in a table value "
+                f"{largest:.3g}; torch {torch_here} here, {torch_there} there).")  # fmt: skip
+    here = _summary(tables["eval"][tables["eval"]["cell"].isin(common)])
+    there = _summary(ref_tables["eval"][ref_tables["eval"]["cell"].isin(common)])
+    both = here.merge(there, on=["arm", "task", "lengths"], suffixes=("", "_ref"))
+    ref_low = both["low_ref"].fillna(both["mean_ref"]) - 1e-9
+    ref_high = both["high_ref"].fillna(both["mean_ref"]) + 1e-9
+    low, high = both["low"].fillna(both["mean"]), both["high"].fillna(both["mean"])
+    # the two 95% intervals overlap, or come within TOLERANCE (two seeds that agree give an
+    # interval of width 0, and one example in a thousand is not a failure to reproduce)
+    inside = (low <= ref_high + TOLERANCE) & (high >= ref_low - TOLERANCE)
+    outside = both[~inside]
+    listed = "; ".join(
+        f"{r.arm} {r.task} {r.lengths} {r.mean:.2f} (reference {r.mean_ref:.2f} "
+        f"[{r.low_ref:.2f}, {r.high_ref:.2f}])"
+        for r in outside.itertuples()
+    )
+    verdict = "reproduced" if outside.empty else "did not reproduce"
+    return (
+        f"This run {verdict} {where} within its intervals: {int(inside.sum())} of {len(both)} "
+        "summary numbers (exact match per arm, task and seen or unseen lengths, mean over "
+        "seeds) have 95% intervals over seeds that overlap the reference's or come within "
+        f"{TOLERANCE:g} of it"
+        + (f"; outside: {listed}" if listed else "")
+        + f" (not identical: torch {torch_here} here, {torch_there} there; largest difference "
+        f"in a table value {largest:.3g})."
+    )
