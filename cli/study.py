@@ -111,10 +111,27 @@ def run_cli(
             help="Write into a folder that holds other files or another study's results.",
         ),
     ] = False,
+    executor: Annotated[
+        str,
+        typer.Option(
+            help="local (this machine: --jobs processes) or ray (each cell a task on a Ray "
+            "cluster; pip install 'probe[ray]')."
+        ),
+    ] = "local",
+    address: Annotated[
+        str | None,
+        typer.Option(
+            help="Ray: the cluster to join ('auto': the one running here); default: "
+            "start a local one."
+        ),
+    ] = None,
 ) -> None:
     """Run a study (finished cells are reused), write its report and check its expectations;
     exit code 1 when an expectation fails."""
     study = load_any(file)
+    if executor != "local" and isinstance(study, HeadStudy):
+        raise ProbeError("--executor ray runs the cells of a grid study; a head study's steps "
+                         "share one model and run here.")  # fmt: skip
     if isinstance(study, HeadStudy):  # measurements without expectations: an empty JUnit file
         seconds = run_heads(study, file, smoke, out, threads, overwrite)
         finish(study.name, [], junit, seconds)
@@ -132,7 +149,8 @@ def run_cli(
                   f"{len(expand(study))} cells -> {out}")  # fmt: skip
     with Progress(*columns, console=console) as bar:
         result = run_study(study, out, jobs=jobs, device=device, threads=threads,
-                           progress=CellProgress(bar), overwrite=overwrite)  # fmt: skip
+                           progress=CellProgress(bar), overwrite=overwrite, executor=executor,
+                           address=address)  # fmt: skip
     cached = sum(r.cached for r in result.records)
     trained = sum(not r.cached and r.train_s > 0 for r in result.records)
     console.print(f"{len(result.records) - cached} cells run ({trained} models trained), {cached} "

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -27,6 +30,7 @@ from rich.table import Table
 
 from probe.checkpoint import CHECKPOINT_FILES, claim_output, load_checkpoint, open_output
 from probe.config import ModelConfig, Schedule, TrainConfig
+from probe.distributed import world_from_env
 from probe.errors import ProbeError
 from probe.evaluate import evaluate
 from probe.presets import with_preset
@@ -55,6 +59,23 @@ def _given(ctx: typer.Context, name: str) -> bool:
     """True when option `name` was typed on the command line (not left at its default)."""
     source = ctx.get_parameter_source(name)  # an enum of (Typer's) click: compare by name
     return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
+def _relaunch(nproc: int) -> None:
+    """Run this same command under torchrun in `nproc` processes (without --nproc)."""
+    args, skip = [], False
+    for arg in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            args.append(arg)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={nproc}", "-m", "probe_cli.main", *args]  # fmt: skip
+    code = subprocess.run(command, check=False).returncode
+    if code:
+        raise typer.Exit(code if code in (1, 2, 130) else 1)
 
 
 def train_cli(
@@ -114,8 +135,22 @@ def train_cli(
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace a checkpoint already in --out.")
     ] = False,
+    nproc: Annotated[
+        int,
+        typer.Option(
+            "--nproc",
+            help="Processes to train in (DistributedDataParallel via torchrun: NCCL on GPUs, "
+            "gloo on the CPU); each takes batch_size / N examples of every step.",
+        ),
+    ] = 1,
 ) -> None:
     """Train a model on a synthetic task and write a checkpoint directory."""
+    check_positive(nproc=nproc)
+    if nproc > 1 and "WORLD_SIZE" not in os.environ:
+        _relaunch(nproc)
+        return
+    if not world_from_env().main:
+        console.quiet = True  # rank 0 alone reports
     task_cfg = TaskConfig(name=task, n_symbols=n_symbols)
     lo, hi = parse_range(train_len, "--train-len")
     values = {
@@ -161,6 +196,8 @@ def train_cli(
             bar.update(job, completed=p.step, stats=stats)
 
         result = train(model_cfg, task_cfg, train_cfg, out, progress=show, overwrite=overwrite)
+    if not world_from_env().main:
+        return  # rank 0 evaluated, saved and reports
     final = result.metrics.query("split == 'eval' and metric == 'exact_match'")
     last = final[final.step == final.step.max()]
     exact = (last.value * last.n).sum() / last.n.sum()

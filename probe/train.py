@@ -26,11 +26,22 @@ from probe.checkpoint import (
     save_checkpoint,
 )
 from probe.config import ModelConfig, Schedule, TrainConfig
+from probe.distributed import (
+    barrier,
+    check_batch_size,
+    global_batch,
+    local_device,
+    mean_over_ranks,
+    process_group,
+    rank_rows,
+    shard_generators,
+    world_from_env,
+)
 from probe.errors import Interrupted, ProbeError
 from probe.evaluate import batch_loss, check_lengths, evaluate, form_for, forward_batch
 from probe.memory import check_forward, check_model
 from probe.model import Transformer
-from probe.tasks import Batch, TaskConfig, make_batch, sample_length, score, sequence_length
+from probe.tasks import Batch, TaskConfig, sample_length, score, sequence_length
 
 # per-head statistics logged every stats_every steps: entropy collapse and max-logit growth
 MONITORED = ("entropy", "normalized_entropy", "max_logit", "p_max", "sink_mass")
@@ -151,18 +162,36 @@ def train(
     progress: Callable[[TrainProgress], None] | None = None,
     model: Transformer | None = None,
     overwrite: bool = False,
+    shards: int | None = None,
 ) -> TrainResult:
     """Train a model on `task`; with `out`, write a checkpoint there (at each evaluation and at
-    the end, only while the loss is finite) and metrics.csv as training goes."""
+    the end, only while the loss is finite) and metrics.csv as training goes.
+
+    Under torchrun (WORLD_SIZE > 1) each process trains on its share of every global batch with
+    DistributedDataParallel and only rank 0 writes (`probe.distributed`). `shards` splits each
+    global batch into that many independently seeded sub-batches in one process: the update N
+    processes compute (default: the number of processes, 1 alone)."""
+    world = world_from_env()
+    shards = shards or world.size
+    if world.size > 1 and shards != world.size:
+        raise ProbeError(f"shards ({shards}) must equal the number of processes ({world.size}).")
+    check_batch_size(train_cfg.batch_size, shards)
     if model_cfg.vocab_size < task.vocab_size:
         raise ProbeError(
             f"the model's vocabulary ({model_cfg.vocab_size}) is smaller than task "
             f"'{task.name}' needs ({task.vocab_size})."
         )
-    device = resolve_device(train_cfg.device)
-    lo, hi = train_cfg.train_len
-    out = Path(out) if out is not None else None
+    device = local_device(resolve_device(train_cfg.device), world)
+    out = Path(out) if out is not None and world.main else None  # only rank 0 writes
     earlier = claim_output(out, CHECKPOINT_FILES, overwrite) if out is not None else []
+    with process_group(world, device):
+        return _train(model_cfg, task, train_cfg, out, earlier, progress, model, world, shards,
+                      device)  # fmt: skip
+
+
+def _train(model_cfg, task, train_cfg, out, earlier, progress, model, world, shards, device):
+    """The loop of `train`, inside the process group (one process: none)."""
+    lo, hi = train_cfg.train_len
     torch.manual_seed(train_cfg.seed)
     if model is None:
         check_model(model_cfg, training=True)
@@ -177,8 +206,15 @@ def train(
     meta = {"seed": train_cfg.seed, **provenance.context(device)}
     data_gen = torch.Generator().manual_seed(train_cfg.seed)
     pos_gen = torch.Generator().manual_seed(train_cfg.seed + 1)
+    generators = shard_generators(train_cfg.seed, shards, data_gen)
     form = form_for(model_cfg.arch)
     optimizer = _optimizer(model, train_cfg)
+    net = model
+    if world.size > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [device.index] if device.type == "cuda" else None
+        net = DistributedDataParallel(model, device_ids=ids)
     autocast = device.type == "cuda"
     log_every = max(1, train_cfg.steps // 100)
     start = time.perf_counter()
@@ -192,6 +228,22 @@ def train(
         if saved["step"] is None:
             return f"; no checkpoint was written to {out} (none was good yet)"
         return f"; the last good checkpoint in {out} (step {saved['step']}) is kept"
+
+    def evaluate_everywhere(step: int) -> float | None:
+        """Rank 0 evaluates and saves; the others wait, and stop with it if it diverged."""
+        failure, exact = None, None
+        if world.main:
+            try:
+                exact = evaluate_and_save(step)
+            except TrainingDiverged as exc:
+                failure = exc
+        if mean_over_ranks(float(failure is not None), world, device) > 0:
+            raise failure or TrainingDiverged(
+                f"rank 0 stopped at step {step}: the weights or "
+                "the evaluation loss are no longer finite."
+            )
+        barrier(world)
+        return exact
 
     def evaluate_and_save(step: int) -> float:
         table = evaluate(
@@ -221,16 +273,23 @@ def train(
             for group in optimizer.param_groups:
                 group["lr"] = lr
             n = sample_length(lo, hi, data_gen)
-            batch = make_batch(task, form, n, train_cfg.batch_size, data_gen).to(device)
+            batch = global_batch(task, form, n, train_cfg.batch_size, generators).to(device)
             positions = _positions_for(model, batch, train_cfg, pos_gen)
+            if world.size > 1:  # this rank's share of the global batch
+                rows = rank_rows(batch, world)
+                if positions is not None:
+                    per = rows.inputs.shape[0]
+                    positions = positions[world.rank * per : (world.rank + 1) * per]
+                batch = rows
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-                logits = forward_batch(model, batch, positions)  # [batch, seq, vocab]
+                logits = forward_batch(net, batch, positions)  # [batch, seq, vocab]
             loss = batch_loss(
                 model, batch, logits=logits, label_smoothing=train_cfg.label_smoothing
             )
-            if not torch.isfinite(loss):
+            loss_value = mean_over_ranks(loss.item(), world, device)
+            if not math.isfinite(loss_value):
                 raise TrainingDiverged(
-                    f"the loss became {loss.item()} at step {step}{kept()}. Lower --lr, raise "
+                    f"the loss became {loss_value} at step {step}{kept()}. Lower --lr, raise "
                     "--warmup, or try --qk-norm."
                 )
             optimizer.zero_grad(set_to_none=True)
@@ -242,21 +301,20 @@ def train(
             last = step == train_cfg.steps
             if step % log_every == 0 or last or step == 1:
                 exact, _ = score(logits.detach(), batch)
-                accuracy = exact.float().mean().item()
+                accuracy = mean_over_ranks(exact.float().mean().item(), world, device)
                 log.add([
                     {"step": step, "split": "train", "length": n, "metric": m, "value": v}
-                    for m, v in (("loss", loss.item()), ("exact_match", accuracy), ("lr", lr),
+                    for m, v in (("loss", loss_value), ("exact_match", accuracy), ("lr", lr),
                                  ("grad_norm", float(grad_norm)))
                 ])  # fmt: skip
-            if train_cfg.stats_every and (step % train_cfg.stats_every == 0 or last):
+            stats_now = train_cfg.stats_every and (step % train_cfg.stats_every == 0 or last)
+            if stats_now and world.main:
                 log.add(_attention_rows(model, batch, step))
             if (train_cfg.eval_every and step % train_cfg.eval_every == 0) or last:
-                eval_exact = evaluate_and_save(step)
+                eval_exact = evaluate_everywhere(step)
                 model.train()
-            if progress is not None and (step % log_every == 0 or last):
-                progress(
-                    TrainProgress(step, train_cfg.steps, loss.item(), accuracy, lr, eval_exact)
-                )
+            if progress is not None and world.main and (step % log_every == 0 or last):
+                progress(TrainProgress(step, train_cfg.steps, loss_value, accuracy, lr, eval_exact))
     except (KeyboardInterrupt, Interrupted):
         raise Interrupted(f"training stopped at step {step} of {train_cfg.steps}{kept()}") from None
     model.eval()

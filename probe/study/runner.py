@@ -186,14 +186,23 @@ def run_study(
     threads: int = 1,
     progress: Callable[[StudyEvent], None] | None = None,
     overwrite: bool = False,
+    executor: str = "local",
+    address: str | None = None,
 ) -> RunResult:
     """Run (or resume) every cell of `study` into results directory `out`.
 
     jobs: cells run at once, each in its own process (1: in this process). threads: torch CPU
     threads per cell; one is fastest for the small models of the shipped studies (the cores are
-    better spent on --jobs)."""
+    better spent on --jobs). executor "ray" sends each uncached cell to a Ray cluster as a task
+    (`address`: the cluster's, or None for a local one; see `probe.study.executors`)."""
     if jobs < 1 or threads < 1:
         raise ProbeError(f"--jobs and --threads must be at least 1, got {jobs} and {threads}.")
+    if executor not in ("local", "ray"):
+        raise ProbeError(f"--executor must be local or ray, got '{executor}'.")
+    if executor == "ray":
+        from probe.study.executors import _ray
+
+        _ray()  # fail now, in one line, when Ray is missing
     out = Path(out)
     check_results_dir(out, study, overwrite)
     cells = expand(study)
@@ -201,7 +210,7 @@ def run_study(
     started = time.perf_counter()
     with locked(out), _threads(threads), provenance.pinned(provenance.git_commit()):
         context = {**provenance.context(resolve_device(device)), "requested_device": device,
-                   "jobs": jobs, "threads": threads}  # fmt: skip
+                   "jobs": jobs, "threads": threads, "executor": executor}  # fmt: skip
         _clean_temporaries(out)
         if study.path is not None:
             atomic_write_text(out / "study.toml", study.path.read_text(encoding="utf-8"))
@@ -233,7 +242,14 @@ def run_study(
             else:
                 finished(record)
         try:
-            if jobs == 1 or len(todo) <= 1:
+            if executor == "ray" and todo:
+                from probe.study.executors import run_on_ray
+
+                def begun(cell: Cell) -> None:
+                    emit(StudyEvent("cell-start", len(cells), cell.index, cell.label))
+
+                run_on_ray(todo, out, device, threads, address, begun, finished)
+            elif jobs == 1 or len(todo) <= 1:
                 for cell in todo:
                     emit(StudyEvent("cell-start", len(cells), cell.index, cell.label))
                     finished(run_cell(cell, out, device, relay))

@@ -1,0 +1,108 @@
+"""The Ray executor: a local Ray instance (started by the test, 2 CPUs) runs a study's cells as
+tasks into the same results directory, cache and manifest as the local executor, with the same
+tables; a worker killed mid-cell is retried and nothing is lost. Skipped without Ray."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import tomllib
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from tiny_study import tiny_study
+
+from probe.errors import ProbeError
+from probe.study.runner import load_tables, run_study
+from probe.study.spec import parse_study
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'probe[ray]')")
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def same_tables(a: Path, b: Path) -> None:
+    ta, tb = load_tables(a), load_tables(b)
+    assert set(ta) == set(tb)
+    for name in ta:
+        if name == "train":  # the training log is the same but for nothing timed; compare values
+            pd.testing.assert_series_equal(ta[name]["value"], tb[name]["value"])
+            continue
+        pd.testing.assert_frame_equal(ta[name], tb[name])
+
+
+@pytest.mark.slow
+def test_ray_gives_the_local_tables_and_reuses_the_cache(local_ray, tmp_path):
+    study = parse_study(tomllib.loads(tiny_study(steps=6)))
+    run_study(study, tmp_path / "local")
+    result = run_study(study, tmp_path / "ray", executor="ray")
+    assert [r.cached for r in result.records] == [False] * 4
+    same_tables(tmp_path / "local", tmp_path / "ray")
+    again = run_study(study, tmp_path / "ray", executor="ray")
+    assert [r.cached for r in again.records] == [True] * 4  # never a cached cell again
+    assert again.manifest["executor"] == "ray"
+
+
+def _task_workers() -> list[int]:
+    """Ray worker processes running a cell (Ray names them after the task)."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "ray::_run_cell_task" in text:
+            pids.append(int(cmdline.parent.name))
+    return pids
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc").exists(), reason="needs /proc (Linux)")
+def test_a_killed_worker_is_retried_and_nothing_is_lost(local_ray, tmp_path):
+    study = parse_study(tomllib.loads(tiny_study(steps=400)))
+    run_study(study, tmp_path / "local")
+    done: dict = {}
+
+    def run() -> None:
+        try:
+            done["result"] = run_study(study, tmp_path / "ray", executor="ray")
+        except BaseException as exc:  # reported below
+            done["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.time() + 120
+    while not _task_workers():
+        assert time.time() < deadline and thread.is_alive(), done.get("error")
+        time.sleep(0.05)
+    time.sleep(0.5)  # inside a cell
+    victim = _task_workers()[0]
+    os.kill(victim, signal.SIGKILL)
+    thread.join(timeout=300)
+    assert "error" not in done, done.get("error")
+    assert len(done["result"].records) == 4
+    same_tables(tmp_path / "local", tmp_path / "ray")
+
+
+def test_missing_ray_is_one_line(monkeypatch, tmp_path):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_ray(name, *args, **kwargs):
+        if name == "ray":
+            raise ModuleNotFoundError("No module named 'ray'", name="ray")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    study = parse_study(tomllib.loads(tiny_study(steps=2)))
+    with pytest.raises(ProbeError, match=r"pip install 'probe\[ray\]'"):
+        run_study(study, tmp_path / "x", executor="ray")
