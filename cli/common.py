@@ -106,3 +106,33 @@ def text_data(ckpt: Checkpoint, text: Path | None, whole: bool, max_tokens: int,
     docs = read_documents(text, whole=whole)
     return text_splits_for(ckpt.model, ckpt.tokenizer(), ckpt.objective, docs, max_tokens,
                            batch_size, batches, n_importance, seed, reference)  # fmt: skip
+
+
+def relaunch(nproc: int) -> None:
+    """Run this same command under torchrun in `nproc` processes (without --nproc); its exit
+    status becomes this one's."""
+    import subprocess
+    import sys
+
+    args, skip = [], False
+    for arg in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            args.append(arg)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={nproc}", "-m", "probe_cli.main", *args]  # fmt: skip
+    code = subprocess.run(command, check=False).returncode
+    if code:
+        raise typer.Exit(code if code in (1, 2, 130) else 1)
+
+
+NprocOpt = Annotated[
+    int,
+    typer.Option(
+        "--nproc",
+        help="Processes to run in (torchrun; NCCL on GPUs, gloo on the CPU).",
+    ),
+]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import pandas as pd
@@ -11,6 +12,7 @@ from probe_cli.common import (
     CheckpointArg,
     DeviceOpt,
     MaxTokensOpt,
+    NprocOpt,
     OutOpt,
     OverwriteOpt,
     PickleOpt,
@@ -20,6 +22,7 @@ from probe_cli.common import (
     check_data_options,
     check_positive,
     console,
+    relaunch,
     require_heads,
     write_manifest,
 )
@@ -44,11 +47,14 @@ from probe.checkpoint import (
     open_output,
 )
 from probe.config import choice
+from probe.distributed import process_group, world_from_env
+from probe.errors import ProbeError
 from probe.report.files import atomic_save_figure, atomic_write_csv
 from probe.report.pruning_plots import (
     correlation_heatmap,
     importance_heatmap,
 )
+from probe.train import resolve_device
 
 
 def _importance_view(table: pd.DataFrame, method: str, sites: list[str], n_head: int) -> Table:
@@ -121,25 +127,38 @@ def importance_cli(
     device: DeviceOpt = "cpu",
     allow_pickle: PickleOpt = False,
     overwrite: OverwriteOpt = False,
+    nproc: NprocOpt = 1,
 ) -> None:
     """Score every attention head; writes importance.csv, importance.png (+ correlations, and
-    importance_groups.csv with --unit group)."""
+    importance_groups.csv with --unit group). With --nproc N, gradient and Fisher importance
+    run data-parallel: each process scores every N-th batch and the per-head sums are added."""
     unit = choice(Unit, unit, "pruning unit")
     methods = parse_methods(method)
-    check_positive(batch_size=batch_size, batches=batches)
+    check_positive(batch_size=batch_size, batches=batches, nproc=nproc)
+    if nproc > 1 and (set(methods) - {"gradient", "fisher"} or unit != Unit.HEAD):
+        raise ProbeError("--nproc runs gradient and fisher importance by head only; drop the "
+                         "other methods or --unit, or run them in one process.")  # fmt: skip
+    if nproc > 1 and "WORLD_SIZE" not in os.environ:
+        relaunch(nproc)
+        return
+    world = world_from_env()
+    if not world.main:
+        console.quiet = True  # rank 0 alone writes and reports
     writes = ("importance.csv", "importance.png", "correlations.csv", "correlations.png",
               "importance_groups.csv", "importance_layers.csv", "manifest.json")  # fmt: skip
-    earlier = claim_output(out, writes, overwrite)
+    earlier = claim_output(out, writes, overwrite) if world.main else []
     ckpt = load(checkpoint, device, allow_pickle)
     require_heads(ckpt)
     check_data_options(ckpt, text, lengths)
     chosen = lengths_for(ckpt, lengths)
     data = (text, whole, max_tokens)
     (split,), _ = splits(ckpt, chosen, batch_size, batches, seed, text=data)
-    with progress_bar() as bar:
+    with progress_bar() as bar, process_group(world, resolve_device(device)):
         table, corr = compare_estimators(
             ckpt.model, split, methods, normalize=normalize, seed=seed, progress=phased(bar)
         )
+    if not world.main:
+        return
     open_output(out, earlier)
     sites, n_head = [s.name for s in ckpt.model_cfg.sites()], ckpt.model_cfg.n_head
     atomic_write_csv(out / "importance.csv", table)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -23,6 +21,7 @@ from probe_cli.common import (
     check_data_options,
     check_positive,
     console,
+    relaunch,
     write_manifest,
 )
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -59,23 +58,6 @@ def _given(ctx: typer.Context, name: str) -> bool:
     """True when option `name` was typed on the command line (not left at its default)."""
     source = ctx.get_parameter_source(name)  # an enum of (Typer's) click: compare by name
     return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
-
-
-def _relaunch(nproc: int) -> None:
-    """Run this same command under torchrun in `nproc` processes (without --nproc)."""
-    args, skip = [], False
-    for arg in sys.argv[1:]:
-        if skip:
-            skip = False
-        elif arg == "--nproc":
-            skip = True
-        elif not arg.startswith("--nproc="):
-            args.append(arg)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={nproc}", "-m", "probe_cli.main", *args]  # fmt: skip
-    code = subprocess.run(command, check=False).returncode
-    if code:
-        raise typer.Exit(code if code in (1, 2, 130) else 1)
 
 
 def train_cli(
@@ -147,7 +129,7 @@ def train_cli(
     """Train a model on a synthetic task and write a checkpoint directory."""
     check_positive(nproc=nproc)
     if nproc > 1 and "WORLD_SIZE" not in os.environ:
-        _relaunch(nproc)
+        relaunch(nproc)
         return
     if not world_from_env().main:
         console.quiet = True  # rank 0 alone reports

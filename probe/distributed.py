@@ -133,3 +133,22 @@ def mean_over_ranks(value: float, world: World, device: torch.device) -> float:
 def barrier(world: World) -> None:
     if world.size > 1:
         dist.barrier()
+
+
+def active_world() -> World:
+    """The process group this process has joined (one process when there is none)."""
+    if dist.is_available() and dist.is_initialized():
+        return World(dist.get_rank(), dist.get_world_size())
+    return World()
+
+
+def sum_over_ranks(tensors: Sequence[torch.Tensor], world: World) -> list[torch.Tensor]:
+    """Each tensor summed over every rank (unchanged in one process)."""
+    if world.size == 1:
+        return list(tensors)
+    summed = []
+    for t in tensors:
+        t = t.clone()
+        dist.all_reduce(t)
+        summed.append(t)
+    return summed

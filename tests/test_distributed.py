@@ -67,3 +67,35 @@ def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_pat
     assert max(diffs.values()) < TOLERANCE, max(diffs.items(), key=lambda kv: kv[1])
     # the comparison can fail: a different split of the data gives different weights
     assert max((plain[k] - one[k]).abs().max().item() for k in one) > 100 * TOLERANCE
+
+
+@pytest.mark.slow
+def test_importance_runs_data_parallel_with_the_same_scores(tmp_path):
+    """Gradient importance in 2 gloo processes (each scores every other batch, the per-head sums
+    are added) equals one process over all the batches."""
+    import pandas as pd
+    from cli_run import exit_code
+
+    ckpt = tmp_path / "ckpt"
+    assert exit_code(["train", *ARGS, "--out", str(ckpt)]) == 0
+    common = [
+        "importance",
+        str(ckpt),
+        "--method",
+        "gradient",
+        "--batches",
+        "4",
+        "--batch-size",
+        "8",
+    ]
+    assert exit_code([*common, "--out", str(tmp_path / "one")]) == 0
+    command = [sys.executable, "-m", "probe_cli.main", *common, "--nproc", "2",
+               "--out", str(tmp_path / "two")]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    one = pd.read_csv(tmp_path / "one" / "importance.csv")
+    two = pd.read_csv(tmp_path / "two" / "importance.csv")
+    pd.testing.assert_frame_equal(one, two, rtol=1e-9)
+    assert one["value"].abs().max() > 0  # a real score, not all zeros
+    assert exit_code([*common, "--method", "ablation", "--nproc", "2",
+                      "--out", str(tmp_path / "x")]) == 2  # fmt: skip

@@ -32,6 +32,7 @@ import torch
 from scipy.stats import spearmanr
 
 from probe.config import choice
+from probe.distributed import active_world, sum_over_ranks
 from probe.errors import ProbeError
 from probe.evaluate import batch_loss, eval_batches, forward_batch
 from probe.model import AttentionCall, Transformer
@@ -177,6 +178,8 @@ def _gradient(
     mods = model.attention_modules()
     totals = [torch.zeros(m.n_kept, dtype=torch.float64) for m in mods]
     n = 0
+    world = active_world()  # data-parallel: each rank takes every world.size-th batch
+    batches = batches[world.rank :: world.size]
     for step, batch in enumerate(batches):
         observer = _HeadOutputs()
         with torch.enable_grad(), _gates_in_graph(model), model.observe(observer):
@@ -194,6 +197,10 @@ def _gradient(
         n += batch.inputs.shape[0]
         if progress is not None:
             progress(step + 1, len(batches))
+    *totals, count = sum_over_ranks(
+        [*totals, torch.tensor([float(n)], dtype=torch.float64)], world
+    )  # per-head sums and example counts over the ranks
+    n = int(count.item())
     return [t / max(n, 1) for t in totals]
 
 
@@ -283,6 +290,11 @@ def head_importance(
     normalization). seed: only the random baseline uses it.
     """
     method = choice(Method, method, "importance method")
+    if active_world().size > 1 and method not in (Method.GRADIENT, Method.FISHER):
+        raise ProbeError(
+            f"importance '{method}' runs in one process; only gradient and fisher are "
+            "data-parallel (their per-head sums are added over the processes)."
+        )
     if not batches:
         raise ProbeError("Head importance needs at least one batch of data.")
     if method in (Method.GRADIENT, Method.FISHER) and batches[0].objective == "embedding":
