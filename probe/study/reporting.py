@@ -190,16 +190,22 @@ def read_manifest(out: Path | str) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def report_from_dir(out: Path | str, partial: bool = False) -> tuple[Path, list[Outcome]]:
-    """Rebuild the report of a finished results directory from its own files; with `partial`,
-    of an unfinished one from its finished cells (the report says which are missing)."""
+def study_from_dir(out: Path | str) -> tuple[Study, dict[str, Any]]:
+    """The study (its smoke version for a smoke run) and manifest of a results directory, read
+    from the copy of the study file the run left there."""
     out = Path(out)
     manifest = read_manifest(out)
     if not (out / "study.toml").exists():
         raise ProbeError(f"{out} has no study.toml copy; rerun the study to rebuild its report.")
     study = dataclasses.replace(load_study(out / "study.toml"), name=manifest["study"])
-    if manifest.get("smoke"):
-        study = smoke_version(study)
+    return (smoke_version(study) if manifest.get("smoke") else study), manifest
+
+
+def report_from_dir(out: Path | str, partial: bool = False) -> tuple[Path, list[Outcome]]:
+    """Rebuild the report of a finished results directory from its own files; with `partial`,
+    of an unfinished one from its finished cells (the report says which are missing)."""
+    out = Path(out)
+    study, manifest = study_from_dir(out)
     if partial:
         tables, missing = finished_tables(out, expand(study))
         if not tables:

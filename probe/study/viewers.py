@@ -3,7 +3,6 @@ model is kept (`models/`, git-ignored like the pages), and an index page linking
 
 from __future__ import annotations
 
-import dataclasses
 import html
 from collections.abc import Callable
 from pathlib import Path
@@ -11,8 +10,7 @@ from pathlib import Path
 from probe.checkpoint import atomic_write_text
 from probe.errors import ProbeError
 from probe.study.grid import Cell, expand
-from probe.study.reporting import read_manifest
-from probe.study.spec import load_study, smoke_version
+from probe.study.reporting import study_from_dir
 
 VIEWERS = "viewers"
 
@@ -20,12 +18,7 @@ VIEWERS = "viewers"
 def kept_models(out: Path | str) -> list[tuple[Cell, Path]]:
     """(cell, checkpoint folder) for every cell of the results folder whose model is kept."""
     out = Path(out)
-    manifest = read_manifest(out)
-    if not (out / "study.toml").is_file():
-        raise ProbeError(f"{out} has no study.toml copy; is it the output of `probe study run`?")
-    study = dataclasses.replace(load_study(out / "study.toml"), name=manifest["study"])
-    if manifest.get("smoke"):
-        study = smoke_version(study)
+    study, _ = study_from_dir(out)
     found = []
     for cell in expand(study):
         model = out / "models" / cell.train_key
