@@ -9,8 +9,9 @@ from scipy import stats
 
 from probe.report import study_plots as plots
 from probe.report.report import MarkdownReport
-from probe.study.question_sections import SPECIALISED, _arm_sorted
-from probe.study.stats import fmt_ci, over_seeds
+from probe.study.question_sections import SPECIALISED
+from probe.study.stats import over_seeds, row_ci
+from probe.study.summary import arm_sorted
 
 KEEP = 0.5  # the survivors: the most important half of the heads
 
@@ -43,10 +44,9 @@ def agreement(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> lis
                         title="Spearman rho")  # fmt: skip
     rep.figure(fig, "importance_agreement.png", "Rank agreement between importance estimators")
     by_arm = over_seeds(rho[rho["other"] == "gradient"], ["arm", "method"])
-    wide = by_arm.assign(text=by_arm.apply(lambda r: fmt_ci(r["mean"], r["low"], r["high"]),
-                                           axis=1))  # fmt: skip
+    wide = by_arm.assign(text=by_arm.apply(row_ci, axis=1))
     wide = wide.pivot_table(index="arm", columns="method", values="text", aggfunc="first")
-    rep.table(_arm_sorted(wide.reset_index(), order), "importance_agreement.csv", data=rho,
+    rep.table(arm_sorted(wide.reset_index(), order), "importance_agreement.csv", data=rho,
               caption="Spearman rho with the gradient ranking, per arm: mean over seeds "
               "[95% bootstrap interval].")  # fmt: skip
     with_gradient = mean[mean["other"] == "gradient"].set_index("method")["value"]
@@ -74,7 +74,7 @@ def prune_timing(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> 
         speedup=(1 / agg["median"]).map("{:.2f}x".format),
         fraction=agg["fraction"].map(lambda f: f"{100 * f:g}%"),
     )[[*keys, "ratio", "speedup"]]
-    rep.table(_arm_sorted(shown, order), "prune_timing.csv", data=table,
+    rep.table(arm_sorted(shown, order), "prune_timing.csv", data=table,
               caption="Time ratio pruned / original: median over seeds [smallest, largest]; "
               "speed-up = 1 / median ratio.")  # fmt: skip
     pooled = rows.groupby(["fraction", "batch_size"], as_index=False)["ratio"].median()
@@ -124,7 +124,7 @@ def survivors(rep: MarkdownReport, importance: pd.DataFrame, roles: pd.DataFrame
         findings.append(f"{arm}: strongest role score {kept['best'].mean():.2f} for the "
                         f"surviving heads against {gone['best'].mean():.2f} for the pruned "
                         f"(Mann-Whitney p = {p:.2g})")  # fmt: skip
-    rep.table(_arm_sorted(pd.DataFrame(rows), order), "survivor_roles.csv", data=heads,
+    rep.table(arm_sorted(pd.DataFrame(rows), order), "survivor_roles.csv", data=heads,
               digits=3)  # fmt: skip
     finding = "Roles of the heads that survive pruning: " + "; ".join(findings) + "."
     rep.bullets([finding])

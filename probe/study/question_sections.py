@@ -9,16 +9,8 @@ import pandas as pd
 from probe.references import published
 from probe.report import study_plots as plots
 from probe.report.report import MarkdownReport
-from probe.study.stats import fmt_ci, over_seeds
-
-
-def _ci(row) -> str:
-    return fmt_ci(row["mean"], row["low"], row["high"])
-
-
-def _arm_sorted(df: pd.DataFrame, order: list[str]) -> pd.DataFrame:
-    rank = {a: i for i, a in enumerate(order)}
-    return df.sort_values("arm", key=lambda s: s.map(rank), kind="stable")
+from probe.study.stats import over_seeds, row_ci
+from probe.study.summary import arm_sorted
 
 
 def position_probe(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list[str]:
@@ -37,17 +29,17 @@ def position_probe(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -
                "position_probe.png", "Position probe R^2 against depth, per length")  # fmt: skip
     stats = over_seeds(r2, ["arm", "length", "depth"])
     wide = (
-        stats.assign(text=stats.apply(_ci, axis=1), depth=stats["depth"].map("depth {}".format))
+        stats.assign(text=stats.apply(row_ci, axis=1), depth=stats["depth"].map("depth {}".format))
         .pivot_table(index=["arm", "length"], columns="depth", values="text", aggfunc="first")
         .reset_index()
     )
-    rep.table(_arm_sorted(wide, order), "position_probe.csv", data=table,
+    rep.table(arm_sorted(wide, order), "position_probe.csv", data=table,
               caption="R^2 per depth: mean over seeds [95% bootstrap interval].")  # fmt: skip
     findings = []
     deepest = int(r2["depth"].max())
     for n, part in stats[stats["depth"] >= 1].groupby("length"):
         best = part.loc[part.groupby("arm")["mean"].idxmax()]
-        best = _arm_sorted(best, order)
+        best = arm_sorted(best, order)
         text = ", ".join(f"{r.arm} {r.mean:.2f} (depth {r.depth})" for r in best.itertuples())
         findings.append(
             f"Best position-probe R^2 at length {n} over depths 1 to {deepest}: {text}."
@@ -56,7 +48,7 @@ def position_probe(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -
     if not gaps.empty:
         g = over_seeds(gaps, ["arm", "length"])
         g = g.assign(gap=g["mean"].map(lambda v: f"{v:.2g}"))[["arm", "length", "gap", "values"]]
-        rep.table(_arm_sorted(g, order), "permutation_gap.csv", data=gaps,
+        rep.table(arm_sorted(g, order), "permutation_gap.csv", data=gaps,
                   caption="Encoders: max |f(x[pi]) - f(x)[pi]| over the final hidden states for "
                   "a random permutation pi of the prompt (0 up to rounding: the encoder cannot "
                   "tell orders apart). Mean over seeds; per-seed values listed.")  # fmt: skip
@@ -89,15 +81,15 @@ def roles(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list[st
     per_cell = shares.groupby(["cell", "arm", "seed"], as_index=False).mean(numeric_only=True)
     long = per_cell.melt(id_vars=["cell", "arm", "seed"], var_name="role", value_name="value")
     stats = over_seeds(long, ["arm", "role"])
-    wide = stats.assign(text=stats.apply(_ci, axis=1)).pivot_table(
+    wide = stats.assign(text=stats.apply(row_ci, axis=1)).pivot_table(
         index="arm", columns="role", values="text", aggfunc="first"
     )
     wide = wide[["any", *role_names]].reset_index()
-    rep.table(_arm_sorted(wide, order), "roles.csv", data=table,
+    rep.table(arm_sorted(wide, order), "roles.csv", data=table,
               caption="Share of heads with each role.")  # fmt: skip
     rep.figure(plots.heatmap(stats, "arm", "role", row_order=order, title="share of heads"),
                "roles.png", "Share of heads with each role, per arm")  # fmt: skip
-    anyrole = _arm_sorted(stats[stats["role"] == "any"], order)
+    anyrole = arm_sorted(stats[stats["role"] == "any"], order)
     text = ", ".join(f"{r.arm} {100 * r.mean:.0f}%" for r in anyrole.itertuples())
     finding = f"Heads with a role (some score >= {SPECIALISED}): {text}."
     rep.bullets([finding])
@@ -123,12 +115,12 @@ def head_spread(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> l
         "standard deviation over all heads of a model says how differently the heads attend "
         "(0: every head alike). Mean over seeds [95% bootstrap interval]."
     )
-    wide = stats.assign(text=stats.apply(_ci, axis=1)).pivot_table(
+    wide = stats.assign(text=stats.apply(row_ci, axis=1)).pivot_table(
         index="arm", columns="kind", values="text", aggfunc="first"
     )
-    rep.table(_arm_sorted(wide.reset_index(), order), "head_spread.csv", data=per_head,
+    rep.table(arm_sorted(wide.reset_index(), order), "head_spread.csv", data=per_head,
               caption="Normalized entropy of the heads: mean and spread.")  # fmt: skip
-    part = _arm_sorted(stats[stats["kind"] == "spread over heads"], order)
+    part = arm_sorted(stats[stats["kind"] == "spread over heads"], order)
     text = ", ".join(f"{r.arm} {r.mean:.2f}" for r in part.itertuples())
     finding = f"Spread of normalized attention entropy over heads: {text}."
     rep.bullets([finding])

@@ -12,18 +12,14 @@ from probe.report.report import MarkdownReport
 from probe.study import summary
 from probe.study.published import ALPHA, MIN_ARMS, Comparison, compare_ranking, seed_resamples
 from probe.study.spec import Reference
-from probe.study.stats import fmt_ci
+from probe.study.stats import row_ci
 
 FIT = summary.FIT
 
 
-def _ci(row) -> str:
-    return fmt_ci(row["mean"], row["low"], row["high"])
-
-
 def _wide(table: pd.DataFrame, order: list[str], extra: dict[str, pd.Series] | None = None):
     """arm x task grid of 'mean [low, high]' strings, arms in `order`."""
-    cells = table.assign(text=table.apply(_ci, axis=1))
+    cells = table.assign(text=table.apply(row_ci, axis=1))
     wide = cells.pivot_table(index="arm", columns="task", values="text", aggfunc="first")
     wide = wide.reindex([a for a in order if a in wide.index])
     for name, column in (extra or {}).items():
@@ -158,13 +154,13 @@ def pruning(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list[
     rep.figure(plots.pruning_curves(rows, "exact match"), "pruning.png",
                "Exact match against the fraction of heads removed")  # fmt: skip
     stats = summary.over_seeds(rows, ["arm", "method", "fraction"])
-    shown = stats.assign(text=stats.apply(_ci, axis=1),
+    shown = stats.assign(text=stats.apply(row_ci, axis=1),
                          fraction=stats["fraction"].map(lambda f: f"{100 * f:g}%"))  # fmt: skip
     wide = shown.pivot_table(index=["arm", "method"], columns="fraction", values="text",
                              aggfunc="first", sort=False)  # fmt: skip
     columns = [f"{100 * f:g}%" for f in sorted(stats["fraction"].unique())]
     wide = wide[[c for c in columns if c in wide.columns]].reset_index()
-    wide = wide.sort_values("arm", key=lambda s: s.map({a: i for i, a in enumerate(order)}))
+    wide = summary.arm_sorted(wide, order)
     rep.table(wide, "pruning.csv", data=rows, caption=_seed_note(stats))
     findings = []
     for arm, part in stats.groupby("arm", sort=False):

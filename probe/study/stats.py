@@ -47,6 +47,11 @@ def over_seeds(df: pd.DataFrame, by: list[str], value: str = "value") -> pd.Data
     return pd.DataFrame(rows, columns=[*by, "mean", "low", "high", "n_seeds", "values"])
 
 
+def row_ci(row) -> str:
+    """`fmt_ci` of a row of `over_seeds` (its mean, low and high)."""
+    return fmt_ci(row["mean"], row["low"], row["high"])
+
+
 def fmt_ci(mean: float, low: float, high: float, digits: int = 2) -> str:
     """'0.82 [0.75, 0.90]', or '0.82' when there is no interval."""
     if np.isnan(mean):

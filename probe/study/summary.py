@@ -11,6 +11,12 @@ from probe.study.stats import over_seeds
 CELL = ["arm", "task", "seed", "L_min", "L"]
 
 
+def arm_sorted(df: pd.DataFrame, order: list[str]) -> pd.DataFrame:
+    """Rows in the study's arm order (stable within an arm)."""
+    rank = {a: i for i, a in enumerate(order)}
+    return df.sort_values("arm", key=lambda s: s.map(rank), kind="stable")
+
+
 def seen(df: pd.DataFrame) -> pd.Series:
     """Rows at a training length (L_min <= length <= L)."""
     return (df["length"] >= df["L_min"]) & (df["length"] <= df["L"])
