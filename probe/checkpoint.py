@@ -122,7 +122,10 @@ def _check_writable(path: Path, what: str) -> None:
     try:
         for folder in reversed([path, *path.parents]):
             if not folder.exists():
-                folder.mkdir()
+                try:
+                    folder.mkdir()
+                except FileExistsError:  # another process made it meanwhile: theirs to keep
+                    continue
                 made.append(folder)
         with tempfile.TemporaryFile(dir=path):
             pass
@@ -130,7 +133,10 @@ def _check_writable(path: Path, what: str) -> None:
         raise ProbeError(f"{what} '{path}' cannot be written: {exc.strerror or exc}.") from None
     finally:
         for folder in reversed(made):
-            folder.rmdir()
+            try:
+                folder.rmdir()
+            except OSError:  # another process wrote into it meanwhile: leave it
+                break
 
 
 def open_output(path: str | Path, earlier: list[str]) -> Path:

@@ -102,3 +102,23 @@ def test_a_plain_file_is_not_a_checkpoint(tmp_path):
     f.write_bytes(b"x")
     with pytest.raises(ProbeError, match="is a file"):
         load_checkpoint(f)
+
+
+def test_checking_an_output_never_removes_what_another_process_made_meanwhile(
+    tmp_path, monkeypatch
+):
+    """claim_output makes the missing folders to prove they can be written, then removes them;
+    a folder another process wrote into meanwhile (parallel study cells share models/) stays."""
+    import tempfile
+
+    from probe.checkpoint import claim_output
+
+    real = tempfile.TemporaryFile
+
+    def with_a_neighbour(*args, **kwargs):
+        (tmp_path / "models" / ".other-run").mkdir()  # another cell's folder, made meanwhile
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", with_a_neighbour)
+    assert claim_output(tmp_path / "models" / ".mine", ("config.json",)) == []
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == [".other-run"]

@@ -81,6 +81,8 @@ def _trained_model(cell: Cell, root: Path, device: str, report: Callable[[CellEv
         return load_checkpoint(final, device=resolve_device(device)).model, 0.0
     tmp = final.parent / f".{final.name}{TMP_SUFFIX}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
+    # made here, never removed: cells training in parallel all write beside each other in it
+    final.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
 
     def on_step(p) -> None:
