@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from probe.checkpoint import Checkpoint
 from probe.errors import ProbeError
@@ -15,6 +16,13 @@ from probe.report.files import atomic_write_json
 
 console = Console()
 err_console = Console(stderr=True)
+
+
+def shown(value: object) -> str:
+    """`value` as text for a console line: a path or name with brackets is printed as written,
+    never read as Rich markup (which would drop it, or fail on a stray closing tag)."""
+    return escape(str(value))
+
 
 CheckpointArg = Annotated[
     Path, typer.Argument(help="Checkpoint directory (model.safetensors + config.json).")

@@ -24,6 +24,7 @@ from probe_cli.common import (
     console,
     relaunch,
     require_heads,
+    shown,
     write_manifest,
 )
 from probe_cli.selection import (
@@ -193,7 +194,7 @@ def importance_cli(
         for m, row in wide.iterrows():
             view.add_row(m, *(f"{v:.2f}" for v in row))
         console.print(view)
-    console.print(f"wrote {out / 'importance.csv'} and {out / 'importance.png'}")
+    console.print(f"wrote {shown(out / 'importance.csv')} and {shown(out / 'importance.png')}")
 
 
 def register(app: typer.Typer) -> None:

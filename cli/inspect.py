@@ -22,6 +22,7 @@ from probe_cli.common import (
     console,
     describe,
     require_heads,
+    shown,
     text_data,
 )
 from probe_cli.train import parse_range
@@ -173,7 +174,9 @@ def inspect_cli(
     open_output(out, earlier)
     written = write_inspection(result.stats, result.roles, out, manifest)
     _show_summary(head_summary(result.stats, result.roles), ckpt, result.lengths)
-    console.print(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written))
+    console.print(
+        f"wrote {len(written)} files to {shown(out)}: " + ", ".join(p.name for p in written)
+    )
 
 
 def _needles(ckpt, needles: int | None) -> int:
@@ -331,7 +334,9 @@ def scaling_cli(
     open_output(out, earlier)
     written = write_scaling(init, curves, out, manifest)
     _show_scaling(init, curves)
-    console.print(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written))
+    console.print(
+        f"wrote {len(written)} files to {shown(out)}: " + ", ".join(p.name for p in written)
+    )
 
 
 def _show_scaling(init, curves) -> None:

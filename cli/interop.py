@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from probe_cli.common import OverwriteOpt, PickleOpt, console
+from probe_cli.common import OverwriteOpt, PickleOpt, console, shown
 
 from probe import provenance
 from probe.checkpoint import CHECKPOINT_FILES, claim_output, load_checkpoint, open_output
@@ -48,7 +48,7 @@ def import_cli(
     )
     if imported.tokenizer is None:
         console.print("no tokenizer.json in the source: commands that read text will refuse")
-    console.print(f"wrote the checkpoint {out}")
+    console.print(f"wrote the checkpoint {shown(out)}")
 
 
 def export_cli(
@@ -74,7 +74,7 @@ def export_cli(
     tokenizer = ckpt.tokenizer() if (ckpt.path / "tokenizer.json").is_file() else None
     open_output(out, earlier)
     written = export_hf(ckpt.model, ckpt.source["model_type"], out, tokenizer)
-    console.print(f"wrote {', '.join(p.name for p in written)} to {out}")
+    console.print(f"wrote {', '.join(p.name for p in written)} to {shown(out)}")
 
 
 def register(app: typer.Typer) -> None:

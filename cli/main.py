@@ -7,7 +7,7 @@ import sys
 
 import typer
 from probe_cli import importance, inspect, interop, prune, study, train, view
-from probe_cli.common import err_console
+from probe_cli.common import err_console, shown
 
 from probe.errors import Interrupted, ProbeError
 
@@ -36,17 +36,20 @@ def main(argv: list[str] | None = None) -> None:
     except ProbeError as exc:
         if debug:
             raise
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {shown(exc)}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except (KeyboardInterrupt, Interrupted) as exc:
         kept = str(exc) or "what was already written is kept"
-        err_console.print(f"[bold yellow]interrupted:[/] {kept}", highlight=False, soft_wrap=True)
+        err_console.print(
+            f"[bold yellow]interrupted:[/] {shown(kept)}", highlight=False, soft_wrap=True
+        )
         sys.exit(130)
     except Exception as exc:
         if debug:
             raise
         err_console.print(
-            f"[bold red]error:[/] {type(exc).__name__}: {exc} (run with --debug for the traceback)",
+            f"[bold red]error:[/] {type(exc).__name__}: {shown(exc)} "
+            "(run with --debug for the traceback)",
             highlight=False,
             soft_wrap=True,
         )

@@ -21,6 +21,7 @@ from probe_cli.common import (
     check_positive,
     console,
     require_heads,
+    shown,
     write_manifest,
 )
 from probe_cli.selection import (
@@ -122,7 +123,7 @@ def _sweep(ckpt, out, methods, seeds, fractions, lengths, batch_size, batches, s
     for f, row in wide.iterrows():
         view.add_row(f"{f:.2f}", *(f"{v:.3f}" for v in row))
     console.print(view)
-    console.print(f"wrote {out / 'pruning.csv'} and {out / 'pruning.png'}")
+    console.print(f"wrote {shown(out / 'pruning.csv')} and {shown(out / 'pruning.png')}")
     return names
 
 
@@ -330,7 +331,7 @@ def prune_cli(
     sites = [s.name for s in ckpt.model_cfg.sites()]
     for site, heads in zip(sites, [s.kept_heads for s in result.model.cfg.sites()], strict=True):
         console.print(f"  {site}: keeps heads {list(heads) if heads else 'none'}")
-    console.print(f"wrote the pruned checkpoint {out}")
+    console.print(f"wrote the pruned checkpoint {shown(out)}")
 
 
 def register(app: typer.Typer) -> None:

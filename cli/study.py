@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from probe_cli.common import DeviceOpt, console, err_console
+from probe_cli.common import DeviceOpt, console, err_console, shown
 from rich.markup import escape
 from rich.progress import (
     BarColumn,
@@ -37,7 +37,7 @@ app = typer.Typer(
 
 StudyArg = Annotated[Path, typer.Argument(help="A study file, e.g. studies/quickstart.toml.")]
 SmokeOpt = Annotated[
-    bool, typer.Option("--smoke", help="Run the scaled-down [smoke] version (for CI).")
+    bool, typer.Option("--smoke", help="Run the scaled-down version (its \\[smoke] table; for CI).")
 ]
 
 
@@ -71,7 +71,7 @@ class CellProgress:
             if task is not None:
                 bar.remove_task(task)
             if event.cached:
-                bar.console.print(f"  [dim]cached[/] {event.label}")
+                bar.console.print(f"  [dim]cached[/] {shown(event.label)}")
             bar.advance(self.overall)
 
 
@@ -115,7 +115,7 @@ def run_cli(
         str,
         typer.Option(
             help="local (this machine: --jobs processes) or ray (each cell a task on a Ray "
-            "cluster; pip install 'probe[ray]')."
+            "cluster; pip install 'probe\\[ray]')."
         ),
     ] = "local",
     address: Annotated[
@@ -145,8 +145,8 @@ def run_cli(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[note]}"), TimeElapsedColumn(), TimeRemainingColumn(),
     )  # fmt: skip
-    console.print(f"study [bold]{study.name}[/]{' (smoke)' if smoke else ''}: "
-                  f"{len(expand(study))} cells -> {out}")  # fmt: skip
+    console.print(f"study [bold]{shown(study.name)}[/]{' (smoke)' if smoke else ''}: "
+                  f"{len(expand(study))} cells -> {shown(out)}")  # fmt: skip
     with Progress(*columns, console=console) as bar:
         result = run_study(study, out, jobs=jobs, device=device, threads=threads,
                            progress=CellProgress(bar), overwrite=overwrite, executor=executor,
@@ -156,7 +156,7 @@ def run_cli(
     console.print(f"{len(result.records) - cached} cells run ({trained} models trained), {cached} "
                   f"reused from the cache, {result.manifest['wall_s']:.0f} s")  # fmt: skip
     path, outcomes = write_report(out, study, result.tables, result.manifest)
-    console.print(f"report: [bold]{path}[/]", soft_wrap=True)
+    console.print(f"report: [bold]{shown(path)}[/]", soft_wrap=True)
     finish(study.name, outcomes, junit, result.manifest["wall_s"])
 
 
@@ -168,8 +168,8 @@ def run_heads(study: HeadStudy, file: Path, smoke: bool, out: Path | None, threa
             raise ProbeError(f"{file} has no [smoke] section; run it without --smoke.")
         study = smoke_head_study(study)
     out = out or default_out(study)
-    console.print(f"study [bold]{study.name}[/]{' (smoke)' if smoke else ''}: "
-                  f"{study.source} -> {out}")  # fmt: skip
+    console.print(f"study [bold]{shown(study.name)}[/]{' (smoke)' if smoke else ''}: "
+                  f"{shown(study.source)} -> {shown(out)}")  # fmt: skip
     columns = (
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
         TimeElapsedColumn(), TimeRemainingColumn(),
@@ -179,7 +179,7 @@ def run_heads(study: HeadStudy, file: Path, smoke: bool, out: Path | None, threa
                                 overwrite=overwrite)  # fmt: skip
     console.print(f"{result.n_run} steps run, {result.n_cached} reused from the cache, "
                   f"{result.manifest['wall_s']:.0f} s")  # fmt: skip
-    console.print(f"report: [bold]{write_head_report(out)}[/]", soft_wrap=True)
+    console.print(f"report: [bold]{shown(write_head_report(out))}[/]", soft_wrap=True)
     return float(result.manifest["wall_s"])
 
 
@@ -214,7 +214,7 @@ def finish(name: str, outcomes: list[Outcome], junit: Path | None, seconds: floa
         show_outcomes(outcomes)
     if junit is not None:
         write_junit(junit, name, outcomes, seconds)
-        console.print(f"JUnit XML: {junit}")
+        console.print(f"JUnit XML: {shown(junit)}")
     failed = [o for o in outcomes if not o.passed]
     if failed:
         err_console.print(f"[bold red]{len(failed)} of {len(outcomes)} expectations failed[/]")
@@ -299,10 +299,10 @@ def report_cli(
     """Rebuild a study's report (report.md and report.html; expectations rechecked) from its
     results directory, and a head viewer page for each cell whose trained model is kept."""
     if read_manifest(folder).get("kind") == "heads":
-        console.print(f"report: [bold]{write_head_report(folder)}[/]", soft_wrap=True)
+        console.print(f"report: [bold]{shown(write_head_report(folder))}[/]", soft_wrap=True)
         return
     path, outcomes = report_from_dir(folder, partial=partial)
-    console.print(f"report: [bold]{path}[/] (and {path.with_suffix('.html').name})",
+    console.print(f"report: [bold]{shown(path)}[/] (and {path.with_suffix('.html').name})",
                   soft_wrap=True)  # fmt: skip
     if viewers:
         _viewers(folder)
@@ -318,8 +318,8 @@ def _viewers(folder: Path) -> None:
         pages = write_viewers(folder, lambda done, total: bar.update(job, completed=done,
                                                                      total=total))  # fmt: skip
     if pages:
-        console.print(f"viewers: [bold]{folder / VIEWERS / 'index.html'}[/] ({len(pages)} cells)",
-                      soft_wrap=True)  # fmt: skip
+        index = shown(folder / VIEWERS / "index.html")
+        console.print(f"viewers: [bold]{index}[/] ({len(pages)} cells)", soft_wrap=True)
 
 
 app.command("run")(run_cli)

@@ -22,6 +22,7 @@ from probe_cli.common import (
     check_positive,
     console,
     relaunch,
+    shown,
     write_manifest,
 )
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -161,7 +162,7 @@ def train_cli(
     claim_output(out, CHECKPOINT_FILES, overwrite)  # before any work: a bad --out fails now
     console.print(
         f"training a {arch} ({pe}, {layers} layers x {heads} heads, d_model {d_model}) on "
-        f"[bold]{task}[/] lengths {lo}-{hi} for {steps} steps -> {out}"
+        f"[bold]{task}[/] lengths {lo}-{hi} for {steps} steps -> {shown(out)}"
     )
     columns = (
         TextColumn("[progress.description]{task.description}"), BarColumn(),
@@ -183,7 +184,9 @@ def train_cli(
     final = result.metrics.query("split == 'eval' and metric == 'exact_match'")
     last = final[final.step == final.step.max()]
     exact = (last.value * last.n).sum() / last.n.sum()
-    console.print(f"exact match at the training lengths: [bold]{exact:.3f}[/]; checkpoint: {out}")
+    console.print(
+        f"exact match at the training lengths: [bold]{exact:.3f}[/]; checkpoint: {shown(out)}"
+    )
 
 
 def eval_cli(
@@ -237,7 +240,7 @@ def eval_cli(
             str(n), f"{row.exact_match:.3f}", f"{row.token_accuracy:.3f}", f"{row.loss:.3f}", where
         )
     console.print(view)
-    console.print(f"wrote {out / 'eval.csv'}")
+    console.print(f"wrote {shown(out / 'eval.csv')}")
 
 
 def _eval_text(ckpt, out, earlier, lengths, text, whole, batch_size, batches, seed, device):
@@ -267,8 +270,8 @@ def _eval_text(ckpt, out, earlier, lengths, text, whole, batch_size, batches, se
     console.print(view)
     if ckpt.objective == "embedding":
         against = "the unpruned model at " + ckpt.source["path"] if reference else "itself"
-        console.print(f"similarity: cosine of mean-pooled embeddings to {against}")
-    console.print(f"wrote {out / 'eval.csv'}")
+        console.print(f"similarity: cosine of mean-pooled embeddings to {shown(against)}")
+    console.print(f"wrote {shown(out / 'eval.csv')}")
 
 
 def _original(ckpt):

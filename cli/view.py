@@ -17,6 +17,7 @@ from probe_cli.common import (
     check_positive,
     console,
     require_heads,
+    shown,
 )
 from probe_cli.selection import load
 
@@ -96,7 +97,7 @@ def view_cli(
         )  # fmt: skip
     write_viewer(data, out)
     n_heads = sum(len(layer["heads"]) for layer in data["layers"])
-    console.print(f"wrote {out}: {len(data['layers'])} attention sites, {n_heads} heads, "
+    console.print(f"wrote {shown(out)}: {len(data['layers'])} attention sites, {n_heads} heads, "
                   f"{len(data['examples'])} example(s); open it in a browser")  # fmt: skip
 
 

@@ -165,6 +165,8 @@ CASES = [
     ("pickle refused", "info {pickled}", 2, "--allow-pickle only if you trust"),
     ("malicious pickle allowed", "info {pickled} --allow-pickle", 2,
      "asks to run os.system when loaded"),
+    ("a path with brackets is printed as written", "info no[/such]dir[ray]", 2,
+     "No checkpoint at 'no[/such]dir[ray]'"),
     ("divergence claims no checkpoint", "train --lr 1e6 --warmup 1 --steps 30 --eval-every 5 "
      "--out {out}", 2, "no checkpoint was written"),
 ]  # fmt: skip
