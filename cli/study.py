@@ -60,7 +60,7 @@ class CellProgress:
         if event.kind == "start":
             self.overall = bar.add_task("[bold]cells", total=event.n_cells, note="")
         elif event.kind == "cell-start":
-            self.running[event.index] = bar.add_task(f"  {event.label}", total=None, note="")
+            self.running[event.index] = bar.add_task(f"  {shown(event.label)}", total=None, note="")
         elif event.kind == "cell" and event.index in self.running:
             bar.update(self.running[event.index], completed=event.done, total=event.total,
                        note=f"{event.phase} {event.note}".strip())  # fmt: skip
@@ -196,7 +196,7 @@ class StepProgress:
         if event.kind == "start":
             self.overall = bar.add_task("[bold]steps", total=event.n_steps)
         elif event.kind == "step-start":
-            self.current = bar.add_task(f"  {event.key}", total=None)
+            self.current = bar.add_task(f"  {shown(event.key)}", total=None)
         elif event.kind == "step" and self.current is not None:
             bar.update(self.current, completed=event.done, total=event.total)
         elif event.kind == "step-done":
