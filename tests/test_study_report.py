@@ -171,3 +171,26 @@ def test_scaling_at_init_and_attention_during_training(tmp_path):
     assert "## At initialization: why sqrt(d_k)" in report
     assert "attention_during_training.png" in report
     assert (tmp_path / "out" / "attention_during_training.png").is_file()
+
+
+def test_length_curves_name_sweep_arms_and_variants_in_the_legend():
+    """A study's [[variant]] arms are dashed and the legend says so (not "encoding", which
+    was wrong for any study whose sweep is not over encodings)."""
+    from probe.report.study_plots import length_curves
+
+    rows = [
+        {"arm": arm, "variant": variant, "task": "copy", "seed": seed, "length": n, "L": 4,
+         "value": 1.0 / n}
+        for arm, variant in (("sqrt", ""), ("qk-norm", "qk-norm"))
+        for seed in (0, 1) for n in (2, 4, 8)
+    ]  # fmt: skip
+    fig = length_curves(pd.DataFrame(rows), "exact match")
+    texts = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    assert {"sqrt", "qk-norm", "from the sweep", "a [[variant]]"} <= set(texts)
+    assert "encoding" not in texts
+    data = [line for line in fig.axes[0].get_lines() if len(line.get_xdata()) == 3]  # lengths
+    assert len(data) == 2
+    assert {line.get_linestyle() for line in data} == {
+        "-",
+        "--",
+    }  # the sweep solid, the variant dashed

@@ -61,9 +61,10 @@ def length_curves(
     colours = palette(order)
     panels = sorted(df[facet].unique())
     style = {}
-    if "variant" in df and (df["variant"] != "").any():
-        df = df.assign(kind=(df["variant"] != "").map({True: "variant", False: "encoding"}))
-        style = {"style": "kind", "dashes": {"encoding": "", "variant": (3, 1.5)}}
+    if "variant" in df and (df["variant"] != "").any():  # a study's [[variant]] arms: dashed
+        kinds = {False: "from the sweep", True: "a [[variant]]"}
+        df = df.assign(**{"arm kind": (df["variant"] != "").map(kinds)})
+        style = {"style": "arm kind", "dashes": {kinds[False]: "", kinds[True]: (3, 1.5)}}
     fig, axes = _facets(len(panels))
     for ax, name in zip(axes, panels, strict=True):
         part = df[df[facet] == name]
