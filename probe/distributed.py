@@ -2,7 +2,7 @@
 process group, and the data split that makes N processes compute what one process computes with
 the same global batch.
 
-    torchrun --nproc-per-node N -m probe_cli.main train ...     (or `probe train --nproc N`)
+    torchrun --nproc-per-node N -m probe train ...     (or `probe train --nproc N`)
 
 NCCL on GPUs, gloo on the CPU. Every step draws one task length from the run's seed (shared by
 all ranks) and a global batch made of `shards` sub-batches, sub-batch k from its own seeded

@@ -45,7 +45,7 @@ def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_pat
         "--standalone",
         "--nproc-per-node=2",
         "-m",
-        "probe_cli.main",
+        "probe",  # as the README launches it by hand
         "train",
         *ARGS,
         "--out",
