@@ -63,3 +63,14 @@ def test_no_reference_no_line(runs, monkeypatch, tmp_path):
     monkeypatch.setattr(reproduce, "REFERENCE_ROOT", tmp_path / "nowhere")
     path, _ = write_report(root / "runs" / "tiny", study, result.tables, result.manifest)
     assert "**Reproduction.**" not in path.read_text()
+
+
+def test_wall_clock_columns_are_left_out_and_the_rest_must_match():
+    timing = pd.DataFrame(
+        {"cell": ["a", "a"], "part": ["model", "attention"], "seconds": [0.10, 0.05],
+         "ratio": [0.9, 0.8], "params": [10, 10]}
+    )  # fmt: skip
+    slower = timing.assign(seconds=[0.20, 0.07], ratio=[0.95, 0.7])  # another run's clock
+    assert reproduce._same(timing, slower) == (True, 0.0)
+    smaller = slower.assign(params=[10, 9])  # a measured count that differs is not reproduced
+    assert reproduce._same(timing, smaller)[0] is False

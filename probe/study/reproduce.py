@@ -17,6 +17,9 @@ from probe.study.runner import MANIFEST, load_tables
 
 REFERENCE_ROOT = Path("results")
 TOLERANCE = 0.01  # exact match: one point
+# wall-clock columns, never compared: no two runs share them (prune_timing's ratio is pruned
+# over original seconds; tokens_per_s is tokens over seconds)
+TIMED = ("seconds", "min_seconds", "ratio", "tokens_per_s")
 
 
 def reference_for(out: Path, name: str, smoke: bool) -> Path | None:
@@ -35,14 +38,18 @@ def reference_for(out: Path, name: str, smoke: bool) -> Path | None:
 
 def _same(a: pd.DataFrame, b: pd.DataFrame) -> tuple[bool, float]:
     """(identical, largest absolute difference of the value column) of two tables of the
-    same cells, rows matched on every other column."""
-    if "value" not in a.columns or list(a.columns) != list(b.columns) or len(a) != len(b):
+    same cells, rows matched on every other column; wall-clock columns are left out (no two
+    runs share them), and a table without a value column must match in every other column."""
+    a, b = (t.drop(columns=[c for c in TIMED if c in t.columns]) for t in (a, b))
+    if list(a.columns) != list(b.columns) or len(a) != len(b):
         return False, float("nan")
     keys = [c for c in a.columns if c not in ("value", "min", "max", "n")]
     a = a.sort_values(keys, kind="stable").reset_index(drop=True)
     b = b.sort_values(keys, kind="stable").reset_index(drop=True)
     if not a[keys].astype(str).equals(b[keys].astype(str)):
         return False, float("nan")
+    if "value" not in a.columns:
+        return True, 0.0
     x, y = a["value"].to_numpy(float), b["value"].to_numpy(float)
     both = ~(np.isnan(x) & np.isnan(y))
     diff = float(np.nanmax(np.abs(x[both] - y[both]))) if both.any() else 0.0
@@ -65,10 +72,12 @@ def reproduction(tables: dict[str, pd.DataFrame], manifest: dict, ref: Path) -> 
     if not common:
         return (f"Reference: {ref} holds no cell with this run's configuration, so nothing is "
                 "compared (the study file changed since the reference was run).")  # fmt: skip
-    identical, largest = True, 0.0
+    identical, largest, timed = True, 0.0, []
     for name, table in tables.items():
         if name not in ref_tables or name == "train":  # the training log carries wall times
             continue
+        if any(c in table.columns for c in TIMED):
+            timed.append(name)
         mine = table[table["cell"].isin(common)]
         theirs = ref_tables[name][ref_tables[name]["cell"].isin(common)]
         same, diff = _same(mine.reset_index(drop=True), theirs.reset_index(drop=True))
@@ -78,8 +87,10 @@ def reproduction(tables: dict[str, pd.DataFrame], manifest: dict, ref: Path) -> 
     torch_there = ref_manifest.get("versions", {}).get("torch", "?")
     where = f"the committed reference {ref}"
     if identical:
+        clocks = f"; wall-clock times in {', '.join(timed)} are not compared" if timed else ""
         return (f"This run reproduced {where} exactly: every result table of its {len(common)} "
-                f"cells is identical (same seeds; torch {torch_here} here and there).")  # fmt: skip
+                f"cells is identical (same seeds; torch {torch_here} here and there"
+                f"{clocks}).")  # fmt: skip
     if "eval" not in tables or "eval" not in ref_tables:
         return (f"This run differs from {where} (largest difference in a table value "
                 f"{largest:.3g}; torch {torch_here} here, {torch_there} there).")  # fmt: skip
