@@ -105,6 +105,13 @@ def test_a_head_study_runs_resumes_and_reports(llama_dir, tmp_path, capsys):
     timing = pd.read_csv(out / "tables" / "timing.csv")
     pruned = timing[timing.variant == "pruned"]
     assert (pruned.parameters < timing[timing.variant == "original"].parameters.max()).all()
+    # timing noise: how much the original's own tokens/s varied over its timings, by hand
+    from probe.study.heads_report import HeadReport
+
+    original = timing[timing.variant == "original"].groupby("batch_size").tokens_per_s
+    by_hand = {b: v.max() / v.min() - 1 for b, v in original}
+    assert HeadReport(out).timing_noise() == pytest.approx(by_hand)
+    assert "Timing noise: the original's own speed varied by up to" in report
 
     # a rerun computes nothing; changing the fractions recomputes the curves (and timing) only
     assert exit_code(["study", "run", str(file), "--out", str(out)]) == 0

@@ -79,8 +79,25 @@ class HeadReport:
         part = s[(s.method == method) & (s.unit == unit) & (s.n_pruned == n)]
         if part.empty:
             return ""
-        return ", ".join(f"{r.speedup:.2f}x tokens/s at batch {r.batch_size}"
-                         for r in part.itertuples())  # fmt: skip
+        ratios = ", ".join(f"{r.speedup:.2f}x tokens/s at batch {r.batch_size}"
+                           for r in part.itertuples())  # fmt: skip
+        noise = self.timing_noise()
+        beyond = any(abs(r.speedup - 1) > noise.get(r.batch_size, 0.0) for r in part.itertuples())
+        return (f"{ratios} of the original ({'beyond' if beyond else 'within'} timing noise: "
+                f"{self._noise_text(noise)})")  # fmt: skip
+
+    def timing_noise(self) -> dict[int, float]:
+        """Per batch size, how much the unpruned model's own speed varied between its timings
+        (one beside each pruned copy): max / min - 1 of its tokens/s. A pruned model's ratio
+        closer to 1 than this is not a measured speed-up or slow-down."""
+        s = self.speed
+        spread = s.groupby("batch_size")["original_tok_s"].agg(lambda x: x.max() / x.min() - 1)
+        return {int(b): float(v) for b, v in spread.items()}
+
+    def _noise_text(self, noise: dict[int, float]) -> str:
+        n = int(self.speed.groupby("batch_size").size().min())
+        ranges = ", ".join(f"{v:.0%} at batch {b}" for b, v in noise.items())
+        return f"the original's own speed varied by up to {ranges} over its {n} timings"
 
     def answer(self) -> str:
         best = self.best()
@@ -108,7 +125,7 @@ class HeadReport:
             text += f", random rankings {ev.share_range(r.min_fraction, r.max_fraction)}"
         speed = self._speed_at(best.method, best.unit, best.min_heads)
         if speed:
-            text += f"; the pruned model runs at {speed} of the original"
+            text += f"; the pruned model runs at {speed}"
         groups = self.ops[(self.ops.method != "random") & (self.ops.unit == "group")]
         if not groups.empty:
             g = groups.iloc[0]
@@ -286,7 +303,8 @@ class HeadReport:
         rep.heading("How much faster")
         rep.paragraph("Each physically pruned model timed side by side with the original, one "
                       "thread; `why` says whether the count is a fixed share or the method's "
-                      "operating point.")  # fmt: skip
+                      f"operating point. Timing noise: {self._noise_text(self.timing_noise())}; "
+                      "a speed-up closer to 1 than that is not a measured difference.")  # fmt: skip
         rep.table(self.speed, "speed.csv", data=self.tables["timing"], digits=3)
         rep.figure(speed_plot(self.tables["timing"]), "speed.png",
                    "tokens/s of each pruned model over the original's")  # fmt: skip
