@@ -14,11 +14,13 @@ repeat so that machine load drifts hit every method alike) and its peak memory i
                        materialized counterpart of streaming_entropy
 
 peak_bytes is a measurement, not a formula: the bytes allocated during one call beyond what was
-live before it. On the CPU it is rebuilt from torch.profiler's allocation and free events in time
-order (each event carries the allocator's running total); on CUDA it is max_memory_allocated after
-reset_peak_memory_stats, less what was allocated before. Inputs (q, k, v and, for the methods that
-take one, the [1, 1, N, N] bool causal mask, 1 byte per pair, built once per forward as the model
-does) are allocated before the call and reported apart as input_bytes.
+live before it, measured once per (N, method) after the timed repeats (every call allocates the
+same) and written on each repeat's row. On the CPU it is rebuilt from torch.profiler's
+allocation and free events in time order (each event carries the allocator's running total); on
+CUDA it is max_memory_allocated after reset_peak_memory_stats, less what was allocated before.
+Inputs (q, k, v and, for the methods that take one, the [1, 1, N, N] bool causal mask, 1 byte
+per pair, built once per forward as the model does) are allocated before the call and reported
+apart as input_bytes.
 
     table = attention_cost([128, 256, 512, 1024])
     fit_slopes(table, y="seconds", min_n=512)   # method, slope, low, high, ...
@@ -324,7 +326,6 @@ def _measure_size(n, methods, base, causal, repeats, tile, seed, device, shape):
         fn()
     _sync(device)
     seconds: dict[Method, list[float]] = {m: [] for m in methods}
-    peaks: dict[Method, list[int]] = {m: [] for m in methods}
     for _ in range(repeats):
         for m, fn in calls.items():
             gc.collect()  # not during the call: earlier calls' reference cycles
@@ -333,10 +334,11 @@ def _measure_size(n, methods, base, causal, repeats, tile, seed, device, shape):
             fn()
             _sync(device)
             seconds[m].append(time.perf_counter() - start)
-        for m, fn in calls.items():
-            peaks[m].append(measure_peak(fn, device))
+    # once per method: a call allocates the same tensors every time (the committed run measured
+    # it on every repeat and got one value per (n, method)); profiling is the slow part
+    peaks = {m: measure_peak(fn, device) for m, fn in calls.items()}
     return [
-        {**base[m], "repeat": r, "seconds": seconds[m][r], "peak_bytes": peaks[m][r]}
+        {**base[m], "repeat": r, "seconds": seconds[m][r], "peak_bytes": peaks[m]}
         for m in methods
         for r in range(repeats)
     ]
