@@ -198,6 +198,13 @@ def test_evidence_by_hand():
     worse = curve("random", 0, [2.0, 2.5, 3.0, 3.5]) + curve("random", 1, [2.0, 2.4, 2.9, 3.6])
     versus = ev.against_random(pd.DataFrame(better + worse), "causal-lm").iloc[0]
     assert versus.p_value == pytest.approx(1 / 6)  # exact: the best of C(4, 2) orderings
+    ratios = [0.98, 1.01, 1.02, 0.99, 1.1, 1.2, 1.05, 1.08, 1.3]
+    speed = pd.DataFrame({"n_pruned": [4] * 4 + [8] * 5, "speedup": ratios})
+    signs = ev.speed_signs(speed).set_index("n_pruned")
+    assert signs.faster.to_dict() == {4: 2, 8: 5}
+    assert signs.p_sign[4] == pytest.approx(1.0)  # 2 of 4: no direction
+    assert signs.p_sign[8] == pytest.approx(2 * 0.5**5)  # all 5 faster, two-sided
+    assert signs["median"][8] == pytest.approx(1.1)
 
 
 def test_timing_reuses_the_importance_it_would_compute(llama_dir):

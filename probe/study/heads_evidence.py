@@ -167,6 +167,22 @@ def speed(timing: pd.DataFrame) -> pd.DataFrame:
     return pivot.rename(columns={"original": "original_tok_s", "pruned": "pruned_tok_s"})
 
 
+def speed_signs(speed_table: pd.DataFrame) -> pd.DataFrame:
+    """Per number of heads removed: how many side-by-side timings (methods x batch sizes) ran
+    faster than the original, the range and median of their speed-ups, and a two-sided exact
+    sign test of "no faster nor slower" (a paired test: each pruned copy was timed beside the
+    original, so the machine's drift hits both)."""
+    rows = []
+    for n, g in speed_table.groupby("n_pruned"):
+        ratios = g["speedup"].dropna()
+        faster = int((ratios > 1).sum())
+        p = stats.binomtest(faster, len(ratios), 0.5).pvalue if len(ratios) else math.nan
+        rows.append({"n_pruned": int(n), "timings": len(ratios), "faster": faster,
+                     "min": ratios.min(), "median": ratios.median(), "max": ratios.max(),
+                     "p_sign": p})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
 def least_important(importance: pd.DataFrame, method: str, n: int) -> list[str]:
     """The heads ("L2H11", ...) that `method` ranks among the n least important in every seed
     (n of them when the seeds agree)."""

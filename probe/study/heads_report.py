@@ -81,15 +81,17 @@ class HeadReport:
             return ""
         ratios = ", ".join(f"{r.speedup:.2f}x tokens/s at batch {r.batch_size}"
                            for r in part.itertuples())  # fmt: skip
-        noise = self.timing_noise()
-        beyond = any(abs(r.speedup - 1) > noise.get(r.batch_size, 0.0) for r in part.itertuples())
-        return (f"{ratios} of the original ({'beyond' if beyond else 'within'} timing noise: "
-                f"{self._noise_text(noise)})")  # fmt: skip
+        signs = ev.speed_signs(s).set_index("n_pruned").loc[n]
+        return (f"{ratios} of the original (of all {int(signs.timings)} timings of models "
+                f"with {n} heads removed, {int(signs.faster)} ran faster than the original "
+                "beside them, "
+                f"median {signs['median']:.2f}x, sign test p = {signs.p_sign:.2g})")  # fmt: skip
 
     def timing_noise(self) -> dict[int, float]:
         """Per batch size, how much the unpruned model's own speed varied between its timings
-        (one beside each pruned copy): max / min - 1 of its tokens/s. A pruned model's ratio
-        closer to 1 than this is not a measured speed-up or slow-down."""
+        (one beside each pruned copy): max / min - 1 of its tokens/s. One pruned model's ratio
+        closer to 1 than this is not a measured difference on its own (the sign test over all
+        pruned models of one size, each paired with the original timed beside it, is)."""
         s = self.speed
         spread = s.groupby("batch_size")["original_tok_s"].agg(lambda x: x.max() / x.min() - 1)
         return {int(b): float(v) for b, v in spread.items()}
@@ -304,10 +306,17 @@ class HeadReport:
         rep.paragraph("Each physically pruned model timed side by side with the original, one "
                       "thread; `why` says whether the count is a fixed share or the method's "
                       f"operating point. Timing noise: {self._noise_text(self.timing_noise())}; "
-                      "a speed-up closer to 1 than that is not a measured difference.")  # fmt: skip
+                      "one speed-up closer to 1 than that is not a measured difference on its "
+                      "own (the sign test below pools them).")  # fmt: skip
         rep.table(self.speed, "speed.csv", data=self.tables["timing"], digits=3)
         rep.figure(speed_plot(self.tables["timing"]), "speed.png",
                    "tokens/s of each pruned model over the original's")  # fmt: skip
+        rep.paragraph("By number of heads removed, over every method and batch size: how many "
+                      "pruned copies ran faster than the original timed beside them, and an "
+                      "exact two-sided sign test (small p: a real change in speed).")  # fmt: skip
+        signs = ev.speed_signs(self.speed)
+        shown = signs.assign(p_sign=signs["p_sign"].map(lambda p: f"{p:.2g}"))
+        rep.table(shown, "speed_signs.csv", data=signs, digits=3)
 
     def files(self, rep: MarkdownReport) -> None:
         m = self.manifest
