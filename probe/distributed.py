@@ -111,13 +111,18 @@ def global_batch(task: TaskConfig, form: Form, length: int, batch_size: int,
     return _cat([make_batch(task, form, length, per, g) for g in generators])
 
 
+def rank_slice(rows: int, world: World) -> slice:
+    """The rows of a global batch of `rows` that are this rank's (all of them in one process)."""
+    per = rows // world.size
+    return slice(world.rank * per, (world.rank + 1) * per)
+
+
 def rank_rows(batch: Batch, world: World) -> Batch:
     """This rank's sub-batch of a global batch (all of it in one process)."""
     if world.size == 1:
         return batch
-    per = batch.inputs.shape[0] // world.size
     keep = torch.zeros(batch.inputs.shape[0], dtype=torch.bool)
-    keep[world.rank * per : (world.rank + 1) * per] = True
+    keep[rank_slice(batch.inputs.shape[0], world)] = True
     return batch.rows(keep.to(batch.inputs.device))
 
 

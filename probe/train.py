@@ -34,6 +34,7 @@ from probe.distributed import (
     mean_over_ranks,
     process_group,
     rank_rows,
+    rank_slice,
     shard_generators,
     world_from_env,
 )
@@ -276,11 +277,9 @@ def _train(model_cfg, task, train_cfg, out, earlier, progress, model, world, sha
             batch = global_batch(task, form, n, train_cfg.batch_size, generators).to(device)
             positions = _positions_for(model, batch, train_cfg, pos_gen)
             if world.size > 1:  # this rank's share of the global batch
-                rows = rank_rows(batch, world)
                 if positions is not None:
-                    per = rows.inputs.shape[0]
-                    positions = positions[world.rank * per : (world.rank + 1) * per]
-                batch = rows
+                    positions = positions[rank_slice(batch.inputs.shape[0], world)]
+                batch = rank_rows(batch, world)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
                 logits = forward_batch(net, batch, positions)  # [batch, seq, vocab]
             loss = batch_loss(

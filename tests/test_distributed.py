@@ -36,7 +36,10 @@ def test_shards_split_the_global_batch_and_one_shard_is_the_single_stream():
 
 
 @pytest.mark.slow
-def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_path):
+@pytest.mark.parametrize("extra", [[], ["--random-positions", "--max-len", "24"]],
+                         ids=["plain", "random-positions"])  # fmt: skip
+def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_path, extra):
+    """Randomized positions too: drawn for the global batch, each rank takes its rows' share."""
     out = tmp_path / "ddp"
     command = [
         sys.executable,
@@ -48,6 +51,7 @@ def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_pat
         "probe",  # as the README launches it by hand
         "train",
         *ARGS,
+        *extra,
         "--out",
         str(out),
     ]
