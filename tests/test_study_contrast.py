@@ -96,6 +96,16 @@ def test_spread_within_seed_is_the_standard_deviation_of_the_rows():
     assert row["mean_b"] == pytest.approx(0.0)
 
 
+def test_a_wide_table_column_is_the_metric_and_a_missing_column_is_named():
+    long = table([0.9, 0.8, 0.95], [0.1, 0.3, 0.2])
+    wide = long.drop(columns="metric").rename(columns={"value": "exact_match"})
+    row, again = evaluate(contrast(), long).iloc[0], evaluate(contrast(), wide).iloc[0]
+    assert (row["mean_a"], row["p_claim"]) == (again["mean_a"], again["p_claim"])
+    with pytest.raises(ProbeError, match=r"contrast 'a beats b': table 'eval' has no column "
+                                         r"'task'.* Columns: arm, seed,"):  # fmt: skip
+        evaluate(contrast(), long.drop(columns="task"))
+
+
 def test_spec_errors_are_one_line():
     good = {"claim": "c", "table": "eval", "metric": "exact_match", "a": "x", "b": "y"}
     with pytest.raises(ProbeError, match="not one the study writes"):

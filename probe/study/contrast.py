@@ -39,7 +39,7 @@ from scipy import stats
 from probe.config import check_keys
 from probe.errors import ProbeError
 from probe.references import published
-from probe.study.expect import Condition, parse_conditions
+from probe.study.expect import Condition, parse_conditions, select_rows
 from probe.study.stats import fmt_ci, mean_ci
 
 KEYS = (
@@ -150,17 +150,9 @@ def per_seed(contrast: Contrast, table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _reduced(contrast: Contrast, table: pd.DataFrame, where: tuple[Condition, ...]):
-    df = table
-    for column in [c.column for c in where] + [*contrast.per, contrast.column, "seed"]:
-        if column not in df.columns:
-            raise ProbeError(f"contrast '{contrast.claim}': table '{contrast.table}' has no "
-                             f"column '{column}'.")  # fmt: skip
-    for key in ("metric", "statistic"):
-        if key in df.columns:
-            df = df[df[key] == contrast.metric]
-            break
-    for condition in where:
-        df = df[condition.mask(df)]
+    needed = [*contrast.per, contrast.column, "seed"]
+    df = select_rows(table, contrast.table, contrast.metric, where, needed,
+                     owner=f"contrast '{contrast.claim}': ")  # fmt: skip
     df = df[df[contrast.column].astype(str).isin([contrast.a, contrast.b])]
     df = df.assign(side=df[contrast.column].astype(str))
     keys = [*contrast.per, "side", "seed"]

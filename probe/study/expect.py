@@ -183,22 +183,32 @@ def parse_expectation(raw: Any, where: str, tables: tuple[str, ...] | None = Non
     )  # fmt: skip
 
 
-def _select(df: pd.DataFrame, exp: Expectation, conditions: tuple[Condition, ...]) -> pd.DataFrame:
-    for column in [c.column for c in conditions] + list(exp.per):
+def select_rows(
+    df: pd.DataFrame,
+    table: str,
+    metric: str,
+    conditions: tuple[Condition, ...],
+    needed: tuple[str, ...] | list[str] = (),
+    owner: str = "",
+) -> pd.DataFrame:
+    """The rows of `table` (as `df`) an expectation or contrast reads: its metric (the rows of a
+    long table, or a wide table's column as `value`) under its conditions; every column they name
+    must exist. `owner` prefixes errors ("contrast '...': ")."""
+    for column in [c.column for c in conditions] + list(needed):
         if column not in df.columns:
             hint = did_you_mean(column, list(df.columns))
             raise ProbeError(
-                f"table '{exp.table}' has no column '{column}'.{hint}"
+                f"{owner}table '{table}' has no column '{column}'.{hint}"
                 f" Columns: {', '.join(df.columns)}."
             )
     for key in ("metric", "statistic"):
         if key in df.columns:
-            df = df[df[key] == exp.metric]
+            df = df[df[key] == metric]
             break
     else:
-        if exp.metric not in df.columns:
-            raise ProbeError(f"table '{exp.table}' has no metric or column '{exp.metric}'.")
-        df = df.assign(value=df[exp.metric])
+        if metric not in df.columns:
+            raise ProbeError(f"{owner}table '{table}' has no metric or column '{metric}'.")
+        df = df.assign(value=df[metric])
     for condition in conditions:
         df = df[condition.mask(df)]
     return df
@@ -219,9 +229,9 @@ def check(exp: Expectation, tables: dict[str, pd.DataFrame]) -> list[Outcome]:
         return [Outcome(exp.name, False, None, exp.bound_text, detail)]
     try:
         df = tables[exp.table]
-        observed = _reduced(_select(df, exp, exp.where), exp)
+        observed = _reduced(select_rows(df, exp.table, exp.metric, exp.where, exp.per), exp)
         if exp.baseline is not None:
-            base = _reduced(_select(df, exp, exp.baseline), exp)
+            base = _reduced(select_rows(df, exp.table, exp.metric, exp.baseline, exp.per), exp)
             observed = (observed - base).dropna()
     except ProbeError as exc:
         return [Outcome(exp.name, False, None, exp.bound_text, str(exc))]
