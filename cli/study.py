@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 from probe_cli.common import DeviceOpt, console, err_console, shown
-from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -65,7 +64,7 @@ class CellProgress:
             bar.update(self.running[event.index], completed=event.done, total=event.total,
                        note=f"{event.phase} {event.note}".strip())  # fmt: skip
         elif event.kind == "cell-stale":
-            bar.console.print(f"  [yellow]recomputing[/] {escape(event.label)}: {event.note}")
+            bar.console.print(f"  [yellow]recomputing[/] {shown(event.label)}: {event.note}")
         elif event.kind == "cell-done":
             task = self.running.pop(event.index, None)
             if task is not None:
@@ -82,8 +81,8 @@ def show_outcomes(outcomes: list[Outcome]) -> None:
         view.add_column(column, justify=justify)
     for o in outcomes:
         observed = "–" if o.observed is None else f"{o.observed:.3f}"
-        result = "[green]pass[/]" if o.passed else f"[bold red]FAIL[/] {escape(o.detail)}".strip()
-        view.add_row(escape(o.name), observed, o.bound, result)
+        result = "[green]pass[/]" if o.passed else f"[bold red]FAIL[/] {shown(o.detail)}".strip()
+        view.add_row(shown(o.name), observed, o.bound, result)
     console.print(view)
 
 
@@ -204,7 +203,7 @@ class StepProgress:
                 bar.remove_task(self.current)
                 self.current = None
             if event.cached:
-                bar.console.print(f"  [dim]cached[/] {escape(event.key)}")
+                bar.console.print(f"  [dim]cached[/] {shown(event.key)}")
             bar.advance(self.overall)
 
 
@@ -239,18 +238,18 @@ def ls_cli(
     files = sorted(folder.glob("*.toml"))
     if not files:
         raise ProbeError(f"No study files (*.toml) in '{folder}'.")
-    view = Table(title=escape(f"studies in {folder}"))
+    view = Table(title=shown(f"studies in {folder}"))
     for column in ("file", "name", "size", "smoke", "question"):
         view.add_column(column, overflow="fold")
     for path in files:
         try:
             study = load_any(path)
         except ProbeError as exc:
-            view.add_row(escape(str(path)), "[red]invalid[/]", "", "", escape(str(exc)))
+            view.add_row(shown(path), "[red]invalid[/]", "", "", shown(exc))
             continue
         full, smoke = _size(study)
-        view.add_row(escape(str(path)), escape(study.name), full, smoke or "–",
-                     escape(study.question))  # fmt: skip
+        view.add_row(shown(path), shown(study.name), full, smoke or "–",
+                     shown(study.question))  # fmt: skip
     console.print(view)
 
 
@@ -270,12 +269,12 @@ def validate_cli(
             if len(files) == 1:
                 raise ProbeError(problem) from None  # one file: its problem is the one line
             errors.append(problem)
-            err_console.print(f"[bold red]invalid[/] {escape(problem)}", highlight=False,
+            err_console.print(f"[bold red]invalid[/] {shown(problem)}", highlight=False,
                               soft_wrap=True)  # fmt: skip
             continue
         full, smoke = _size(study)
         smoke = f", smoke {smoke}" if smoke else ""
-        console.print(f"[green]ok[/] {escape(str(path))}: {full}{smoke}", soft_wrap=True)
+        console.print(f"[green]ok[/] {shown(path)}: {full}{smoke}", soft_wrap=True)
     if errors:
         raise ProbeError(f"{len(errors)} of {len(files)} study files are invalid.")
 

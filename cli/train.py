@@ -132,7 +132,8 @@ def train_cli(
     if nproc > 1 and "WORLD_SIZE" not in os.environ:
         relaunch(nproc)
         return
-    if not world_from_env().main:
+    world = world_from_env()
+    if not world.main:
         console.quiet = True  # rank 0 alone reports
     task_cfg = TaskConfig(name=task, n_symbols=n_symbols)
     lo, hi = parse_range(train_len, "--train-len")
@@ -179,7 +180,7 @@ def train_cli(
             bar.update(job, completed=p.step, stats=stats)
 
         result = train(model_cfg, task_cfg, train_cfg, out, progress=show, overwrite=overwrite)
-    if not world_from_env().main:
+    if not world.main:
         return  # rank 0 evaluated, saved and reports
     final = result.metrics.query("split == 'eval' and metric == 'exact_match'")
     last = final[final.step == final.step.max()]

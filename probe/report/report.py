@@ -89,13 +89,13 @@ class MarkdownReport:
     def text(self) -> str:
         return "\n\n".join(self.blocks) + "\n"
 
-    def write(self, name: str = "report.md", links: list[tuple[str, str]] = ()) -> Path:
+    def write(self, name: str = "report.md") -> Path:
         """Write the Markdown report, and beside it the same as one self-contained HTML page
-        (figures embedded; `links`, e.g. head viewers, listed at its end)."""
+        (figures embedded)."""
         from probe.report.html.report_page import report_html
 
         path = self.folder / name
         text = self.text()
         atomic_write_text(path, text)
-        atomic_write_text(path.with_suffix(".html"), report_html(text, self.folder, list(links)))
+        atomic_write_text(path.with_suffix(".html"), report_html(text, self.folder))
         return path

@@ -53,6 +53,7 @@ class HeadReport:
                                          self.n_heads) if not self.curves.empty
                     else pd.DataFrame())  # fmt: skip
         self.speed = ev.speed(self.tables.get("timing", pd.DataFrame()))
+        self.signs = ev.speed_signs(self.speed) if not self.speed.empty else pd.DataFrame()
 
     # ------------------------------------------------------------------ the answer
     def criterion(self) -> str:
@@ -81,7 +82,7 @@ class HeadReport:
             return ""
         ratios = ", ".join(f"{r.speedup:.2f}x tokens/s at batch {r.batch_size}"
                            for r in part.itertuples())  # fmt: skip
-        signs = ev.speed_signs(s).set_index("n_pruned").loc[n]
+        signs = self.signs.set_index("n_pruned").loc[n]
         return (f"{ratios} of the original (of all {int(signs.timings)} timings of models "
                 f"with {n} heads removed, {int(signs.faster)} ran faster than the original "
                 "beside them, "
@@ -96,9 +97,9 @@ class HeadReport:
         spread = s.groupby("batch_size")["original_tok_s"].agg(lambda x: x.max() / x.min() - 1)
         return {int(b): float(v) for b, v in spread.items()}
 
-    def _noise_text(self, noise: dict[int, float]) -> str:
+    def _noise_text(self) -> str:
         n = int(self.speed.groupby("batch_size").size().min())
-        ranges = ", ".join(f"{v:.0%} at batch {b}" for b, v in noise.items())
+        ranges = ", ".join(f"{v:.0%} at batch {b}" for b, v in self.timing_noise().items())
         return f"the original's own speed varied by up to {ranges} over its {n} timings"
 
     def answer(self) -> str:
@@ -305,7 +306,7 @@ class HeadReport:
         rep.heading("How much faster")
         rep.paragraph("Each physically pruned model timed side by side with the original, one "
                       "thread; `why` says whether the count is a fixed share or the method's "
-                      f"operating point. Timing noise: {self._noise_text(self.timing_noise())}; "
+                      f"operating point. Timing noise: {self._noise_text()}; "
                       "one speed-up closer to 1 than that is not a measured difference on its "
                       "own (the sign test below pools them).")  # fmt: skip
         rep.table(self.speed, "speed.csv", data=self.tables["timing"], digits=3)
@@ -314,9 +315,8 @@ class HeadReport:
         rep.paragraph("By number of heads removed, over every method and batch size: how many "
                       "pruned copies ran faster than the original timed beside them, and an "
                       "exact two-sided sign test (small p: a real change in speed).")  # fmt: skip
-        signs = ev.speed_signs(self.speed)
-        shown = signs.assign(p_sign=signs["p_sign"].map(lambda p: f"{p:.2g}"))
-        rep.table(shown, "speed_signs.csv", data=signs, digits=3)
+        shown = self.signs.assign(p_sign=self.signs["p_sign"].map(lambda p: f"{p:.2g}"))
+        rep.table(shown, "speed_signs.csv", data=self.signs, digits=3)
 
     def files(self, rep: MarkdownReport) -> None:
         m = self.manifest

@@ -223,6 +223,9 @@ def run_study(
             emit(StudyEvent("cell-done", len(cells), cell.index, cell.label, cached=record.cached))
             atomic_write_json(out / MANIFEST, _manifest(study, cells, records, context, started))
 
+        def begun(cell: Cell) -> None:
+            emit(StudyEvent("cell-start", len(cells), cell.index, cell.label))
+
         def relay(event: CellEvent) -> None:
             cell = cells[event.index]
             emit(StudyEvent("cell", len(cells), event.index, cell.label, event.phase,
@@ -245,16 +248,13 @@ def run_study(
             if executor == "ray" and todo:
                 from probe.study.executors import run_on_ray
 
-                def begun(cell: Cell) -> None:
-                    emit(StudyEvent("cell-start", len(cells), cell.index, cell.label))
-
                 run_on_ray(todo, out, device, threads, address, begun, finished)
             elif jobs == 1 or len(todo) <= 1:
                 for cell in todo:
-                    emit(StudyEvent("cell-start", len(cells), cell.index, cell.label))
+                    begun(cell)
                     finished(run_cell(cell, out, device, relay))
             else:
-                _run_parallel(todo, cells, out, device, jobs, threads, emit, relay, finished)
+                _run_parallel(todo, cells, out, device, jobs, threads, begun, relay, finished)
         except (KeyboardInterrupt, Interrupted):
             raise Interrupted(
                 f"{len(records)} of {len(cells)} cells are finished and kept in {out}; run the "
@@ -266,7 +266,7 @@ def run_study(
     return RunResult(out, cells, [records[c.index] for c in cells], tables, manifest)
 
 
-def _run_parallel(todo, cells, out, device, jobs, threads, emit, relay, finished) -> None:
+def _run_parallel(todo, cells, out, device, jobs, threads, begun, relay, finished) -> None:
     import multiprocessing as mp
 
     context = mp.get_context("spawn")
@@ -282,14 +282,14 @@ def _run_parallel(todo, cells, out, device, jobs, threads, emit, relay, finished
             pending[pool.submit(_run_in_worker, cell, out, device, events)] = cell
         started: set[int] = set()
         try:
-            _drain(pending, events, started, cells, emit, relay, finished)
+            _drain(pending, events, started, cells, begun, relay, finished)
         except BaseException:  # interrupted (Ctrl-C, SIGTERM) or failed: stop the workers too
             for process in list(getattr(pool, "_processes", {}).values()):
                 process.terminate()
             raise
 
 
-def _drain(pending, events, started, cells, emit, relay, finished) -> None:
+def _drain(pending, events, started, cells, begun, relay, finished) -> None:
     """Relay the workers' events and collect finished cells until none is pending."""
     while pending:
         done, _ = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
@@ -300,7 +300,7 @@ def _drain(pending, events, started, cells, emit, relay, finished) -> None:
                 break
             if event.index not in started:
                 started.add(event.index)
-                emit(StudyEvent("cell-start", len(cells), event.index, cells[event.index].label))
+                begun(cells[event.index])
             relay(event)
         for future in done:
             pending.pop(future)

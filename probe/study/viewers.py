@@ -9,6 +9,7 @@ from pathlib import Path
 
 from probe.checkpoint import atomic_write_text
 from probe.errors import ProbeError
+from probe.study.cells import model_dir
 from probe.study.grid import Cell, expand
 from probe.study.reporting import study_from_dir
 
@@ -21,7 +22,7 @@ def kept_models(out: Path | str) -> list[tuple[Cell, Path]]:
     study, _ = study_from_dir(out)
     found = []
     for cell in expand(study):
-        model = out / "models" / cell.train_key
+        model = model_dir(out, cell)
         if (model / "config.json").is_file():
             found.append((cell, model))
     return found

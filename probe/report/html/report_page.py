@@ -1,6 +1,6 @@
 """report.html: a study's Markdown report rendered as one self-contained page (its figures
 embedded as data URIs, its style inline, nothing fetched), to mail or upload as a CI artifact.
-Links to the CSV files beside it stay relative; links to viewer pages are listed at the end."""
+Links to the CSV files beside it stay relative."""
 
 from __future__ import annotations
 
@@ -87,19 +87,12 @@ def _embed(folder: Path, body: str) -> str:
     return _IMG.sub(inline, body)
 
 
-def report_html(markdown: str, folder: Path | str, links: list[tuple[str, str]] = ()) -> str:
-    """The HTML page of a Markdown report whose figures lie in `folder`; `links` are (text,
-    relative path) pairs listed at the end (for example the viewers of the cells)."""
+def report_html(markdown: str, folder: Path | str) -> str:
+    """The HTML page of a Markdown report whose figures lie in `folder`."""
     folder = Path(folder)
     md = MarkdownIt("commonmark", {"html": False, "linkify": False}).enable("table")
     body = md.render(markdown)
     body = _TABLE.sub(lambda m: f'<div class="table-wrap"><table>{m.group(1)}</table></div>', body)
     body = _embed(folder, body)
-    if links:
-        items = "".join(
-            f'<li><a href="{html.escape(href)}">{html.escape(text)}</a></li>'
-            for text, href in links
-        )
-        body += f"<h2>Head viewers</h2>\n<ul>{items}</ul>\n"
     title = markdown.splitlines()[0].lstrip("# ").strip() if markdown.strip() else "Report"
     return PAGE.format(title=html.escape(title), style=STYLE, body=body)
