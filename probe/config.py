@@ -175,6 +175,12 @@ class ModelConfig:
     head_bias: bool = False  # a bias on the output projection (BERT's MLM head)
     # kept query heads per attention site, original ids (None: all n_head heads everywhere)
     kept_heads: tuple[tuple[int, ...], ...] | None = None
+    # sliding-window attention (decoders): a query sees only the last `sliding_window` keys,
+    # itself included, as transformers' Mistral and Qwen2 do (None: every earlier key)
+    sliding_window: int | None = None
+    # the layers (0-based) whose attention uses the window (None: every layer; Qwen2's
+    # max_window_layers and Gemma's alternating local layers window only some)
+    window_layers: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -229,6 +235,7 @@ class ModelConfig:
             )
         if self.type_vocab_size < 0:
             raise ProbeError(f"type_vocab_size must not be negative, got {self.type_vocab_size}.")
+        self._check_window()
         if self.kept_heads is not None:
             kept = tuple(tuple(int(h) for h in site) for site in self.kept_heads)
             set_(self, "kept_heads", kept)
@@ -238,6 +245,33 @@ class ModelConfig:
                     f"{self.n_sites}."
                 )
             self.sites()  # each site checks its head ids
+
+    def _check_window(self) -> None:
+        if self.sliding_window is None:
+            if self.window_layers is not None:
+                raise ProbeError("window_layers is set but sliding_window is not; set both.")
+            return
+        if self.sliding_window < 1:
+            raise ProbeError(f"sliding_window must be at least 1, got {self.sliding_window}.")
+        if self.arch != Arch.DECODER:
+            raise ProbeError(
+                f"sliding_window needs arch 'decoder' (causal self-attention), got '{self.arch}'."
+            )
+        if self.window_layers is not None:
+            layers = tuple(int(i) for i in self.window_layers)
+            distinct = len(set(layers)) == len(layers) and set(layers) <= set(range(self.n_layer))
+            if not layers or not distinct:
+                raise ProbeError(
+                    f"window_layers must list distinct layers in 0..{self.n_layer - 1}, got "
+                    f"{list(layers)} (leave sliding_window unset for no window)."
+                )
+            object.__setattr__(self, "window_layers", tuple(sorted(layers)))
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of decoder layer `layer` (None: it sees every earlier key)."""
+        if self.window_layers is not None and layer not in self.window_layers:
+            return None
+        return self.sliding_window
 
     @property
     def decoder_layers(self) -> int:
@@ -277,17 +311,23 @@ class ModelConfig:
 
         Names are module paths: an encoder-decoder has `encoder.i.attn`, then `blocks.i.attn`
         (causal self-attention) and `blocks.i.cross` (cross-attention) per decoder block."""
-        specs: list[tuple[str, bool, bool]] = []  # name, cross, causal
+        specs: list[tuple[str, bool, bool, int | None]] = []  # name, cross, causal, window
         if self.arch == Arch.ENCODER_DECODER:
-            specs += [(f"encoder.{i}.attn", False, False) for i in range(self.n_layer)]
+            specs += [(f"encoder.{i}.attn", False, False, None) for i in range(self.n_layer)]
             for i in range(self.decoder_layers):
-                specs += [(f"blocks.{i}.attn", False, True), (f"blocks.{i}.cross", True, False)]
+                specs += [(f"blocks.{i}.attn", False, True, None)]
+                specs += [(f"blocks.{i}.cross", True, False, None)]
         else:
-            specs = [(f"blocks.{i}.attn", False, self.causal) for i in range(self.n_layer)]
+            specs = [
+                (f"blocks.{i}.attn", False, self.causal, self.window(i))
+                for i in range(self.n_layer)
+            ]
         kept = self.kept_heads or [tuple(range(self.n_head))] * len(specs)
         return [
-            Site(name, i, cross, causal, self.n_head, self.kv_heads, heads)
-            for i, ((name, cross, causal), heads) in enumerate(zip(specs, kept, strict=True))
+            Site(name, i, cross, causal, self.n_head, self.kv_heads, heads, window)
+            for i, ((name, cross, causal, window), heads) in enumerate(
+                zip(specs, kept, strict=True)
+            )
         ]
 
     @classmethod

@@ -3,7 +3,9 @@
 `ModelConfig.sites()` builds them; the attention module holds its own; every table and plot joins
 on `Site.name` (with `Site.index`, the `layer` column). Heads keep their ORIGINAL ids through any
 pruning. With grouped-query attention, query head h reads key/value head `group(h)`: groups of
-`n_head // n_kv_head` consecutive query heads share one (Ainslie et al. 2023).
+`n_head // n_kv_head` consecutive query heads share one (Ainslie et al. 2023). A causal site may
+have a sliding window: a query then sees only the last `window` keys, itself included
+(`probe.model.mask` is the one rule every attention path and statistic reads).
 """
 
 from __future__ import annotations
@@ -23,8 +25,15 @@ class Site:
     n_head: int  # query heads before any pruning
     n_kv_head: int  # key/value heads before any pruning (n_head: ordinary multi-head)
     kept_heads: tuple[int, ...]  # original ids of the query heads this site holds
+    # causal self-attention only: query i sees keys j with i - window < j <= i (None: all j <= i)
+    window: int | None = None
 
     def __post_init__(self) -> None:
+        if self.window is not None and (self.window < 1 or not self.causal or self.cross):
+            raise ProbeError(
+                f"{self.name}: a sliding window needs causal self-attention and at least 1 key, "
+                f"got window {self.window} (causal {self.causal}, cross {self.cross})."
+            )
         if self.n_kv_head < 1 or self.n_head % self.n_kv_head:
             raise ProbeError(
                 f"{self.name}: n_head ({self.n_head}) must be a multiple of n_kv_head "

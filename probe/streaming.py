@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from probe.model.attention import AttentionCall
+from probe.model.mask import softmax
 
 # statistic -> the running sums it needs: "softmax" (m, l, u), "distance", "sink", "raw", "logit",
 # "output" (the head's output), "count" (visible keys)
@@ -143,6 +144,7 @@ def _materialized(
         n = count[sl].clamp_min(1)
         mask = None if seen is None else seen[sl] if seen.shape[0] > 1 else seen
         plus = None if keep is None else keep[sl] if keep.shape[0] > 1 else keep
+        vis = None if seen is None else call.visible[sl] if seen.shape[0] > 1 else call.visible
         part: dict[str, torch.Tensor] = {}
 
         def moments(x, n=n, mask=mask):
@@ -177,7 +179,7 @@ def _materialized(
             part["raw_max"] = part["m"]
         if "softmax" in need:
             part["sink"] = logits[..., 0]
-            p = logits.softmax(-1)  # [chunk, head, q, k], 0 where invisible
+            p = softmax(logits, vis)  # [chunk, head, q, k], 0 where invisible (and blind rows)
             part["lsum"] = lsum = 1.0 / p.amax(-1)  # p_max = exp(m - m) / l
             part["u"] = lsum * ((p * scores).sum(-1) - part["m"])
             if gap is not None:

@@ -27,6 +27,39 @@ def _rope_theta(hf: dict[str, Any], where: str) -> float:
     return float(params.get("rope_theta") or hf.get("rope_theta") or 10000.0)
 
 
+def _window(hf: dict[str, Any], where: str) -> tuple[int | None, tuple[int, ...] | None]:
+    """(sliding_window, window_layers) as transformers 5.24 reads them: Mistral windows every
+    layer (`sliding_window`, 4096 when absent, null for none); Qwen2 only with
+    `use_sliding_window`, on the layers `layer_types` marks "sliding_attention" (absent: those
+    from `max_window_layers` on, 28 by default); Llama has no window."""
+    kind = hf["model_type"]
+    if kind == "llama" or (kind == "qwen2" and not hf.get("use_sliding_window", False)):
+        return None, None
+    window = hf.get("sliding_window", 4096)
+    if window is None:
+        return None, None
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ProbeError(f"{where}: sliding_window must be a positive integer, got {window!r}.")
+    if kind != "qwen2":
+        return window, None
+    n_layer = number(hf, "num_hidden_layers", where)
+    types = hf.get("layer_types")
+    if types is None:
+        first = hf.get("max_window_layers", 28)
+        if isinstance(first, bool) or not isinstance(first, int):
+            raise ProbeError(f"{where}: max_window_layers must be an integer, got {first!r}.")
+        types = ["sliding_attention" if i >= first else "full_attention" for i in range(n_layer)]
+    kinds = ("full_attention", "sliding_attention")
+    if not isinstance(types, list) or len(types) != n_layer or any(t not in kinds for t in types):
+        raise ProbeError(
+            f"{where}: layer_types must list {n_layer} of {', '.join(kinds)}, got {types!r}."
+        )
+    layers = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+    if not layers:
+        return None, None
+    return window, None if len(layers) == n_layer else layers
+
+
 def config(hf: dict[str, Any], where: str, names: set[str] | None = None) -> ModelConfig:
     act = hf.get("hidden_act", "silu")
     if act != "silu":
@@ -37,6 +70,7 @@ def config(hf: dict[str, Any], where: str, names: set[str] | None = None) -> Mod
     n_head = number(hf, "num_attention_heads", where)
     qkv_bias = hf["model_type"] == "qwen2" or bool(hf.get("attention_bias", False))
     tied = tied_output(hf, names, default=False)
+    window, window_layers = _window(hf, where)
     return ModelConfig(
         arch=Arch.DECODER,
         vocab_size=number(hf, "vocab_size", where),
@@ -56,6 +90,8 @@ def config(hf: dict[str, Any], where: str, names: set[str] | None = None) -> Mod
         qkv_bias=qkv_bias,
         tie_embeddings=tied,
         ln_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        sliding_window=window,
+        window_layers=window_layers,
     )
 
 
@@ -130,7 +166,38 @@ def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]
         "tie_word_embeddings": cfg.tie_embeddings,
         "attention_dropout": 0.0,
     }
+    if cfg.sliding_window is not None:
+        return _windowed(hf, weights, cfg)
     if cfg.qkv_bias:  # Llama's attention_bias also puts a bias on o_proj: zeros compute the same
         for i in range(cfg.n_layer):
             weights[f"model.layers.{i}.self_attn.o_proj.bias"] = torch.zeros(cfg.d_model)
+    return hf, weights
+
+
+def _windowed(hf: dict, weights: dict, cfg: ModelConfig) -> tuple[dict, dict]:
+    """Llama has no sliding window: a window on every layer without q/k/v biases is a Mistral,
+    any other a Qwen2 whose `layer_types` name the windowed layers (zero q/k/v biases where the
+    model has none), read back by `_window`."""
+    del hf["attention_bias"], hf["mlp_bias"]
+    if cfg.window_layers is None and not cfg.qkv_bias:
+        model_type = {"model_type": "mistral", "architectures": ["MistralForCausalLM"]}
+        return {**hf, **model_type, "sliding_window": cfg.sliding_window}, weights
+    types = [
+        "sliding_attention" if cfg.window(i) is not None else "full_attention"
+        for i in range(cfg.n_layer)
+    ]
+    hf = {
+        **hf,
+        "model_type": "qwen2",
+        "architectures": ["Qwen2ForCausalLM"],
+        "use_sliding_window": True,
+        "sliding_window": cfg.sliding_window,
+        "max_window_layers": types.index("sliding_attention"),
+        "layer_types": types,
+    }
+    if not cfg.qkv_bias:
+        for name in [
+            n for n in weights if n.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight"))
+        ]:
+            weights[name.removesuffix("weight") + "bias"] = torch.zeros(weights[name].shape[0])
     return hf, weights

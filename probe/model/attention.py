@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from probe.config import PE, ModelConfig, Scale
+from probe.model import mask
 from probe.model.positional import FIRE, ALiBi, Rotary, T5Bias
 from probe.site import Site
 
@@ -218,26 +219,11 @@ class Attention(nn.Module):
             return kv
         return kv.index_select(1, self.kv_index)
 
-    def _visible(
-        self, q_len: int, k_len: int, key_mask: torch.Tensor | None, device: torch.device
-    ) -> torch.Tensor | None:
-        visible = None
-        if self.causal:
-            visible = torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)
-            visible = visible.view(1, 1, q_len, k_len)  # [1, 1, q, k]
-        if key_mask is not None:
-            keys = key_mask.view(key_mask.shape[0], 1, 1, k_len)  # [batch, 1, 1, k]
-            visible = keys if visible is None else visible & keys
-        return visible
-
     def _length_factor(self, q_len: int, k_len: int, device: torch.device) -> torch.Tensor | None:
         """log(n_visible) / log(L_train) per query row (Chiang & Cholak 2022)."""
         if self.log_scale_len is None:
             return None
-        if self.causal:
-            n = torch.arange(k_len - q_len + 1, k_len + 1, device=device, dtype=torch.float32)
-        else:
-            n = torch.full((q_len,), float(k_len), device=device)
+        n = mask.visible_counts(self.site, q_len, k_len, device)  # [q]
         return n.log() / math.log(self.log_scale_len)  # [q]
 
     def forward(
@@ -271,7 +257,7 @@ class Attention(nn.Module):
         scale = self.head_scale()  # [head]
         factor = self._length_factor(q_len, k_len, x.device)  # [q_len] or None
         bias = self.score_bias.bias(q_pos, k_pos) if self.score_bias is not None else None
-        visible = self._visible(q_len, k_len, key_mask, x.device)  # [batch|1, 1, q, k] or None
+        visible = mask.visible(self.site, q_len, k_len, key_mask, x.device)  # [b|1, 1, q, k]
         observer = self.observer if self.n_kept > 0 else None  # nothing to see in a pruned site
         call = None
         if observer is not None:
@@ -290,7 +276,7 @@ class Attention(nn.Module):
         """The output computed from the weights when an observer has them, else None."""
         if observer.needs_weights:  # the explicit path: the observer sees the weights
             _, logits = call.logits()  # [batch, head, q_len, k_len]
-            probs = logits.softmax(dim=-1).to(v.dtype)  # [batch, head, q_len, k_len]
+            probs = mask.softmax(logits, call.visible).to(v.dtype)  # [batch, head, q, k]
             call.probs = probs
             if self.training and self.dropout > 0:
                 probs = F.dropout(probs, self.dropout)
@@ -311,15 +297,15 @@ class Attention(nn.Module):
             q = q * factor.to(q.dtype).view(1, 1, -1, 1)
         dropout = self.dropout if self.training else 0.0
         q_len, k_len = q.shape[2], k.shape[2]
-        if bias is None and key_mask is None and (not self.causal or q_len == k_len):
+        if bias is None and key_mask is None and mask.plain(self.site, q_len, k_len):
             return F.scaled_dot_product_attention(
                 q, k, v, dropout_p=dropout, is_causal=self.causal, scale=sdpa_scale
             )
-        mask = visible
+        attn_mask = visible
         if bias is not None:
-            mask = bias.to(q.dtype)
+            attn_mask = bias.to(q.dtype)
             if visible is not None:
-                mask = mask.masked_fill(~visible, float("-inf"))
+                attn_mask = attn_mask.masked_fill(~visible, float("-inf"))
         return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=dropout, scale=sdpa_scale
+            q, k, v, attn_mask=attn_mask, dropout_p=dropout, scale=sdpa_scale
         )
