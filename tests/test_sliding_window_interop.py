@@ -39,6 +39,13 @@ def tiny(kind: str, **kw):
     return model.eval()
 
 
+class Weights:
+    needs_weights = True
+
+    def record(self, call) -> None:
+        pass
+
+
 def tokens():
     g = torch.Generator().manual_seed(1)
     return torch.randint(0, 99, (2, SEQ), generator=g)
@@ -77,6 +84,14 @@ def test_windowed_logits_match_transformers_past_the_window(case, tmp_path):
     model = import_model(tmp_path / case).model
     assert (model.cfg.sliding_window, model.cfg.window_layers) == (window, layers)
     assert logits_gap(model, ref) < TOL
+    t, keep = tokens(), torch.ones(2, SEQ, dtype=torch.bool)
+    keep[1, 15:] = False  # right padding: the rows past it see no key once the window moves on
+    with torch.no_grad():
+        got = model(t, key_mask=keep)
+        want = ref(t, attention_mask=keep.long()).logits
+    assert float((got - want)[keep].abs().max()) < TOL and got.isfinite().all()
+    with model.observe(Weights()):  # the explicit path, which materializes the weights
+        assert logits_gap(model, ref) < TOL
     # off by one either way is visibly another function: the comparison above can fail
     for wrong in (window - 1, window + 1):
         other = Transformer(dataclasses.replace(model.cfg, sliding_window=wrong)).eval()

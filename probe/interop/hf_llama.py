@@ -1,6 +1,7 @@
 """Llama family (Llama, Mistral, Qwen2, SmolLM): pre-norm RMSNorm, SwiGLU, rotary position
 embedding with the config's base (rotate-half layout, as probe's `Rotary`), no biases (Qwen2:
-biases on q, k and v), tied or untied output, grouped-query attention."""
+biases on q, k and v), tied or untied output, grouped-query attention, and the sliding windows
+of Mistral and Qwen2 (`_window`)."""
 
 from __future__ import annotations
 

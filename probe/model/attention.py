@@ -3,7 +3,8 @@
 Two paths compute the same thing: torch's fused `scaled_dot_product_attention` (the default) and an
 explicit one that materialises the weights (used when an observer asks for them). An observer sees
 an `AttentionCall` holding the per-head q, k, v and everything needed to rebuild the logits tile by
-tile, so statistics can be computed without keeping an n x n matrix.
+tile, so statistics can be computed without keeping an n x n matrix. Which keys a query sees
+(causal, sliding window, padding) is `probe.model.mask`'s one rule, shared by both paths.
 """
 
 from __future__ import annotations
