@@ -24,10 +24,11 @@ def _rope_theta(hf: Fields) -> float:
     theta = hf.number("rope_theta", 10000.0)
     for key in ("rope_parameters", "rope_scaling"):
         section = hf.section(key)
-        kind = section.name("rope_type", None) or section.name("type", "default")
+        kind_key = "rope_type" if section.has("rope_type") else "type"
+        kind = section.name(kind_key, "default")
         if kind != "default":
             section.refuse(
-                "rope_type",
+                kind_key,
                 kind,
                 "this rotary scaling is not implemented in probe, "
                 "which computes the plain rotary embedding (rope_type 'default').",
