@@ -287,3 +287,58 @@ def test_deeply_nested_json_is_one_line(file, bases, tmp_path, capsys):
     (source / file).write_text(DEEP)
     message = refused(source, tmp_path / "out", capsys)
     assert file in message, message
+
+
+def test_an_interrupted_import_writes_nothing_and_the_rerun_works(bases, tmp_path, capsys,
+                                                                 monkeypatch):  # fmt: skip
+    import probe_cli.interop as cli
+
+    from probe.errors import Interrupted
+
+    real_save = cli.save
+
+    def save_then_interrupt(path, *args, **kwargs):
+        real_save(path, *args, **kwargs)  # every file written into the staging folder
+        raise Interrupted()  # Ctrl-C before they are moved into --out
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(cli, "save", save_then_interrupt)
+    code, err = run(["import", str(bases["gpt2"]), "--out", str(out)], capsys)
+    assert code == 130 and "nothing was written" in err and "run the same command again" in err
+    assert not out.exists()  # it made --out, and took it away again
+    monkeypatch.setattr(cli, "save", real_save)
+    code, err = run(["import", str(bases["gpt2"]), "--out", str(out)], capsys)
+    assert code == 0, err
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_a_later_import_removes_only_the_staging_folders_of_dead_runs(bases, tmp_path, capsys):
+    import fcntl
+    import os
+
+    out = tmp_path / "out"
+    dead, live = out / ".probe-stage-dead.probe-tmp", out / ".probe-stage-live.probe-tmp"
+    for folder in (dead, live):
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"half")
+    (out / ".notes.probe-tmp").write_text("mine")
+    (out / "notes.txt").write_text("mine")
+    fd = os.open(live, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # as a run still writing holds it
+    try:
+        code, err = run(["import", str(bases["gpt2"]), "--out", str(out)], capsys)
+    finally:
+        os.close(fd)
+    assert code == 0, err
+    assert not dead.exists() and (live / "model.safetensors").read_bytes() == b"half"
+    assert (out / ".notes.probe-tmp").read_text() == "mine" == (out / "notes.txt").read_text()
+    assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+
+
+def test_checkpoint_weights_that_are_a_directory_are_named_so(bases, tmp_path, capsys):
+    out = tmp_path / "ckpt"
+    assert run(["import", str(bases["gpt2"]), "--out", str(out)], capsys)[0] == 0
+    (out / "model.safetensors").unlink()
+    (out / "model.safetensors").mkdir()
+    code, err = run(["info", str(out)], capsys)
+    assert code == 2 and "model.safetensors is a directory" in err, err

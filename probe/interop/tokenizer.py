@@ -169,13 +169,9 @@ def tokenizer_from_gguf(metadata: dict[str, Any]) -> Tokenizer:
             "the file is damaged: download it again."
         )
 
-    tok = Tokenizer(
-        models.BPE(
-            vocab=_vocab(tokens, types),
-            merges=_merges(_get(metadata, "merges", list)),
-            ignore_merges=pre.ignore_merges,
-        )
-    )
+    vocab = _vocab(tokens, types)
+    merges = _merges(_get(metadata, "merges", list), vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre.ignore_merges))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pre.regexes]
         + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
@@ -225,7 +221,9 @@ def _vocab(tokens: list[str], types: list[int]) -> dict[str, int]:
     return vocab
 
 
-def _merges(merges: list[Any]) -> list[tuple[str, str]]:
+def _merges(merges: list[Any], vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """The merges as pairs; each must join two tokens of the vocabulary into a third (the
+    tokenizers package panics on one that does not)."""
     pairs = []
     for merge in merges:
         parts = str(merge).split(" ")
@@ -233,6 +231,12 @@ def _merges(merges: list[Any]) -> list[tuple[str, str]]:
             raise ProbeError(
                 f"GGUF merge {merge!r} is not two tokens separated by one space; "
                 "the file is damaged: download it again."
+            )
+        missing = [t for t in (*parts, "".join(parts)) if t not in vocab]
+        if missing:
+            raise ProbeError(
+                f"GGUF merge {merge!r:.60} needs the token {missing[0]!r:.40}, which is not in "
+                "the vocabulary (tokenizer.ggml.tokens); the file is damaged: download it again."
             )
         pairs.append((parts[0], parts[1]))
     return pairs
