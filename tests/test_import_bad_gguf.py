@@ -136,3 +136,11 @@ def test_the_unchanged_file_imports(tmp_path, capsys):
     path = write_gguf(tmp_path / "m.gguf", {})
     assert exit_code(["import", str(path), "--out", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "config.json").is_file()  # every case above mutates a good file
+
+
+def test_token_types_that_are_not_integers_are_one_line(tmp_path, capsys):
+    path = write_gguf(tmp_path / "m.gguf", {"tokenizer.ggml.token_type": ["x"] * len(TOKENS)})
+    capsys.readouterr()
+    assert exit_code(["import", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "'tokenizer.ggml.token_type' must be a list of integers" in err, err

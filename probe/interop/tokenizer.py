@@ -15,6 +15,7 @@ vocabulary (`tokenizer.ggml.model == "gpt2"`) we rebuild the tokenizer as llama.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from probe.errors import ProbeError
+from probe.fields import shown
 
 # GGUF token types (llama.cpp `llama_token_type`)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -162,7 +164,12 @@ def tokenizer_from_gguf(metadata: dict[str, Any]) -> Tokenizer:
         )
     pre = PRE_TOKENIZERS[pre_name]
     tokens = [str(t) for t in _get(metadata, "tokens", list)]
-    types = [int(t) for t in metadata.get("tokenizer.ggml.token_type", [NORMAL] * len(tokens))]
+    types = metadata.get("tokenizer.ggml.token_type", [NORMAL] * len(tokens))
+    if not isinstance(types, list) or not all(_is_int(t) for t in types):
+        raise ProbeError(
+            f"GGUF metadata 'tokenizer.ggml.token_type' must be a list of integers, got "
+            f"{shown(types)}; the file is damaged: download it again."
+        )
     if len(types) != len(tokens):
         raise ProbeError(
             f"GGUF metadata lists {len(tokens)} tokens but {len(types)} token types; "
@@ -205,6 +212,10 @@ def _get(metadata: dict[str, Any], name: str, kind: type) -> Any:
     if kind is str and isinstance(value, str):
         return value
     raise ProbeError(f"GGUF metadata {key!r} should be a {kind.__name__}, not {value!r:.60}.")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _vocab(tokens: list[str], types: list[int]) -> dict[str, int]:
