@@ -39,6 +39,21 @@ class Fields:
     def __init__(self, data: Mapping[str, Any], label: str, prefix: str = "") -> None:
         self.data, self.label, self.prefix = data, label, prefix
 
+    @classmethod
+    def of(cls, hf: Mapping[str, Any] | Fields, where: str) -> Fields:
+        """`hf` as Fields (a plain config dict is labelled by `where`)."""
+        return hf if isinstance(hf, Fields) else cls(hf, f"{where}: config.json")
+
+    # read like the dict it wraps, for code that only looks a key up
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.data
+
     def fail(self, key: str, expected: str, value: Any) -> NoReturn:
         field = f"{self.prefix}{key}"
         raise ProbeError(f"{self.label}: {field} must be {expected}, got {shown(value)}.")

@@ -18,7 +18,8 @@ IGNORED = (r"(bert\.)?embeddings\.position_ids", r"(bert\.)?pooler\..*",
            r"cls\.seq_relationship\..*", r"cls\.predictions\.decoder\..*")  # fmt: skip
 
 
-def config(hf: Fields, where: str, names: set[str] | None = None) -> ModelConfig:
+def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> ModelConfig:
+    hf = Fields.of(hf, where)
     refuse_unimplemented(hf, "BERT")
     act = hf.choice("hidden_act", "gelu", ACTIVATIONS, "BERT")
     hf.choice("position_embedding_type", "absolute", ("absolute",), "BERT")

@@ -16,7 +16,8 @@ ACTIVATIONS = {"gelu_new": FFN.GELU_TANH, "gelu_pytorch_tanh": FFN.GELU_TANH, "g
 IGNORED = (r"(transformer\.)?h\.\d+\.attn\.(masked_)?bias", r"lm_head\.weight")
 
 
-def config(hf: Fields, where: str, names: set[str] | None = None) -> ModelConfig:
+def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> ModelConfig:
+    hf = Fields.of(hf, where)
     refuse_unimplemented(hf, "GPT-2")
     act = hf.choice("activation_function", "gelu_new", ACTIVATIONS, "GPT-2")
     for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):

@@ -43,7 +43,8 @@ def _rope_theta(hf: Fields) -> float:
     return theta
 
 
-def config(hf: Fields, where: str, names: set[str] | None = None) -> ModelConfig:
+def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> ModelConfig:
+    hf = Fields.of(hf, where)
     model_type = hf.name("model_type")
     refuse_unimplemented(hf, "Llama family")
     hf.choice("hidden_act", "silu", ("silu",), "the Llama family")
