@@ -10,7 +10,7 @@ import typer
 from probe_cli.common import OverwriteOpt, PickleOpt, console, shown
 
 from probe import provenance
-from probe.checkpoint import CHECKPOINT_FILES, claim_output, load_checkpoint, open_output
+from probe.checkpoint import CHECKPOINT_FILES, claim_output, load_checkpoint
 from probe.checkpoint import save_checkpoint as save
 from probe.errors import ProbeError
 from probe.interop.families import supported
@@ -27,17 +27,22 @@ def import_cli(
     ],
     out: Annotated[Path, typer.Option("--out", "-o", help="Checkpoint directory to write.")],
     overwrite: OverwriteOpt = False,
+    allow_nonfinite: Annotated[
+        bool,
+        typer.Option("--allow-nonfinite", help="Import weights that hold NaN or infinities."),
+    ] = False,
 ) -> None:
     """Turn a local model into a probe checkpoint that computes the same function (offline)."""
     from probe.interop.importer import import_model
+    from probe.interop.staging import staged
 
     earlier = claim_output(out, CHECKPOINT_FILES, overwrite)
-    with console.status(f"reading {source}"):
-        imported = import_model(source)
-    meta = {"imported": provenance.context("cpu")}
-    open_output(out, earlier)
-    save(out, imported.model, None, None, meta, source=imported.source,
-         tokenizer=imported.tokenizer)  # fmt: skip
+    with staged(out, earlier) as stage:  # all files or none: an interrupted run leaves nothing
+        with console.status(f"reading {source}"):
+            imported = import_model(source, allow_nonfinite)
+        meta = {"imported": provenance.context("cpu")}
+        save(stage, imported.model, None, None, meta, source=imported.source,
+             tokenizer=imported.tokenizer)  # fmt: skip
     cfg = imported.model.cfg
     counts = imported.model.parameter_counts()
     groups = f", {cfg.kv_heads} key/value heads" if cfg.kv_heads != cfg.n_head else ""
@@ -60,6 +65,7 @@ def export_cli(
 ) -> None:
     """Write a checkpoint in the Hugging Face format, loadable with from_pretrained."""
     from probe.interop.export import export_hf
+    from probe.interop.staging import staged
 
     if format != "hf":
         raise ProbeError(f"Unknown --format '{format}'. Available: hf.")
@@ -72,8 +78,8 @@ def export_cli(
             f"({', '.join(supported())}) back to their format."
         )
     tokenizer = ckpt.tokenizer() if (ckpt.path / "tokenizer.json").is_file() else None
-    open_output(out, earlier)
-    written = export_hf(ckpt.model, ckpt.source["model_type"], out, tokenizer)
+    with staged(out, earlier) as stage:  # all files or none: an interrupted run leaves nothing
+        written = export_hf(ckpt.model, ckpt.source["model_type"], stage, tokenizer)
     console.print(f"wrote {', '.join(p.name for p in written)} to {shown(out)}")
 
 

@@ -231,6 +231,8 @@ def read_config(path: str | Path) -> dict[str, Any]:
 
 def _load_weights(path: Path, allow_pickle: bool) -> dict[str, torch.Tensor]:
     weights = path / WEIGHTS
+    if weights.is_dir():
+        raise ProbeError(f"{weights} is a directory; it should be the safetensors weights file.")
     if weights.exists():
         from safetensors import SafetensorError
         from safetensors.torch import load_file

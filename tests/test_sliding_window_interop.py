@@ -129,7 +129,7 @@ def test_bad_window_keys_are_one_clear_error(tmp_path):
     for change, match in (
         ({"sliding_window": "4"}, "sliding_window must be a positive integer"),
         ({"sliding_window": 0}, "sliding_window must be a positive integer"),
-        ({"layer_types": ["sliding_attention"]}, "layer_types must list 3"),
+        ({"layer_types": ["sliding_attention"]}, "layer_types must be a list of 3"),
     ):
         path.write_text(json.dumps({**good, **change}))
         with pytest.raises(ProbeError, match=match):

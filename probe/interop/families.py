@@ -2,7 +2,9 @@
 knows that family's config keys and weight names (one module per family, one entry here).
 
 Each family module offers
+    MODEL_TYPES, IGNORED                      its model types; source tensors it may leave unused
     config(hf, where, names) -> ModelConfig   the probe config that computes the same function
+                                              (`hf` a `Fields` over config.json: typed reads)
     to_probe(hf_state, cfg, where) -> dict     Hugging Face weights under probe's names
     to_hf(state, cfg) -> (dict, dict)          probe weights back to a config.json + weights
 """
@@ -14,6 +16,7 @@ from typing import Any
 
 from probe.config import did_you_mean
 from probe.errors import ProbeError
+from probe.interop.fields import Fields
 
 
 def _modules() -> dict[str, ModuleType]:
@@ -32,11 +35,16 @@ def family(hf_config: dict[str, Any], where: str) -> ModuleType:
     supported."""
     model_type = hf_config.get("model_type")
     modules = _modules()
-    if model_type not in modules:
-        known = ", ".join(supported())
-        hint = did_you_mean(str(model_type), list(modules)) if model_type else ""
+    known = ", ".join(supported())
+    if model_type is None:
         raise ProbeError(
-            f"{where}: model_type {model_type!r} is not supported.{hint} probe imports these "
+            f"{where}: config.json has no model_type, so the architecture is unknown; add the "
+            f"Hugging Face model type (probe imports {known})."
+        )
+    if not isinstance(model_type, str) or model_type not in modules:
+        hint = did_you_mean(model_type, list(modules)) if isinstance(model_type, str) else ""
+        raise ProbeError(
+            f"{where}: model_type {model_type!r:.60} is not supported.{hint} probe imports these "
             f"architectures: {known}."
         )
     return modules[model_type]
@@ -51,12 +59,37 @@ def rename(state: dict, names: dict[str, str], where: str) -> dict:
     return {new: state[old] for old, new in names.items()}
 
 
-def tied_output(hf: dict[str, Any], names: set[str] | None, default: bool) -> bool:
+def tied_output(hf: Fields, names: set[str] | None, default: bool) -> bool:
     """Whether the output layer shares the token embedding: the config says so (absent: the
     family's `default`) when the file has an lm_head; without one it must."""
-    if names is not None and "lm_head.weight" in names:
-        return bool(hf.get("tie_word_embeddings", default))
-    return True
+    tied = hf.flag("tie_word_embeddings", default)
+    return tied if names is not None and "lm_head.weight" in names else True
+
+
+# Config keys of other families that change the function computed, -> (the values that compute
+# what probe computes, the feature). A config of a supported family that sets one is refused.
+UNIMPLEMENTED = {
+    "attn_logit_softcapping": ((None,), "soft-capped attention logits"),
+    "final_logit_softcapping": ((None,), "soft-capped output logits"),
+    "partial_rotary_factor": ((None, 1, 1.0), "rotary embedding on part of each head"),
+    "query_pre_attn_scalar": ((None,), "a query scale other than 1/sqrt(head_dim)"),
+    "attention_multiplier": ((None,), "a query scale other than 1/sqrt(head_dim)"),
+    "logits_scaling": ((None, 1, 1.0), "scaled output logits"),
+    "embedding_multiplier": ((None, 1, 1.0), "scaled token embeddings"),
+    "residual_multiplier": ((None, 1, 1.0), "scaled residual branches"),
+    "qk_layernorm": ((None, False), "norms on queries and keys"),
+    "use_qk_norm": ((None, False), "norms on queries and keys"),
+    "add_cross_attention": ((None, False), "cross-attention layers"),
+    "is_decoder": ((None, False), "an encoder run as a causal decoder"),
+}
+
+
+def refuse_unimplemented(hf: Fields, family_name: str) -> None:
+    """One line naming the first key of UNIMPLEMENTED the config sets to another value."""
+    for key, (neutral, feature) in UNIMPLEMENTED.items():
+        value = hf.raw(key)
+        if not any(value is n or (type(value) is type(n) and value == n) for n in neutral):
+            hf.refuse(key, value, f"{feature} is not implemented in probe's {family_name}.")
 
 
 def require_unpruned(cfg, name: str, detail: str = "") -> None:
@@ -68,11 +101,3 @@ def require_unpruned(cfg, name: str, detail: str = "") -> None:
             f"one head count and head size for every layer{detail}. Export the unpruned model, "
             "or keep it as a probe checkpoint."
         )
-
-
-def number(hf: dict[str, Any], key: str, where: str, default: Any = None) -> Any:
-    """hf[key] (or `default`), with a clear error when it is absent and has no default."""
-    value = hf.get(key, default)
-    if value is None:
-        raise ProbeError(f"{where}: config.json has no '{key}'.")
-    return value

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from probe.errors import ProbeError
+from probe.interop.fields import REQUIRED, Fields
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 
@@ -144,65 +145,70 @@ def metadata_of(reader: Any, path: Path) -> dict[str, Any]:
     return metadata
 
 
-def _required(metadata: dict[str, Any], key: str, path: Path) -> Any:
-    if key not in metadata:
-        raise ProbeError(f"GGUF file '{path}' lacks the metadata key '{key}'")
-    return metadata[key]
-
-
 def _float32_value(value: float) -> float:
     """The shortest decimal that a float32 stores: 1e-5 comes back as 1e-05, not 9.9999997e-06."""
     return float(str(np.float32(value)))
 
 
 def _llama_config(metadata: dict[str, Any], gguf_names: list[str], path: Path) -> dict[str, Any]:
-    def key(name: str) -> Any:
-        return _required(metadata, f"llama.{name}", path)
+    meta = Fields(metadata, f"GGUF file '{path}': metadata")
 
-    d_model = int(key("embedding_length"))
-    n_head = int(key("attention.head_count"))
-    n_kv_head = int(metadata.get("llama.attention.head_count_kv", n_head))
-    d_head = int(metadata.get("llama.attention.key_length", d_model // n_head))
-    d_value = int(metadata.get("llama.attention.value_length", d_head))
-    rotary_dims = int(metadata.get("llama.rope.dimension_count", d_head))
-    if d_value != d_head or rotary_dims != d_head or n_head % n_kv_head != 0:
+    def count(name: str, default: Any = REQUIRED, lo: int = 1) -> int:
+        return meta.integer(f"llama.{name}", default, lo=lo)
+
+    d_model = count("embedding_length")
+    n_head = count("attention.head_count")
+    n_kv_head = count("attention.head_count_kv", n_head)
+    if meta.has("llama.attention.head_count_kv"):
+        meta.divides("llama.attention.head_count", "llama.attention.head_count_kv")
+    if not meta.has("llama.attention.key_length"):
+        meta.divides("llama.embedding_length", "llama.attention.head_count")
+    d_head = count("attention.key_length", d_model // n_head)
+    d_value = count("attention.value_length", d_head)
+    rotary_dims = count("rope.dimension_count", d_head)
+    if d_value != d_head or rotary_dims != d_head or d_head % 2:
         raise ProbeError(
             f"GGUF file '{path}': unsupported attention layout (key length {d_head}, value "
-            f"length {d_value}, rotary dims {rotary_dims}, {n_head} heads, {n_kv_head} kv heads)"
+            f"length {d_value}, rotary dims {rotary_dims}); probe imports heads whose keys, "
+            "values and rotary dimensions have one even size"
         )
-    scaling = metadata.get("llama.rope.scaling.type", "none")
+    scaling = meta.name("llama.rope.scaling.type", "none")
     if scaling != "none":
-        raise ProbeError(f"GGUF file '{path}': rope scaling '{scaling}' is not supported")
+        meta.refuse("llama.rope.scaling.type", scaling, "rotary scaling is not implemented in "
+                    "probe, which computes the plain rotary embedding.")  # fmt: skip
+    freq_base = meta.number("llama.rope.freq_base", 10000.0)
+    if not freq_base > 1:
+        meta.fail("llama.rope.freq_base", "a number greater than 1 (usually 10000)", freq_base)
     embed = "token_embd.weight"
     if embed not in gguf_names:
         raise ProbeError(f"GGUF file '{path}' lacks the tensor '{embed}'")
     tokens = metadata.get("tokenizer.ggml.tokens")
-    vocab_size = int(metadata.get("llama.vocab_size", len(tokens) if tokens else 0))
-    if vocab_size == 0:
+    if not meta.has("llama.vocab_size") and not (isinstance(tokens, list) and tokens):
         raise ProbeError(f"GGUF file '{path}' has neither 'llama.vocab_size' nor a token list")
+    vocab_size = count("vocab_size", len(tokens) if isinstance(tokens, list) else None)
     config: dict[str, Any] = {
         "model_type": "llama",
         "architectures": ["LlamaForCausalLM"],
         "vocab_size": vocab_size,
         "hidden_size": d_model,
-        "intermediate_size": int(key("feed_forward_length")),
-        "num_hidden_layers": int(key("block_count")),
+        "intermediate_size": count("feed_forward_length"),
+        "num_hidden_layers": count("block_count"),
         "num_attention_heads": n_head,
         "num_key_value_heads": n_kv_head,
         "head_dim": d_head,
         "hidden_act": "silu",
         "attention_bias": False,
         "mlp_bias": False,
-        "rms_norm_eps": _float32_value(key("attention.layer_norm_rms_epsilon")),
-        "rope_theta": _float32_value(metadata.get("llama.rope.freq_base", 10000.0)),
-        "max_position_embeddings": int(key("context_length")),
+        "rms_norm_eps": _float32_value(meta.number("llama.attention.layer_norm_rms_epsilon")),
+        "rope_theta": _float32_value(freq_base),
+        "max_position_embeddings": count("context_length"),
         "tie_word_embeddings": "output.weight" not in gguf_names,
         "torch_dtype": "float32",
     }
     for token in ("bos", "eos", "pad"):
         gguf_key = f"tokenizer.ggml.{'padding' if token == 'pad' else token}_token_id"
-        if gguf_key in metadata:
-            config[f"{token}_token_id"] = int(metadata[gguf_key])
+        if meta.has(gguf_key):
+            config[f"{token}_token_id"] = meta.integer(gguf_key, lo=0)
     return config
 
 

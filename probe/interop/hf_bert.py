@@ -3,40 +3,46 @@ types, a LayerNorm on the embeddings, GELU, biases everywhere; the masked-LM hea
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from probe.config import FFN, PE, Arch, ModelConfig, Norm
-from probe.errors import ProbeError
-from probe.interop.families import number, rename, require_unpruned
+from probe.interop.families import refuse_unimplemented, rename, require_unpruned
+from probe.interop.fields import Fields
 
 MODEL_TYPES = ("bert",)
 ACTIVATIONS = {"gelu": FFN.GELU, "gelu_new": FFN.GELU_TANH, "relu": FFN.RELU}
 MLM = "cls.predictions."
+# source tensors probe leaves unused: buffers, the pooler and next-sentence head (neither feeds
+# the hidden states or the MLM logits), the MLM decoder tied to the token embedding
+IGNORED = (r"(bert\.)?embeddings\.position_ids", r"(bert\.)?pooler\..*",
+           r"cls\.seq_relationship\..*", r"cls\.predictions\.decoder\..*")  # fmt: skip
 
 
-def config(hf: dict[str, Any], where: str, names: set[str] | None = None) -> ModelConfig:
-    act = hf.get("hidden_act", "gelu")
-    if act not in ACTIVATIONS:
-        raise ProbeError(f"{where}: hidden_act '{act}' is not supported for BERT.")
-    if hf.get("position_embedding_type", "absolute") != "absolute":
-        raise ProbeError(f"{where}: only absolute position embeddings are supported for BERT.")
-    d_model = number(hf, "hidden_size", where)
+def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> ModelConfig:
+    hf = Fields.of(hf, where)
+    refuse_unimplemented(hf, "BERT")
+    act = hf.choice("hidden_act", "gelu", ACTIVATIONS, "BERT")
+    hf.choice("position_embedding_type", "absolute", ("absolute",), "BERT")
+    d_model = hf.integer("hidden_size")
+    n_head = hf.integer("num_attention_heads")
+    hf.divides("hidden_size", "num_attention_heads")
     has_head = names is not None and any(n.startswith(MLM) for n in names)
+    if has_head and not hf.flag("tie_word_embeddings", True) and f"{MLM}decoder.weight" in names:
+        hf.refuse("tie_word_embeddings", False, "an MLM decoder apart from the token "
+                  "embedding is not implemented in probe's BERT.")  # fmt: skip
     return ModelConfig(
         arch=Arch.ENCODER,
-        vocab_size=number(hf, "vocab_size", where),
-        n_layer=number(hf, "num_hidden_layers", where),
-        n_head=number(hf, "num_attention_heads", where),
+        vocab_size=hf.integer("vocab_size"),
+        n_layer=hf.integer("num_hidden_layers"),
+        n_head=n_head,
         d_model=d_model,
-        ffn=ACTIVATIONS[act],
-        ffn_mult=number(hf, "intermediate_size", where) / d_model,
+        ffn=act,
+        ffn_mult=hf.integer("intermediate_size") / d_model,
         norm=Norm.POST,
         pe=PE.LEARNED,
-        max_len=number(hf, "max_position_embeddings", where),
-        ln_eps=float(hf.get("layer_norm_eps", 1e-12)),
-        type_vocab_size=int(hf.get("type_vocab_size", 2)),
+        max_len=hf.integer("max_position_embeddings"),
+        ln_eps=hf.number("layer_norm_eps", 1e-12),
+        type_vocab_size=hf.integer("type_vocab_size", 2, lo=0),
         embed_norm=True,
         tie_embeddings=True,
         head_transform=has_head,

@@ -3,44 +3,46 @@ Conv1D weights stored [in, out] (transposed here), fused c_attn, tied output emb
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from probe.config import FFN, PE, Arch, ModelConfig, Norm
-from probe.errors import ProbeError
-from probe.interop.families import number, rename, require_unpruned, tied_output
+from probe.interop.families import refuse_unimplemented, rename, require_unpruned, tied_output
+from probe.interop.fields import Fields
 
 MODEL_TYPES = ("gpt2",)
 ACTIVATIONS = {"gelu_new": FFN.GELU_TANH, "gelu_pytorch_tanh": FFN.GELU_TANH, "gelu": FFN.GELU,
                "relu": FFN.RELU}  # fmt: skip
+# source tensors probe leaves unused: the causal-mask buffers of older files, a tied lm_head
+IGNORED = (r"(transformer\.)?h\.\d+\.attn\.(masked_)?bias", r"lm_head\.weight")
 
 
-def config(hf: dict[str, Any], where: str, names: set[str] | None = None) -> ModelConfig:
-    act = hf.get("activation_function", "gelu_new")
-    if act not in ACTIVATIONS:
-        raise ProbeError(f"{where}: activation_function '{act}' is not supported for GPT-2.")
+def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> ModelConfig:
+    hf = Fields.of(hf, where)
+    refuse_unimplemented(hf, "GPT-2")
+    act = hf.choice("activation_function", "gelu_new", ACTIVATIONS, "GPT-2")
     for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
-        if hf.get(flag):
-            raise ProbeError(f"{where}: GPT-2 with {flag} is not supported.")
-    if hf.get("scale_attn_weights", True) is False:
-        raise ProbeError(f"{where}: GPT-2 without scale_attn_weights is not supported.")
-    d_model = number(hf, "n_embd", where)
-    inner = hf.get("n_inner") or 4 * d_model
-    tied = tied_output(hf, names, default=True)
+        if hf.flag(flag, False):
+            hf.refuse(flag, True, "this attention variant is not implemented in probe's GPT-2.")
+    if not hf.flag("scale_attn_weights", True):
+        hf.refuse("scale_attn_weights", False, "unscaled attention is not implemented in probe's "
+                  "GPT-2.")  # fmt: skip
+    d_model = hf.integer("n_embd")
+    n_head = hf.integer("n_head")
+    hf.divides("n_embd", "n_head")
+    inner = hf.integer("n_inner", 4 * d_model)
     return ModelConfig(
         arch=Arch.DECODER,
-        vocab_size=number(hf, "vocab_size", where),
-        n_layer=number(hf, "n_layer", where),
-        n_head=number(hf, "n_head", where),
+        vocab_size=hf.integer("vocab_size"),
+        n_layer=hf.integer("n_layer"),
+        n_head=n_head,
         d_model=d_model,
-        ffn=ACTIVATIONS[act],
+        ffn=act,
         ffn_mult=inner / d_model,
         norm=Norm.PRE,
         pe=PE.LEARNED,
-        max_len=number(hf, "n_positions", where),
-        ln_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
-        tie_embeddings=tied,
+        max_len=hf.integer("n_positions"),
+        ln_eps=hf.number("layer_norm_epsilon", 1e-5),
+        tie_embeddings=tied_output(hf, names, default=True),
     )
 
 

@@ -5,92 +5,108 @@ of Mistral and Qwen2 (`_window`)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from probe.config import FFN, PE, Arch, ModelConfig, Norm, NormType
 from probe.errors import ProbeError
-from probe.interop.families import number, rename, tied_output
+from probe.interop.families import refuse_unimplemented, rename, tied_output
+from probe.interop.fields import Fields
 
 MODEL_TYPES = ("llama", "mistral", "qwen2")
+# source tensors probe may leave unused: the rotary frequencies of older files, a tied lm_head,
+# o_proj's bias (Llama's attention_bias; checked to be zero in `to_probe`)
+IGNORED = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq", r"lm_head\.weight",
+           r"model\.layers\.\d+\.self_attn\.o_proj\.bias")  # fmt: skip
 
 
-def _rope_theta(hf: dict[str, Any], where: str) -> float:
-    params = hf.get("rope_parameters") or {}
-    scaling = hf.get("rope_scaling") or {}
-    kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if kind != "default":
-        raise ProbeError(
-            f"{where}: rotary scaling '{kind}' is not supported; probe imports the plain rotary "
-            "embedding (rope_type 'default')."
-        )
-    return float(params.get("rope_theta") or hf.get("rope_theta") or 10000.0)
+def _rope_theta(hf: Fields) -> float:
+    """The rotary base; any rotary variant but the plain one is refused by name. transformers 5
+    writes `rope_parameters`, older files `rope_theta` and `rope_scaling` at the top level."""
+    theta = hf.number("rope_theta", 10000.0)
+    for key in ("rope_parameters", "rope_scaling"):
+        section = hf.section(key)
+        kind_key = "rope_type" if section.has("rope_type") else "type"
+        kind = section.name(kind_key, "default")
+        if kind != "default":
+            section.refuse(
+                kind_key,
+                kind,
+                "this rotary scaling is not implemented in probe, "
+                "which computes the plain rotary embedding (rope_type 'default').",
+            )
+        factor = section.raw("partial_rotary_factor")
+        if factor is not None and section.number("partial_rotary_factor") != 1.0:
+            section.refuse("partial_rotary_factor", factor, "rotary embedding on part of each "
+                           "head is not implemented in probe's Llama family.")  # fmt: skip
+        theta = section.number("rope_theta", theta)
+    if not theta > 1:
+        hf.fail("rope_theta", "a number greater than 1 (usually 10000)", theta)
+    return theta
 
 
-def _window(hf: dict[str, Any], where: str) -> tuple[int | None, tuple[int, ...] | None]:
+def _window(hf: Fields) -> tuple[int | None, tuple[int, ...] | None]:
     """(sliding_window, window_layers) as transformers 5.24 reads them: Mistral windows every
     layer (`sliding_window`, 4096 when absent, null for none); Qwen2 only with
     `use_sliding_window`, on the layers `layer_types` marks "sliding_attention" (absent: those
     from `max_window_layers` on, 28 by default); Llama has no window."""
-    kind = hf["model_type"]
-    if kind == "llama" or (kind == "qwen2" and not hf.get("use_sliding_window", False)):
+    kind = hf.name("model_type")
+    if kind == "llama" or (kind == "qwen2" and not hf.flag("use_sliding_window", False)):
         return None, None
-    window = hf.get("sliding_window", 4096)
-    if window is None:
+    if "sliding_window" in hf and hf.get("sliding_window") is None:
         return None, None
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ProbeError(f"{where}: sliding_window must be a positive integer, got {window!r}.")
+    window = hf.integer("sliding_window", 4096)
     if kind != "qwen2":
         return window, None
-    n_layer = number(hf, "num_hidden_layers", where)
-    types = hf.get("layer_types")
+    n_layer = hf.integer("num_hidden_layers")
+    types = hf.raw("layer_types")
     if types is None:
-        first = hf.get("max_window_layers", 28)
-        if isinstance(first, bool) or not isinstance(first, int):
-            raise ProbeError(f"{where}: max_window_layers must be an integer, got {first!r}.")
+        first = hf.integer("max_window_layers", 28, lo=0)
         types = ["sliding_attention" if i >= first else "full_attention" for i in range(n_layer)]
     kinds = ("full_attention", "sliding_attention")
     if not isinstance(types, list) or len(types) != n_layer or any(t not in kinds for t in types):
-        raise ProbeError(
-            f"{where}: layer_types must list {n_layer} of {', '.join(kinds)}, got {types!r}."
-        )
+        hf.fail("layer_types", f"a list of {n_layer} of {', '.join(kinds)}", types)
     layers = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
     if not layers:
         return None, None
     return window, None if len(layers) == n_layer else layers
 
 
-def config(hf: dict[str, Any], where: str, names: set[str] | None = None) -> ModelConfig:
-    act = hf.get("hidden_act", "silu")
-    if act != "silu":
-        raise ProbeError(f"{where}: hidden_act '{act}' is not supported; Llama-family uses silu.")
-    if hf.get("mlp_bias"):
-        raise ProbeError(f"{where}: Llama with mlp_bias is not supported.")
-    d_model = number(hf, "hidden_size", where)
-    n_head = number(hf, "num_attention_heads", where)
-    qkv_bias = hf["model_type"] == "qwen2" or bool(hf.get("attention_bias", False))
-    tied = tied_output(hf, names, default=False)
-    window, window_layers = _window(hf, where)
+def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> ModelConfig:
+    hf = Fields.of(hf, where)
+    model_type = hf.name("model_type")
+    refuse_unimplemented(hf, "Llama family")
+    hf.choice("hidden_act", "silu", ("silu",), "the Llama family")
+    llama = model_type == "llama"  # Mistral and Qwen2 have neither flag: transformers ignores it
+    if llama and hf.flag("mlp_bias", False):
+        hf.refuse("mlp_bias", True, "biases in the MLP are not implemented in probe's Llama.")
+    qkv_bias = model_type == "qwen2" or (llama and hf.flag("attention_bias", False))
+    d_model = hf.integer("hidden_size")
+    n_head = hf.integer("num_attention_heads")
+    n_kv_head = hf.integer("num_key_value_heads", n_head)
+    if hf.has("num_key_value_heads"):
+        hf.divides("num_attention_heads", "num_key_value_heads")
+    if not hf.has("head_dim"):
+        hf.divides("hidden_size", "num_attention_heads")
+    window, window_layers = _window(hf)
     return ModelConfig(
         arch=Arch.DECODER,
-        vocab_size=number(hf, "vocab_size", where),
-        n_layer=number(hf, "num_hidden_layers", where),
+        vocab_size=hf.integer("vocab_size"),
+        n_layer=hf.integer("num_hidden_layers"),
         n_head=n_head,
-        n_kv_head=int(hf.get("num_key_value_heads") or n_head),
+        n_kv_head=n_kv_head,
         d_model=d_model,
-        d_head=int(hf.get("head_dim") or d_model // n_head),
+        d_head=hf.integer("head_dim", d_model // n_head),
         ffn=FFN.SWIGLU,
-        ffn_mult=number(hf, "intermediate_size", where) / d_model,
+        ffn_mult=hf.integer("intermediate_size") / d_model,
         norm=Norm.PRE,
         norm_type=NormType.RMS,
         pe=PE.ROPE,
-        rope_base=_rope_theta(hf, where),
-        max_len=int(hf.get("max_position_embeddings") or 2048),
+        rope_base=_rope_theta(hf),
+        max_len=hf.integer("max_position_embeddings", 2048),
         bias=False,
         qkv_bias=qkv_bias,
-        tie_embeddings=tied,
-        ln_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        tie_embeddings=tied_output(hf, names, default=False),
+        ln_eps=hf.number("rms_norm_eps", 1e-6),
         sliding_window=window,
         window_layers=window_layers,
     )
@@ -119,6 +135,14 @@ def _names(cfg: ModelConfig) -> dict[str, str]:
 
 
 def to_probe(state: dict[str, torch.Tensor], cfg: ModelConfig, where: str) -> dict:
+    for i in range(cfg.n_layer):  # probe's export writes zeros there: they compute the same
+        bias = state.get(f"model.layers.{i}.self_attn.o_proj.bias")
+        if bias is not None and bool(bias.to(torch.float32).abs().sum() > 0):
+            raise ProbeError(
+                f"{where}: attention_bias puts a non-zero bias on o_proj "
+                f"(model.layers.{i}.self_attn.o_proj.bias); a bias there is not implemented in "
+                "probe's Llama (q, k and v biases are)."
+            )
     return rename(state, _names(cfg), where)
 
 

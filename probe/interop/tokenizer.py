@@ -15,6 +15,7 @@ vocabulary (`tokenizer.ggml.model == "gpt2"`) we rebuild the tokenizer as llama.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from probe.errors import ProbeError
+from probe.fields import shown
 
 # GGUF token types (llama.cpp `llama_token_type`)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -162,20 +164,21 @@ def tokenizer_from_gguf(metadata: dict[str, Any]) -> Tokenizer:
         )
     pre = PRE_TOKENIZERS[pre_name]
     tokens = [str(t) for t in _get(metadata, "tokens", list)]
-    types = [int(t) for t in metadata.get("tokenizer.ggml.token_type", [NORMAL] * len(tokens))]
+    types = metadata.get("tokenizer.ggml.token_type", [NORMAL] * len(tokens))
+    if not isinstance(types, list) or not all(_is_int(t) for t in types):
+        raise ProbeError(
+            f"GGUF metadata 'tokenizer.ggml.token_type' must be a list of integers, got "
+            f"{shown(types)}; the file is damaged: download it again."
+        )
     if len(types) != len(tokens):
         raise ProbeError(
             f"GGUF metadata lists {len(tokens)} tokens but {len(types)} token types; "
             "the file is damaged: download it again."
         )
 
-    tok = Tokenizer(
-        models.BPE(
-            vocab=_vocab(tokens, types),
-            merges=_merges(_get(metadata, "merges", list)),
-            ignore_merges=pre.ignore_merges,
-        )
-    )
+    vocab = _vocab(tokens, types)
+    merges = _merges(_get(metadata, "merges", list), vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre.ignore_merges))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pre.regexes]
         + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
@@ -211,6 +214,10 @@ def _get(metadata: dict[str, Any], name: str, kind: type) -> Any:
     raise ProbeError(f"GGUF metadata {key!r} should be a {kind.__name__}, not {value!r:.60}.")
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def _vocab(tokens: list[str], types: list[int]) -> dict[str, int]:
     """Token -> id. Normal tokens are spelled in the byte alphabet; a file that stores one in plain
     text gets it respelled. Control and user-defined tokens keep their own spelling: they are
@@ -225,7 +232,9 @@ def _vocab(tokens: list[str], types: list[int]) -> dict[str, int]:
     return vocab
 
 
-def _merges(merges: list[Any]) -> list[tuple[str, str]]:
+def _merges(merges: list[Any], vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """The merges as pairs; each must join two tokens of the vocabulary into a third (the
+    tokenizers package panics on one that does not)."""
     pairs = []
     for merge in merges:
         parts = str(merge).split(" ")
@@ -233,6 +242,12 @@ def _merges(merges: list[Any]) -> list[tuple[str, str]]:
             raise ProbeError(
                 f"GGUF merge {merge!r} is not two tokens separated by one space; "
                 "the file is damaged: download it again."
+            )
+        missing = [t for t in (*parts, "".join(parts)) if t not in vocab]
+        if missing:
+            raise ProbeError(
+                f"GGUF merge {merge!r:.60} needs the token {missing[0]!r:.40}, which is not in "
+                "the vocabulary (tokenizer.ggml.tokens); the file is damaged: download it again."
             )
         pairs.append((parts[0], parts[1]))
     return pairs
