@@ -6,13 +6,14 @@ seeds) must have a 95% interval over seeds that overlaps the reference's."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from probe.errors import ProbeError
 from probe.study import summary
+from probe.study.documents import read_json
 from probe.study.runner import MANIFEST, load_tables
 
 REFERENCE_ROOT = Path("results")
@@ -28,7 +29,12 @@ def reference_for(out: Path, name: str, smoke: bool) -> Path | None:
     ref = REFERENCE_ROOT / name
     if not (ref / MANIFEST).is_file() or ref.resolve() == Path(out).resolve():
         return None
-    manifest = json.loads((ref / MANIFEST).read_text(encoding="utf-8"))
+    try:
+        manifest = read_json(ref / MANIFEST)
+    except ProbeError:
+        return None  # a damaged reference is no reference
+    if not isinstance(manifest, dict):
+        return None
     if manifest.get("study") != name or bool(manifest.get("smoke")) != smoke:
         return None
     if manifest.get("n_done") != manifest.get("n_cells"):
@@ -65,7 +71,7 @@ def _summary(eval_table: pd.DataFrame) -> pd.DataFrame:
 
 def reproduction(tables: dict[str, pd.DataFrame], manifest: dict, ref: Path) -> str:
     """One sentence: whether this run's tables reproduce those of the reference folder."""
-    ref_manifest = json.loads((ref / MANIFEST).read_text(encoding="utf-8"))
+    ref_manifest = read_json(ref / MANIFEST)
     ref_tables = load_tables(ref)
     cells = set(tables["train"]["cell"]) if "train" in tables else set()
     common = cells & set(ref_tables["train"]["cell"]) if "train" in ref_tables else set()
