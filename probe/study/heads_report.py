@@ -27,6 +27,7 @@ from probe.report.report import MarkdownReport
 from probe.study import heads_evidence as ev
 from probe.study.documents import read_json
 from probe.study.heads_runner import read_head_tables
+from probe.study.reproduce import head_reproduction, reference_for
 from probe.study.runner import MANIFEST
 
 
@@ -353,4 +354,7 @@ def write_head_report(out: Path | str, comparison=None) -> Path:
     report.roles(rep)
     (comparison or default_comparison)(report, rep)
     report.files(rep)
+    ref = reference_for(report.out, s["name"], bool(s["smoke"]))
+    if ref is not None:
+        rep.paragraph("**Reproduction.** " + head_reproduction(report.tables, report.manifest, ref))
     return rep.write()

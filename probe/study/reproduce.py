@@ -125,3 +125,54 @@ def reproduction(tables: dict[str, pd.DataFrame], manifest: dict, ref: Path) -> 
         + f" (not identical: torch {torch_here} here, {torch_there} there; largest difference "
         f"in a table value {largest:.3g})."
     )
+
+
+def head_reproduction(tables: dict[str, pd.DataFrame], manifest: dict, ref: Path) -> str:
+    """One sentence: whether a head study's tables are those of the reference folder (timings
+    are wall clock and never compared; every other table must match value for value)."""
+    from probe.study.heads_runner import read_head_tables
+
+    ref_manifest = read_json(ref / MANIFEST)
+    ref_tables = read_head_tables(ref)
+    where = f"the committed reference {ref}"
+    torch_here = manifest.get("versions", {}).get("torch", "?")
+    torch_there = ref_manifest.get("versions", {}).get("torch", "?")
+    compared, differ, largest = [], [], 0.0
+    for kind in sorted(set(tables) | set(ref_tables)):
+        if kind == "timing":
+            continue
+        if kind not in tables or kind not in ref_tables:
+            differ.append(kind)
+            continue
+        compared.append(kind)
+        same, diff = _same(tables[kind].reset_index(drop=True), ref_tables[kind])
+        if not same:
+            differ.append(kind)
+        largest = max(largest, diff) if not np.isnan(diff) else largest
+    if not differ:
+        return (f"This run reproduced {where} exactly: its tables ({', '.join(compared)}) are "
+                f"identical (torch {torch_here} here and there; timings are wall clock and not "
+                "compared).")  # fmt: skip
+    return (f"This run did not reproduce {where} exactly: {', '.join(differ)} differ (largest "
+            f"difference in a table value {largest:.3g}; torch {torch_here} here, {torch_there} "
+            "there; timings are wall clock and not compared).")  # fmt: skip
+
+
+def verdict(out: Path, name: str, smoke: bool, tables: dict[str, pd.DataFrame],
+            manifest: dict) -> str:  # fmt: skip
+    """The last line of `probe study run`: whether the run reproduced the committed reference
+    results/NAME, or why there is nothing to compare it with."""
+    ref = reference_for(out, name, smoke)
+    if ref is not None:
+        if manifest.get("kind") == "heads":
+            return head_reproduction(tables, manifest, ref)
+        return reproduction(tables, manifest, ref)
+    committed = REFERENCE_ROOT / name
+    if committed.resolve() == Path(out).resolve():
+        return (f"This run wrote the committed reference {committed} itself, so there is nothing "
+                "to compare it with.")  # fmt: skip
+    if smoke:
+        return (f"A smoke run is not compared with the committed reference {committed} (a full "
+                "run's).")  # fmt: skip
+    return (f"No finished run of this study in {committed} to compare with, so this run is not "
+            f"checked against a reference (`--out {committed}` makes one).")  # fmt: skip
