@@ -21,11 +21,13 @@ from rich.table import Table
 from probe.errors import ProbeError
 from probe.study.expect import Outcome, write_junit
 from probe.study.grid import expand
+from probe.study.heads_checks import check_threads
 from probe.study.heads_report import write_head_report
 from probe.study.heads_runner import StepEvent, run_head_study
 from probe.study.heads_spec import HeadStudy, load_any, smoke_head_study
 from probe.study.heads_steps import step_count
 from probe.study.reporting import read_manifest, report_from_dir, write_report
+from probe.study.reproduce import verdict
 from probe.study.runner import StudyEvent, run_study
 from probe.study.spec import Study, smoke_version
 
@@ -131,9 +133,9 @@ def run_cli(
     if executor != "local" and isinstance(study, HeadStudy):
         raise ProbeError("--executor ray runs the cells of a grid study; a head study's steps "
                          "share one model and run here.")  # fmt: skip
+    check_threads(threads, "--threads")
     if isinstance(study, HeadStudy):  # measurements without expectations: an empty JUnit file
-        seconds = run_heads(study, file, smoke, out, threads, overwrite)
-        finish(study.name, [], junit, seconds)
+        finish(study.name, [], junit, *run_heads(study, file, smoke, out, threads, overwrite))
         return
     if smoke:
         if study.smoke is None:
@@ -156,12 +158,14 @@ def run_cli(
                   f"reused from the cache, {result.manifest['wall_s']:.0f} s")  # fmt: skip
     path, outcomes = write_report(out, study, result.tables, result.manifest)
     console.print(f"report: [bold]{shown(path)}[/]", soft_wrap=True)
-    finish(study.name, outcomes, junit, result.manifest["wall_s"])
+    last = verdict(out, study.name, study.is_smoke, result.tables, result.manifest)
+    finish(study.name, outcomes, junit, result.manifest["wall_s"], last)
 
 
 def run_heads(study: HeadStudy, file: Path, smoke: bool, out: Path | None, threads: int,
-              overwrite: bool) -> float:  # fmt: skip
-    """`probe study run` of a head study: its steps, then its report; the seconds it took."""
+              overwrite: bool) -> tuple[float, str]:  # fmt: skip
+    """`probe study run` of a head study: its steps, then its report; the seconds it took and
+    the reproduction verdict."""
     if smoke:
         if study.smoke is None:
             raise ProbeError(f"{file} has no [smoke] section; run it without --smoke.")
@@ -179,7 +183,8 @@ def run_heads(study: HeadStudy, file: Path, smoke: bool, out: Path | None, threa
     console.print(f"{result.n_run} steps run, {result.n_cached} reused from the cache, "
                   f"{result.manifest['wall_s']:.0f} s")  # fmt: skip
     console.print(f"report: [bold]{shown(write_head_report(out))}[/]", soft_wrap=True)
-    return float(result.manifest["wall_s"])
+    last = verdict(out, study.name, study.is_smoke, result.tables, result.manifest)
+    return float(result.manifest["wall_s"]), last
 
 
 class StepProgress:
@@ -207,8 +212,10 @@ class StepProgress:
             bar.advance(self.overall)
 
 
-def finish(name: str, outcomes: list[Outcome], junit: Path | None, seconds: float) -> None:
-    """Show the expectations, write them as JUnit XML, exit 1 when one failed."""
+def finish(name: str, outcomes: list[Outcome], junit: Path | None, seconds: float,
+           last: str = "") -> None:  # fmt: skip
+    """Show the expectations, write them as JUnit XML, print `last` (the reproduction verdict
+    of a run) as the last line, exit 1 when an expectation failed."""
     if outcomes:
         show_outcomes(outcomes)
     if junit is not None:
@@ -217,6 +224,9 @@ def finish(name: str, outcomes: list[Outcome], junit: Path | None, seconds: floa
     failed = [o for o in outcomes if not o.passed]
     if failed:
         err_console.print(f"[bold red]{len(failed)} of {len(outcomes)} expectations failed[/]")
+    if last:
+        console.print(f"[bold]Reproduction.[/] {shown(last)}", soft_wrap=True, highlight=False)
+    if failed:
         raise SystemExit(1)
 
 

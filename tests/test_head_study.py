@@ -152,7 +152,7 @@ def test_bad_head_study_files_are_one_clear_line(tmp_path, capsys):
         ({"curves": {"group_methods": ["fisher+tune"]}}, "not by key/value group"),
         ({"knockout": {"heads": [3]}}, "set [roles] needles"),
         ({"text": {"seeds": 0}}, "seeds must be at least 1"),
-        ({"timing": {"fractions": [1.5]}}, "fractions must lie in [0, 1]"),
+        ({"timing": {"fractions": [1.5]}}, "fractions must lie strictly between 0 and 1"),
         ({"curves": {"colour": 1}}, "Unknown"),
     ]
     for extra, message in cases:

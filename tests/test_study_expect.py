@@ -105,3 +105,17 @@ def test_junit_xml_counts_failures(tmp_path):
     failed = [c for c in cases if c.find("failure") is not None]
     assert len(failed) == 1 and "arm=learned" in failed[0].get("name")
     assert "expected >= 0.8" in failed[0].find("failure").get("message")
+
+
+@pytest.mark.parametrize(("field", "value", "words"), [
+    ("reduce", "meen", ["reduce", "Did you mean 'mean'?", "Available: mean, min, max"]),
+    ("when", "ful", ["when", "Did you mean 'full'?", "Available: always, full, smoke"]),
+])  # fmt: skip
+def test_a_misspelt_choice_names_the_field_and_the_choices(field, value, words):
+    from probe.study.expect import parse_expectation
+
+    raw = {"table": "eval", "metric": "exact_match", "bound": ">= 0.5", field: value}
+    with pytest.raises(ProbeError) as info:
+        parse_expectation(raw, "x.toml [[expect]] #1", ("eval",))
+    assert str(info.value).startswith("x.toml [[expect]] #1")
+    assert all(w in str(info.value) for w in words), info.value

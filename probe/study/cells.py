@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
-import json
 import os
 import shutil
 import time
@@ -24,6 +23,7 @@ from probe import provenance
 from probe.checkpoint import TMP_SUFFIX
 from probe.errors import ProbeError
 from probe.report.files import atomic_write_csv, atomic_write_json
+from probe.study.documents import read_json
 from probe.study.grid import Cell
 from probe.study.steps import StepContext, get_step
 
@@ -65,9 +65,10 @@ def read_done(root: Path, cell: Cell) -> dict | None:
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
+        done = read_json(path)
+    except ProbeError:
         return None  # cannot happen with atomic writes, but then the cell is simply redone
+    return done if isinstance(done, dict) else None
 
 
 def _trained_model(cell: Cell, root: Path, device: str, report: Callable[[CellEvent], None]):

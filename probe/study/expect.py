@@ -163,10 +163,16 @@ def parse_expectation(raw: Any, where: str, tables: tuple[str, ...] | None = Non
         raise ProbeError(f"{where} bound '{raw['bound']}' must read like '>= 0.99' or '<= 0.01'.")
     reduce = raw.get("reduce", "mean")
     if reduce not in REDUCE:
-        raise ProbeError(f"{where} reduce '{reduce}' is not one of {', '.join(REDUCE)}.")
+        raise ProbeError(
+            f"{where} reduce: unknown reduction '{reduce}'.{did_you_mean(str(reduce), REDUCE)} "
+            f"Available: {', '.join(REDUCE)}."
+        )
     when = raw.get("when", "always")
     if when not in WHEN:
-        raise ProbeError(f"{where} when '{when}' is not one of {', '.join(WHEN)}.")
+        raise ProbeError(
+            f"{where} when: unknown choice '{when}'.{did_you_mean(str(when), WHEN)} "
+            f"Available: {', '.join(WHEN)}."
+        )
     per = raw.get("per", [])
     if isinstance(per, str):
         per = [per]

@@ -9,7 +9,6 @@ comparison with the published direction of each claim. Rebuilt from the results 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,9 @@ from probe.report.pruning_plots import (
 )
 from probe.report.report import MarkdownReport
 from probe.study import heads_evidence as ev
+from probe.study.documents import read_json
 from probe.study.heads_runner import read_head_tables
+from probe.study.reproduce import head_reproduction, reference_for
 from probe.study.runner import MANIFEST
 
 
@@ -36,10 +37,10 @@ class HeadReport:
     def __init__(self, out: Path) -> None:
         self.out = Path(out)
         try:
-            self.study = json.loads((self.out / "study.json").read_text(encoding="utf-8"))
-            self.manifest = json.loads((self.out / MANIFEST).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise ProbeError(f"'{out}' is not a finished head study run: {exc}.") from None
+            self.study = read_json(self.out / "study.json")
+            self.manifest = read_json(self.out / MANIFEST)
+        except ProbeError as exc:
+            raise ProbeError(f"'{out}' is not a finished head study run: {exc}") from None
         self.tables = read_head_tables(self.out)
         if "model" not in self.tables:
             raise ProbeError(f"'{out}' has no model table; run the study again to finish it.")
@@ -353,4 +354,7 @@ def write_head_report(out: Path | str, comparison=None) -> Path:
     report.roles(rep)
     (comparison or default_comparison)(report, rep)
     report.files(rep)
+    ref = reference_for(report.out, s["name"], bool(s["smoke"]))
+    if ref is not None:
+        rep.paragraph("**Reproduction.** " + head_reproduction(report.tables, report.manifest, ref))
     return rep.write()

@@ -25,8 +25,10 @@ import torch
 from probe import provenance
 from probe.errors import Interrupted, ProbeError
 from probe.report.files import atomic_write_csv, atomic_write_json, atomic_write_text
-from probe.study.heads_spec import HeadStudy, head_study_dict
-from probe.study.runner import MANIFEST, check_results_dir, locked
+from probe.study.documents import read_json
+from probe.study.heads_checks import check_model_fit, check_source, check_threads
+from probe.study.heads_spec import HeadStudy, check_head_study, head_study_dict
+from probe.study.runner import MANIFEST, check_results_dir, clean_temporaries, locked
 
 KINDS = ("model", "importance", "layers", "curves", "roles", "retrieval", "knockout", "timing")
 
@@ -70,13 +72,16 @@ class Subject:
     """The imported model with its text splits, built once per run and only when a step needs it."""
 
     def __init__(self, study: HeadStudy) -> None:
-        from probe.interop.bundled import resolve
-
         self.study = study
-        self.path = resolve(study.source)
-        if not self.path.exists():
-            raise ProbeError(f"{study.where} [model] source: nothing at '{self.path}'.")
+        self.path = check_source(study.source, study.where)
         self.digest = source_digest(self.path)
+        self._checked = False
+
+    def check(self) -> None:
+        """What the study asks of its model, checked once the model is loaded (ProbeError)."""
+        if not self._checked:
+            check_model_fit(self)
+            self._checked = True
 
     @cached_property
     def imported(self):
@@ -129,11 +134,11 @@ def _hash(subject: Subject, step: Step) -> str:
 def _done(out: Path, step: Step, digest: str) -> pd.DataFrame | None:
     folder = out / "steps" / step.key
     try:
-        done = json.loads((folder / "done.json").read_text(encoding="utf-8"))
-        if done.get("hash") != digest:
+        done = read_json(folder / "done.json")
+        if not isinstance(done, dict) or done.get("hash") != digest:
             return None
         return pd.read_csv(folder / "table.csv")
-    except (OSError, ValueError):
+    except (ProbeError, OSError, ValueError):
         return None
 
 
@@ -167,8 +172,8 @@ def run_head_study(
     """Run (or resume) every step of `study` into results directory `out`."""
     from probe.study.heads_steps import plan_steps, seed_zero_tables, times_models, timing_step
 
-    if threads < 1:
-        raise ProbeError(f"--threads must be at least 1, got {threads}.")
+    check_threads(threads, "--threads")
+    check_head_study(study)  # what loading the file checks, for a study built in Python too
     out = Path(out)
     check_results_dir(out, study, overwrite)
     emit = progress or (lambda event: None)
@@ -177,6 +182,7 @@ def run_head_study(
     before = torch.get_num_threads()
     with locked(out), provenance.pinned(provenance.git_commit()):
         torch.set_num_threads(threads)
+        clean_temporaries(out, "steps")
         try:
             if study.path is not None:
                 atomic_write_text(out / "study.toml", study.path.read_text(encoding="utf-8"))
@@ -193,6 +199,7 @@ def run_head_study(
                 cached = table is not None
                 t0 = time.perf_counter()
                 if table is None:
+                    subject.check()  # before the first step computed, not on a cached rerun
                     emit(StepEvent("step-start", n_steps, step.key))
                     table = step.run(lambda d, t: emit(StepEvent("step", n_steps, step.key, d, t)))
                     _finish(out, step, digest, table, time.perf_counter() - t0)

@@ -19,6 +19,8 @@ from probe.analysis.importance import Method
 from probe.analysis.pruning_runs import CURVE_EXTRAS
 from probe.config import check_keys, did_you_mean, from_dict
 from probe.errors import ProbeError
+from probe.fields import shown
+from probe.study.heads_checks import check_source, check_text, check_values
 from probe.study.settings import heading_dict, study_heading
 
 TOP_LEVEL = ("study", "model", "text", "importance", "curves", "roles", "knockout", "timing",
@@ -124,27 +126,20 @@ def is_head_study(data: dict[str, Any]) -> bool:
     return isinstance(data, dict) and "model" in data and "base" not in data
 
 
-def _positive(where: str, **values: int) -> None:
-    for name, value in values.items():
-        if value < 1:
-            raise ProbeError(f"{where}: {name} must be at least 1, got {value}.")
-
-
 def _check(study: HeadStudy) -> HeadStudy:
+    """The names in `study` (methods) and how its sections fit together; the values of its
+    fields are checked by `heads_checks.check_values`."""
     where = study.where
-    t = study.text
-    _positive(f"{where} [text]", max_tokens=t.max_tokens, batch_size=t.batch_size,
-              batches=t.batches, seeds=t.seeds)  # fmt: skip
-    for section, methods, valid in (
-        ("importance", study.importance.methods, [str(m) for m in Method]),
-        ("curves", study.curves.methods, list(CURVE_METHODS)),
-        ("curves", study.curves.group_methods, list(CURVE_METHODS)),
+    for section, field_name, methods, valid in (
+        ("importance", "methods", study.importance.methods, [str(m) for m in Method]),
+        ("curves", "methods", study.curves.methods, list(CURVE_METHODS)),
+        ("curves", "group_methods", study.curves.group_methods, list(CURVE_METHODS)),
     ):
         for m in methods:
             if m not in valid:
                 raise ProbeError(
-                    f"{where} [{section}] unknown method '{m}'.{did_you_mean(m, valid)} "
-                    f"Available: {', '.join(valid)}."
+                    f"{where} [{section}] {field_name}: unknown method '{m}'."
+                    f"{did_you_mean(m, valid)} Available: {', '.join(valid)}."
                 )
     extras = sorted(set(study.curves.group_methods) & set(CURVE_EXTRAS))
     if extras:
@@ -152,18 +147,12 @@ def _check(study: HeadStudy) -> HeadStudy:
             f"{where} [curves] group_methods: {', '.join(extras)} prune by head or by layer, not "
             "by key/value group; list them under methods."
         )
-    for f in (*study.curves.fractions, *study.timing.fractions):
-        if not 0.0 <= f <= 1.0:
-            raise ProbeError(f"{where}: fractions must lie in [0, 1], got {f}.")
-    if (study.curves.methods or study.curves.group_methods) and not study.curves.fractions:
-        raise ProbeError(f"{where} [curves] needs at least one fraction.")
-    _positive(f"{where} [timing]", repeats=study.timing.repeats, threads=study.timing.threads)
-    if any(b < 1 for b in study.timing.batch_sizes):
-        raise ProbeError(f"{where} [timing] batch_sizes must be at least 1.")
+    check_values(study)
     if study.knockout.heads and not study.roles.needles:
-        raise ProbeError(f"{where} [knockout] needs retrieval scores: set [roles] needles.")
-    if study.operating.tolerance < 0:
-        raise ProbeError(f"{where} [operating] tolerance must be >= 0.")
+        raise ProbeError(
+            f"{where} [knockout] heads needs retrieval scores: set [roles] needles to 1 or more "
+            "(or knockout heads = [] to skip the knock-out)."
+        )
     return study
 
 
@@ -186,6 +175,12 @@ def parse_head_study(data: dict[str, Any], path: Path | None = None) -> HeadStud
     smoke = data.get("smoke")
     if smoke is not None:
         check_keys(smoke, tuple(SECTIONS), f"{where} [smoke]")
+        for section, options in smoke.items():
+            if not isinstance(options, dict):
+                raise ProbeError(
+                    f"{where} [smoke] {section} must be a table of [{section}] options, got "
+                    f"{shown(options)}."
+                )
     study = HeadStudy(
         name=name,
         question=str(head["question"]).strip(),
@@ -196,9 +191,18 @@ def parse_head_study(data: dict[str, Any], path: Path | None = None) -> HeadStud
         smoke=smoke,
         **_sections(data, where),
     )
+    return check_head_study(study)
+
+
+def check_head_study(study: HeadStudy) -> HeadStudy:
+    """Everything about `study` that can be checked without importing its model (and the same
+    of its smoke version): what `probe study validate` reports and `probe study run` checks
+    first."""
     _check(study)
-    if smoke is not None:
-        smoke_head_study(study)
+    check_source(study.source, study.where)
+    check_text(study)
+    if study.smoke is not None and not study.is_smoke:
+        check_text(smoke_head_study(study))
     return study
 
 
@@ -211,7 +215,11 @@ def smoke_head_study(study: HeadStudy) -> HeadStudy:
     for name, options in (study.smoke or {}).items():
         merged = {**dataclasses.asdict(getattr(study, name)), **options}
         changes[name] = from_dict(SECTIONS[name], merged, f"{where} [{name}]")
-    return _check(dataclasses.replace(study, is_smoke=True, **changes))
+    smoke = dataclasses.replace(study, is_smoke=True, **changes)
+    try:
+        return _check(smoke)
+    except ProbeError as exc:  # name the section that made the value
+        raise ProbeError(str(exc).replace(study.where, where, 1)) from None
 
 
 def head_study_dict(study: HeadStudy) -> dict[str, Any]:
@@ -228,7 +236,7 @@ def head_study_dict(study: HeadStudy) -> dict[str, Any]:
 
 def load_any(path: str | Path):
     """A study file as a head study (`[model] source`) or a grid study (`[base]`)."""
-    from probe.study.settings import read_toml
+    from probe.study.documents import read_toml
     from probe.study.spec import parse_study
 
     path = Path(path)

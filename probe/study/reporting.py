@@ -18,6 +18,7 @@ import pandas as pd
 from probe.errors import ProbeError
 from probe.report.report import MarkdownReport
 from probe.study import contrast, head_sections, question_sections, sections
+from probe.study.documents import read_json
 from probe.study.expect import Outcome, check_all
 from probe.study.grid import expand
 from probe.study.reproduce import reference_for, reproduction
@@ -187,7 +188,12 @@ def read_manifest(out: Path | str) -> dict[str, Any]:
     path = Path(out) / MANIFEST
     if not path.exists():
         raise ProbeError(f"{out} has no {MANIFEST}; is it the output of `probe study run`?")
-    return json.loads(path.read_text(encoding="utf-8"))
+    manifest = read_json(path)
+    if not isinstance(manifest, dict):
+        raise ProbeError(
+            f"{path} does not hold a JSON object; is it the output of `probe study run`?"
+        )
+    return manifest
 
 
 def study_from_dir(out: Path | str) -> tuple[Study, dict[str, Any]]:

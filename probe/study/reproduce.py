@@ -6,13 +6,14 @@ seeds) must have a 95% interval over seeds that overlaps the reference's."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from probe.errors import ProbeError
 from probe.study import summary
+from probe.study.documents import read_json
 from probe.study.runner import MANIFEST, load_tables
 
 REFERENCE_ROOT = Path("results")
@@ -28,7 +29,12 @@ def reference_for(out: Path, name: str, smoke: bool) -> Path | None:
     ref = REFERENCE_ROOT / name
     if not (ref / MANIFEST).is_file() or ref.resolve() == Path(out).resolve():
         return None
-    manifest = json.loads((ref / MANIFEST).read_text(encoding="utf-8"))
+    try:
+        manifest = read_json(ref / MANIFEST)
+    except ProbeError:
+        return None  # a damaged reference is no reference
+    if not isinstance(manifest, dict):
+        return None
     if manifest.get("study") != name or bool(manifest.get("smoke")) != smoke:
         return None
     if manifest.get("n_done") != manifest.get("n_cells"):
@@ -65,7 +71,7 @@ def _summary(eval_table: pd.DataFrame) -> pd.DataFrame:
 
 def reproduction(tables: dict[str, pd.DataFrame], manifest: dict, ref: Path) -> str:
     """One sentence: whether this run's tables reproduce those of the reference folder."""
-    ref_manifest = json.loads((ref / MANIFEST).read_text(encoding="utf-8"))
+    ref_manifest = read_json(ref / MANIFEST)
     ref_tables = load_tables(ref)
     cells = set(tables["train"]["cell"]) if "train" in tables else set()
     common = cells & set(ref_tables["train"]["cell"]) if "train" in ref_tables else set()
@@ -119,3 +125,54 @@ def reproduction(tables: dict[str, pd.DataFrame], manifest: dict, ref: Path) -> 
         + f" (not identical: torch {torch_here} here, {torch_there} there; largest difference "
         f"in a table value {largest:.3g})."
     )
+
+
+def head_reproduction(tables: dict[str, pd.DataFrame], manifest: dict, ref: Path) -> str:
+    """One sentence: whether a head study's tables are those of the reference folder (timings
+    are wall clock and never compared; every other table must match value for value)."""
+    from probe.study.heads_runner import read_head_tables
+
+    ref_manifest = read_json(ref / MANIFEST)
+    ref_tables = read_head_tables(ref)
+    where = f"the committed reference {ref}"
+    torch_here = manifest.get("versions", {}).get("torch", "?")
+    torch_there = ref_manifest.get("versions", {}).get("torch", "?")
+    compared, differ, largest = [], [], 0.0
+    for kind in sorted(set(tables) | set(ref_tables)):
+        if kind == "timing":
+            continue
+        if kind not in tables or kind not in ref_tables:
+            differ.append(kind)
+            continue
+        compared.append(kind)
+        same, diff = _same(tables[kind].reset_index(drop=True), ref_tables[kind])
+        if not same:
+            differ.append(kind)
+        largest = max(largest, diff) if not np.isnan(diff) else largest
+    if not differ:
+        return (f"This run reproduced {where} exactly: its tables ({', '.join(compared)}) are "
+                f"identical (torch {torch_here} here and there; timings are wall clock and not "
+                "compared).")  # fmt: skip
+    return (f"This run did not reproduce {where} exactly: {', '.join(differ)} differ (largest "
+            f"difference in a table value {largest:.3g}; torch {torch_here} here, {torch_there} "
+            "there; timings are wall clock and not compared).")  # fmt: skip
+
+
+def verdict(out: Path, name: str, smoke: bool, tables: dict[str, pd.DataFrame],
+            manifest: dict) -> str:  # fmt: skip
+    """The last line of `probe study run`: whether the run reproduced the committed reference
+    results/NAME, or why there is nothing to compare it with."""
+    ref = reference_for(out, name, smoke)
+    if ref is not None:
+        if manifest.get("kind") == "heads":
+            return head_reproduction(tables, manifest, ref)
+        return reproduction(tables, manifest, ref)
+    committed = REFERENCE_ROOT / name
+    if committed.resolve() == Path(out).resolve():
+        return (f"This run wrote the committed reference {committed} itself, so there is nothing "
+                "to compare it with.")  # fmt: skip
+    if smoke:
+        return (f"A smoke run is not compared with the committed reference {committed} (a full "
+                "run's).")  # fmt: skip
+    return (f"No finished run of this study in {committed} to compare with, so this run is not "
+            f"checked against a reference (`--out {committed}` makes one).")  # fmt: skip

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import io
-import json
+import os
 import queue
 import shutil
 import time
@@ -36,6 +36,7 @@ from probe.study.cells import (
     read_table,
     run_cell,
 )
+from probe.study.documents import read_json
 from probe.study.grid import Cell, expand
 from probe.study.spec import Study, study_dict
 from probe.train import resolve_device
@@ -69,28 +70,54 @@ class RunResult:
     manifest: dict[str, Any]
 
 
+LOCK = ".lock"
+
+
 @contextmanager
 def locked(out: Path) -> Iterator[None]:
+    """Hold results directory `out` for one run: an exclusive flock on `out/.lock`, which holds
+    the run's process id and is removed when the run ends (normally, on an error or on Ctrl-C).
+    A lock file left by a killed run holds no lock (the kernel drops it with its process), so
+    it never blocks the next run."""
     out.mkdir(parents=True, exist_ok=True)
-    with (out / ".lock").open("w") as handle:
+    path = out / LOCK
+    while True:
+        handle = path.open("a+")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            handle.seek(0)
+            pid = handle.read().strip()
+            handle.close()
+            who = f" (process {pid})" if pid.isdigit() else ""
             raise ProbeError(
-                f"another `probe study run` is writing to {out}; wait for it or use --out."
+                f"another `probe study run`{who} is writing to {out}; wait for it or use --out."
             ) from None
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        try:  # the run before may have removed the file we opened: lock the one in place
+            current = os.path.samestat(os.fstat(handle.fileno()), os.stat(path))
+        except FileNotFoundError:
+            current = False
+        if current:
+            break
+        handle.close()
+    try:
+        handle.truncate(0)
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield
+    finally:
+        path.unlink(missing_ok=True)  # still held: nobody else can have locked this file
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
 
 
-def _clean_temporaries(out: Path) -> None:
+def clean_temporaries(out: Path, units: str) -> None:
     """Remove what a killed run left half-written (nothing else is running: we hold the lock):
-    only probe's own temporary names, only in the folders a run writes."""
+    only probe's own temporary names, only in the folders a run writes (`out`, its tables/, and
+    each folder under `units`: cells/ of a grid study, steps/ of a head study)."""
     for tmp in (out / "models").glob(f".*{TMP_SUFFIX}-*"):
         shutil.rmtree(tmp, ignore_errors=True)
-    folders = [out, out / "tables", *sorted((out / "cells").glob("*"))]
+    folders = [out, out / "tables", *sorted((out / units).glob("*"))]
     for folder in folders:
         for tmp in folder.glob(f".*{TMP_SUFFIX}"):
             tmp.unlink(missing_ok=True)
@@ -100,9 +127,9 @@ def _owner(out: Path) -> tuple[str, bool] | None:
     """(study name, smoke) of the run that made results directory `out`, or None."""
     for name, keys in (("study.json", ("name", "smoke")), (MANIFEST, ("study", "smoke"))):
         try:
-            doc = json.loads((out / name).read_text(encoding="utf-8"))
+            doc = read_json(out / name)
             return str(doc[keys[0]]), bool(doc.get(keys[1], False))
-        except (OSError, ValueError, KeyError, TypeError):
+        except (ProbeError, KeyError, TypeError, AttributeError):
             continue
     return None
 
@@ -112,7 +139,7 @@ def check_results_dir(out: Path, study: Study, overwrite: bool = False) -> None:
     study's, or a folder with other files, unless `overwrite`."""
     if out.exists() and not out.is_dir():
         raise ProbeError(f"--out '{out}' is a file; give a directory.")
-    if not out.exists() or overwrite or not [p for p in out.iterdir() if p.name != ".lock"]:
+    if not out.exists() or overwrite or not [p for p in out.iterdir() if p.name != LOCK]:
         return
     owner = _owner(out)
     if owner == (study.name, study.is_smoke):
@@ -211,7 +238,7 @@ def run_study(
     with locked(out), _threads(threads), provenance.pinned(provenance.git_commit()):
         context = {**provenance.context(resolve_device(device)), "requested_device": device,
                    "jobs": jobs, "threads": threads, "executor": executor}  # fmt: skip
-        _clean_temporaries(out)
+        clean_temporaries(out, "cells")
         if study.path is not None:
             atomic_write_text(out / "study.toml", study.path.read_text(encoding="utf-8"))
         atomic_write_json(out / "study.json", study_dict(study))

@@ -1,17 +1,16 @@
 """Settings in study files: `section.field` keys (model, task, train), checked by name and type
-before any cell is built; the study's name, which names its results folder; and reading a study
-file."""
+before any cell is built; the study's name, which names its results folder. Study files are
+read by `probe.study.documents.read_toml`."""
 
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from pathlib import Path
 from typing import Any
 
 from probe.config import ModelConfig, TrainConfig, check_keys, did_you_mean
 from probe.errors import ProbeError
-from probe.fields import check_field
+from probe.fields import check_field, shown
 from probe.tasks import TaskConfig
 
 SECTIONS = {"model": ModelConfig, "task": TaskConfig, "train": TrainConfig}
@@ -67,28 +66,6 @@ def check_name(name: Any, where: str) -> str:
     return name
 
 
-def read_toml(path: str | Path) -> dict[str, Any]:
-    """A study file's contents, with one-line errors for a missing or unreadable file."""
-    path = Path(path)
-    if not path.exists():
-        raise ProbeError(f"No study file at '{path}'. List the shipped ones with `probe study ls`.")
-    if path.is_dir():
-        raise ProbeError(
-            f"'{path}' is a folder; give a study file in it (`probe study ls {path}`)."
-        )
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ProbeError(f"{path} is not valid TOML: {exc}.") from None
-    except UnicodeDecodeError as exc:
-        raise ProbeError(
-            f"{path} is not a text file: byte {exc.object[exc.start]:#04x} at offset {exc.start} "
-            "is not UTF-8; a study file is TOML text."
-        ) from None
-    except OSError as exc:
-        raise ProbeError(f"{path} cannot be read: {exc.strerror or exc}.") from None
-
-
 def study_heading(data: dict[str, Any], path: Path | None, top_level: tuple[str, ...],
                   study_keys: tuple[str, ...]) -> tuple[str, dict[str, Any], str]:  # fmt: skip
     """(where, the [study] table, the name) of a parsed study file of either kind, once its
@@ -99,6 +76,9 @@ def study_heading(data: dict[str, Any], path: Path | None, top_level: tuple[str,
     name = check_name(head.get("name") or (path.stem if path is not None else None), where)
     if not head.get("question") or not isinstance(head["question"], str):
         raise ProbeError(f"{where} [study] needs a question: what does this study find out?")
+    for key in ("description", "title"):
+        if key in head and not isinstance(head[key], str):
+            raise ProbeError(f"{where} [study] {key} must be a string, got {shown(head[key])}.")
     return where, head, name
 
 

@@ -19,6 +19,7 @@ from probe.fields import shown
 from probe.presets import with_preset
 from probe.references import published
 from probe.study.contrast import Contrast, parse_contrast
+from probe.study.documents import read_toml
 from probe.study.expect import Expectation, parse_expectation
 from probe.study.settings import (
     SECTIONS,
@@ -26,7 +27,6 @@ from probe.study.settings import (
     check_setting,
     flatten,
     heading_dict,
-    read_toml,
     study_heading,
 )
 from probe.study.steps import get_step, parse_options
