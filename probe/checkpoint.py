@@ -28,6 +28,8 @@ FORMAT = "probe-checkpoint"
 FORMAT_VERSION = 1
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
+# what an imported model is evaluated by on text (probe.interop.importer.Objective names them)
+OBJECTIVES = ("causal-lm", "masked-lm", "embedding")
 METRICS = "metrics.csv"
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".ckpt")
 TMP_SUFFIX = ".probe-tmp"  # temporary files of atomic writes: `.NAME.XXXX.probe-tmp`
@@ -226,6 +228,12 @@ def read_config(path: str | Path) -> dict[str, Any]:
     for key in ("model",) if imported else ("model", "task", "train"):
         if not isinstance(document.get(key), dict):
             raise ProbeError(f"{config_file} has no '{key}' section; the checkpoint is corrupt.")
+    if imported and document["source"].get("objective") not in OBJECTIVES:
+        raise ProbeError(
+            f"{config_file}: source.objective must be one of {', '.join(OBJECTIVES)}, got "
+            f"{document['source'].get('objective')!r:.60} (the file was edited or damaged; "
+            "import the model again)."
+        )
     return document
 
 

@@ -122,3 +122,16 @@ def test_checking_an_output_never_removes_what_another_process_made_meanwhile(
     monkeypatch.setattr(tempfile, "TemporaryFile", with_a_neighbour)
     assert claim_output(tmp_path / "models" / ".mine", ("config.json",)) == []
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == [".other-run"]
+
+
+@pytest.mark.parametrize("objective", ["x", None, 3])
+def test_an_edited_objective_names_the_field_and_the_choices(tmp_path, objective):
+    cfg = ModelConfig(arch="decoder", vocab_size=11, n_layer=1, n_head=2, d_model=16)
+    path = save_checkpoint(tmp_path / "m", Transformer(cfg), None, None,
+                           source={"format": "hf", "objective": "causal-lm"})  # fmt: skip
+    load_checkpoint(path)  # the saved objective loads
+    doc = json.loads((path / "config.json").read_text())
+    doc["source"]["objective"] = objective
+    (path / "config.json").write_text(json.dumps(doc))
+    with pytest.raises(ProbeError, match=r"config.json: source.objective must be one of causal-lm"):
+        load_checkpoint(path)
