@@ -212,3 +212,17 @@ def test_kill_9_of_probe_train_leaves_no_rank_writing(tmp_path):
         assert wait_until(lambda: _files(out) != before, 3) is False  # --out stopped changing
     finally:
         _kill(launcher, ranks)
+
+
+def test_cuda_takes_one_gpu_per_process_even_when_oversubscribing(monkeypatch):
+    import torch
+
+    from probe.errors import ProbeError
+    from probe.launch import check_process_count
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ProbeError, match="--nproc 2 on CUDA needs one GPU per process, but torch "
+                       "sees 1"):  # fmt: skip
+        check_process_count(2, torch.device("cuda"), oversubscribe=True)
+    check_process_count(1, torch.device("cuda"))
+    check_process_count(cpu_cores() + 1, torch.device("cpu"), oversubscribe=True)
