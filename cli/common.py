@@ -152,8 +152,11 @@ def relaunch(nproc: int) -> None:
         sys.stderr.write(text)  # warnings rank 0 gave
         return
     if outcome.code < 0:
-        name = signal.Signals(-outcome.code).name
-        text += f"error: rank {outcome.rank} was killed by {name}"
+        try:
+            name = signal.Signals(-outcome.code).name
+        except ValueError:
+            name = f"signal {-outcome.code}"
+        text = f"error: rank {outcome.rank} was killed by {name}"
         text += " (out of memory?)\n" if name == "SIGKILL" else "\n"
     elif not text:
         text = f"error: rank {outcome.rank} stopped with exit status {outcome.code}\n"

@@ -127,7 +127,7 @@ def test_bad_importance_options_fail_before_launching(launches, monkeypatch, tmp
 REPORTS = {
     "user error": (Outcome(2, 1, "UserWarning: x\nerror: rank said so\n"), 2,
                    "error: rank said so\n"),
-    "crash": (Outcome(-signal.SIGKILL, 1, ""), 1,
+    "crash": (Outcome(-signal.SIGKILL, 1, "a warning\n"), 1,
               "error: rank 1 was killed by SIGKILL (out of memory?)\n"),
     "other": (Outcome(1, 0, "error: ValueError: v (run with --debug for the traceback)\n"), 1,
               "error: ValueError: v (run with --debug for the traceback)\n"),
