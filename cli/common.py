@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -10,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from probe.checkpoint import Checkpoint
-from probe.errors import ProbeError
+from probe.errors import Interrupted, ProbeError
 from probe.provenance import context
 from probe.report.files import atomic_write_json
 
@@ -116,11 +119,24 @@ def text_data(ckpt: Checkpoint, text: Path | None, whole: bool, max_tokens: int,
                            batch_size, batches, n_importance, seed, reference)  # fmt: skip
 
 
+def launching(nproc: int, device: str, oversubscribe: bool = False) -> bool:
+    """True in the process that is to start `nproc` ranks (not in a rank itself), once it has
+    checked the machine can hold them (`check_process_count`)."""
+    check_positive(nproc=nproc)
+    if nproc == 1 or "WORLD_SIZE" in os.environ:
+        return False
+    from probe.launch import check_process_count
+    from probe.train import resolve_device
+
+    check_process_count(nproc, resolve_device(device), oversubscribe)
+    return True
+
+
 def relaunch(nproc: int) -> None:
-    """Run this same command under torchrun in `nproc` processes (without --nproc); its exit
-    status becomes this one's."""
-    import subprocess
-    import sys
+    """Run this same command (without --nproc) as `nproc` ranks of one process group, once the
+    command's options have all been checked here (see `launching`). A rank that fails is
+    reported in its own one line, and its exit status becomes this one's."""
+    from probe.launch import launch
 
     args, skip = [], False
     for arg in sys.argv[1:]:
@@ -130,17 +146,46 @@ def relaunch(nproc: int) -> None:
             skip = True
         elif not arg.startswith("--nproc="):
             args.append(arg)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={nproc}", "-m", "probe_cli.main", *args]  # fmt: skip
-    code = subprocess.run(command, check=False).returncode
-    if code:
-        raise typer.Exit(code if code in (1, 2, 130) else 1)
+    outcome = launch(args, nproc)
+    text = _last_words(outcome.stderr)
+    if outcome.code == 0:
+        sys.stderr.write(text)  # warnings rank 0 gave
+        return
+    if outcome.code < 0:
+        try:
+            name = signal.Signals(-outcome.code).name
+        except ValueError:
+            name = f"signal {-outcome.code}"
+        text = f"error: rank {outcome.rank} was killed by {name}"
+        text += " (out of memory?)\n" if name == "SIGKILL" else "\n"
+    elif not text:
+        text = f"error: rank {outcome.rank} stopped with exit status {outcome.code}\n"
+    if outcome.code == 130 and not text.startswith("interrupted:"):
+        raise Interrupted()
+    sys.stderr.write(text)
+    sys.stderr.flush()
+    raise typer.Exit(outcome.code if outcome.code in (1, 2, 130) else 1)
+
+
+def _last_words(stderr: str) -> str:
+    """What a rank said last: its one-line error (or interruption note) when it wrote one, else
+    all of its stderr (a --debug traceback, a crash)."""
+    lines = stderr.splitlines(keepends=True)
+    said = [i for i, line in enumerate(lines) if line.startswith(("error:", "interrupted:"))]
+    return "".join(lines[said[-1] :]) if said else stderr
 
 
 NprocOpt = Annotated[
     int,
     typer.Option(
         "--nproc",
-        help="Processes to run in (torchrun; NCCL on GPUs, gloo on the CPU).",
+        help="Processes to run in (at most one per CPU core, or per GPU with --device cuda; "
+        "NCCL on GPUs, gloo on the CPU).",
+    ),
+]
+OversubscribeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--oversubscribe", help="With --nproc: start more processes than there are CPU cores."
     ),
 ]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Annotated
 
 import pandas as pd
@@ -14,6 +13,7 @@ from probe_cli.common import (
     MaxTokensOpt,
     NprocOpt,
     OutOpt,
+    OversubscribeOpt,
     OverwriteOpt,
     PickleOpt,
     SeedOpt,
@@ -22,6 +22,7 @@ from probe_cli.common import (
     check_data_options,
     check_positive,
     console,
+    launching,
     relaunch,
     require_heads,
     shown,
@@ -129,6 +130,7 @@ def importance_cli(
     allow_pickle: PickleOpt = False,
     overwrite: OverwriteOpt = False,
     nproc: NprocOpt = 1,
+    oversubscribe: OversubscribeOpt = False,
 ) -> None:
     """Score every attention head; writes importance.csv, importance.png (+ correlations, and
     importance_groups.csv with --unit group). With --nproc N, gradient and Fisher importance
@@ -139,21 +141,24 @@ def importance_cli(
     if nproc > 1 and (set(methods) - {"gradient", "fisher"} or unit != Unit.HEAD):
         raise ProbeError("--nproc runs gradient and fisher importance by head only; drop the "
                          "other methods or --unit, or run them in one process.")  # fmt: skip
-    if nproc > 1 and "WORLD_SIZE" not in os.environ:
-        relaunch(nproc)
-        return
+    # with --nproc N, everything is checked here before the N processes start
+    launcher = launching(nproc, device, oversubscribe)
     world = world_from_env()
     if not world.main:
         console.quiet = True  # rank 0 alone writes and reports
     writes = ("importance.csv", "importance.png", "correlations.csv", "correlations.png",
               "importance_groups.csv", "importance_layers.csv", "manifest.json")  # fmt: skip
     earlier = claim_output(out, writes, overwrite) if world.main else []
-    ckpt = load(checkpoint, device, allow_pickle)
+    ckpt = load(checkpoint, "cpu" if launcher else device, allow_pickle)
     require_heads(ckpt)
     check_data_options(ckpt, text, lengths)
     chosen = lengths_for(ckpt, lengths)
     data = (text, whole, max_tokens)
     (split,), _ = splits(ckpt, chosen, batch_size, batches, seed, text=data)
+    if launcher:
+        del ckpt, split  # each rank loads its own
+        relaunch(nproc)
+        return
     with progress_bar() as bar, process_group(world, resolve_device(device)):
         table, corr = compare_estimators(
             ckpt.model, split, methods, normalize=normalize, seed=seed, progress=phased(bar)

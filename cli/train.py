@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -13,6 +12,7 @@ from probe_cli.common import (
     CheckpointArg,
     DeviceOpt,
     OutOpt,
+    OversubscribeOpt,
     OverwriteOpt,
     PickleOpt,
     SeedOpt,
@@ -21,6 +21,7 @@ from probe_cli.common import (
     check_data_options,
     check_positive,
     console,
+    launching,
     relaunch,
     shown,
     write_manifest,
@@ -36,7 +37,7 @@ from probe.evaluate import evaluate
 from probe.presets import with_preset
 from probe.report.files import atomic_write_csv
 from probe.tasks import TaskConfig, parse_lengths
-from probe.train import TrainProgress, resolve_device, train
+from probe.train import TrainProgress, check_training, resolve_device, train
 
 
 def parse_range(spec: str, what: str) -> tuple[int, int]:
@@ -122,16 +123,16 @@ def train_cli(
         int,
         typer.Option(
             "--nproc",
-            help="Processes to train in (DistributedDataParallel via torchrun: NCCL on GPUs, "
-            "gloo on the CPU); each takes batch_size / N examples of every step.",
+            help="Processes to train in (DistributedDataParallel: NCCL on GPUs, gloo on the "
+            "CPU; at most one per core, or per GPU); each takes batch_size / N examples of "
+            "every step.",
         ),
     ] = 1,
+    oversubscribe: OversubscribeOpt = False,
 ) -> None:
     """Train a model on a synthetic task and write a checkpoint directory."""
-    check_positive(nproc=nproc)
-    if nproc > 1 and "WORLD_SIZE" not in os.environ:
-        relaunch(nproc)
-        return
+    # with --nproc N, everything is checked here before the N processes start
+    launcher = launching(nproc, device, oversubscribe)
     world = world_from_env()
     if not world.main:
         console.quiet = True  # rank 0 alone reports
@@ -161,6 +162,10 @@ def train_cli(
     pe = model_cfg.pe
     resolve_device(device)
     claim_output(out, CHECKPOINT_FILES, overwrite)  # before any work: a bad --out fails now
+    if launcher:
+        check_training(model_cfg, task_cfg, train_cfg, shards=nproc)
+        relaunch(nproc)
+        return
     console.print(
         f"training a {arch} ({pe}, {layers} layers x {heads} heads, d_model {d_model}) on "
         f"[bold]{task}[/] lengths {lo}-{hi} for {steps} steps -> {shown(out)}"

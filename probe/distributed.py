@@ -2,7 +2,7 @@
 process group, and the data split that makes N processes compute what one process computes with
 the same global batch.
 
-    torchrun --nproc-per-node N -m probe train ...     (or `probe train --nproc N`)
+    torchrun --nproc-per-node N -m probe train ...     (or `probe train --nproc N`: `probe.launch`)
 
 NCCL on GPUs, gloo on the CPU. Every step draws one task length from the run's seed (shared by
 all ranks) and a global batch made of `shards` sub-batches, sub-batch k from its own seeded
@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from probe.errors import ProbeError
+from probe.launch import tie_to_parent
 from probe.tasks import Batch, Form, TaskConfig, make_batch
 
 SHARD_SEED = 1_000_003  # sub-batch k >= 1 is drawn from seed + k * SHARD_SEED
@@ -41,7 +42,9 @@ class World:
 
 
 def world_from_env() -> World:
-    """The rank and world size torchrun sets (RANK, WORLD_SIZE); one process otherwise."""
+    """The rank and world size torchrun sets (RANK, WORLD_SIZE); one process otherwise. A rank
+    of several ties its life to its parent's here (`tie_to_parent`): it dies when the launcher
+    does."""
     try:
         size = int(os.environ.get("WORLD_SIZE", "1"))
         rank = int(os.environ.get("RANK", "0"))
@@ -51,6 +54,8 @@ def world_from_env() -> World:
         ) from None
     if size < 1 or not 0 <= rank < size:
         raise ProbeError(f"RANK {rank} does not fit WORLD_SIZE {size}.")
+    if size > 1:
+        tie_to_parent()
     return World(rank, size)
 
 

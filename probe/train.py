@@ -155,6 +155,28 @@ def _positions_for(model: Transformer, batch: Batch, cfg: TrainConfig, gen: torc
     return random_positions(b, t, model.cfg.max_len, gen).to(batch.inputs.device)
 
 
+def check_training(model_cfg: ModelConfig, task: TaskConfig, train_cfg: TrainConfig,
+                   shards: int = 1, new_model: bool = True) -> None:  # fmt: skip
+    """What `train` refuses before any work: a global batch that does not split over `shards`,
+    a vocabulary too small for the task and, for a `new_model`, one that does not fit in memory
+    or whose positions cannot hold the longest training example. `probe train --nproc N` checks
+    this before it starts the N processes."""
+    check_batch_size(train_cfg.batch_size, shards)
+    if model_cfg.vocab_size < task.vocab_size:
+        raise ProbeError(
+            f"the model's vocabulary ({model_cfg.vocab_size}) is smaller than task "
+            f"'{task.name}' needs ({task.vocab_size})."
+        )
+    if not new_model:
+        return
+    hi = train_cfg.train_len[1]
+    check_model(model_cfg, training=True)
+    longest = sequence_length(task, form_for(model_cfg.arch), hi)
+    check_forward(model_cfg, train_cfg.batch_size, longest, backward=True)
+    with torch.device("meta"):  # the model's shape, no weights allocated
+        check_lengths(Transformer(model_cfg), task, [hi])
+
+
 def train(
     model_cfg: ModelConfig,
     task: TaskConfig,
@@ -176,12 +198,7 @@ def train(
     shards = shards or world.size
     if world.size > 1 and shards != world.size:
         raise ProbeError(f"shards ({shards}) must equal the number of processes ({world.size}).")
-    check_batch_size(train_cfg.batch_size, shards)
-    if model_cfg.vocab_size < task.vocab_size:
-        raise ProbeError(
-            f"the model's vocabulary ({model_cfg.vocab_size}) is smaller than task "
-            f"'{task.name}' needs ({task.vocab_size})."
-        )
+    check_training(model_cfg, task, train_cfg, shards, new_model=model is None)
     device = local_device(resolve_device(train_cfg.device), world)
     out = Path(out) if out is not None and world.main else None  # only rank 0 writes
     earlier = claim_output(out, CHECKPOINT_FILES, overwrite) if out is not None else []
@@ -195,9 +212,6 @@ def _train(model_cfg, task, train_cfg, out, earlier, progress, model, world, sha
     lo, hi = train_cfg.train_len
     torch.manual_seed(train_cfg.seed)
     if model is None:
-        check_model(model_cfg, training=True)
-        longest = sequence_length(task, form_for(model_cfg.arch), hi)
-        check_forward(model_cfg, train_cfg.batch_size, longest, backward=True)
         model = Transformer(model_cfg)
     model.to(device).train()
     check_lengths(model, task, [hi])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 import tomllib
@@ -106,3 +107,61 @@ def test_missing_ray_is_one_line(monkeypatch, tmp_path):
     study = parse_study(tomllib.loads(tiny_study(steps=2)))
     with pytest.raises(ProbeError, match=r"pip install 'probe\[ray\]'"):
         run_study(study, tmp_path / "x", executor="ray")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:{port}", "ray://127.0.0.1:{port}"])
+def test_an_address_nothing_answers_is_one_line_at_once(tmp_path, capsys, address):
+    """A loopback port nothing listens on: refused before Ray is started, naming the address
+    (it waited for ever before)."""
+    from cli_run import exit_code
+
+    address = address.format(port=_free_port())
+    (tmp_path / "s.toml").write_text(tiny_study(steps=2))
+    args = ["study", "run", str(tmp_path / "s.toml"), "--executor", "ray", "--address", address,
+            "--out", str(tmp_path / "o"), "--device", "cpu"]  # fmt: skip
+    assert exit_code(args) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and address in err and "nothing answers" in err
+    assert not ray.is_initialized()
+
+
+@pytest.mark.parametrize("address", ["nonsense", "127.0.0.1:0", "127.0.0.1:http", ":6379"])
+def test_an_address_that_is_not_host_port_is_one_line(address):
+    from probe.study.executors import check_ray
+
+    with pytest.raises(ProbeError, match="is not HOST:PORT"):
+        check_ray(address)
+
+
+@pytest.mark.slow  # imports Ray in a process of its own, which waits INIT_S for the cluster
+def test_a_port_that_answers_but_is_not_ray_fails_in_bounded_time(tmp_path):
+    """A loopback port that accepts connections and says nothing: ray.init alone waits for
+    ever; run_on_ray gives up after INIT_S (3 s here) with one line naming the address."""
+    code = """
+import socket, sys
+import probe.study.executors as ex
+from probe.errors import ProbeError
+ex.INIT_S = 3
+server = socket.socket()
+server.bind(("127.0.0.1", 0))
+server.listen()
+address = f"127.0.0.1:{server.getsockname()[1]}"
+try:
+    ex.run_on_ray([], sys.argv[1], "cpu", 1, address, print, print)
+except ProbeError as exc:
+    print("refused:", exc, flush=True)
+    sys.exit(2)
+"""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "refused: --address 127.0.0.1:" in done.stdout and "within 3 s" in done.stdout

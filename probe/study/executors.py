@@ -7,11 +7,16 @@ the directory must be reachable from every node (the local disk of a one-machine
 shared filesystem on a real one); the driver gathers the finished cells into the same manifest
 and cache. A task whose worker process dies is run again (up to `RETRIES` times); an error in the
 cell itself (bad input, divergence) is not retried. Ray is optional: `pip install 'probe[ray]'`.
+
+Joining a cluster at HOST:PORT is bounded: `check_ray` first connects to the port (nothing
+listening fails in at most CONNECT_S), and `ray.init` itself must return within INIT_S.
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +25,9 @@ from probe import provenance
 from probe.errors import ProbeError
 
 RETRIES = 3  # runs of a cell whose worker process died
+CONNECT_S = 3.0  # how long the cluster's port may take to accept a connection
+INIT_S = 30.0  # how long joining the cluster may take once its port answers
+NAMED = ("auto", "local")  # addresses Ray resolves itself: the cluster running here, a new one
 
 
 def _ray() -> Any:
@@ -31,6 +39,64 @@ def _ray() -> Any:
             "pip install ray), or run with the local executor (the default)."
         ) from None
     return ray
+
+
+def check_ray(address: str | None) -> None:
+    """Fail now, in one line, when Ray is missing or nothing answers at `address` (HOST:PORT,
+    or ray://HOST:PORT for Ray Client; 'auto', 'local' and None are Ray's to find)."""
+    _ray()
+    if address is None or address in NAMED:
+        return
+    host, port = _host_port(address)
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_S).close()
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise ProbeError(
+            f"--address {address}: nothing answers at {host}:{port} ({reason}); start the Ray "
+            "cluster there (ray start --head) or give the address it printed."
+        ) from None
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    host = host.strip("[]")  # [::1]:6379
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ProbeError(
+            f"--address '{address}' is not HOST:PORT (a port from 1 to 65535), ray://HOST:PORT, "
+            "'auto' or 'local'."
+        )
+    return host, int(port)
+
+
+def _join(ray: Any, address: str | None, **options: Any) -> None:
+    """ray.init, bounded by INIT_S when joining a cluster at an address (ray.init alone can wait
+    for ever for a port that accepts but is not Ray's)."""
+    if address is None or address in NAMED:
+        ray.init(**({"address": address} if address else {}), **options)
+        return
+    check_ray(address)
+    failure: list[BaseException] = []
+
+    def init() -> None:
+        try:
+            ray.init(address=address, **options)
+        except BaseException as exc:  # re-raised below, in the caller's thread
+            failure.append(exc)
+
+    joining = threading.Thread(target=init, name="ray-init", daemon=True)
+    joining.start()
+    joining.join(INIT_S)
+    if joining.is_alive():
+        raise ProbeError(
+            f"--address {address}: the port answers but no Ray cluster joined within "
+            f"{INIT_S:.0f} s; check that it is a Ray cluster's address (ray status there)."
+        )
+    if failure and isinstance(failure[0], ConnectionError):
+        said = " ".join(str(failure[0]).split())
+        raise ProbeError(f"--address {address}: Ray could not join it ({said}).") from None
+    if failure:
+        raise failure[0]
 
 
 def _run_cell_task(cell, root: str, device: str, threads: int):
@@ -55,9 +121,8 @@ def run_on_ray(
     """Run the cells of `todo` as Ray tasks and call `finished(record)` as each completes."""
     ray = _ray()
     if not ray.is_initialized():
-        options = {"address": address} if address else {}
-        ray.init(**options, include_dashboard=False, log_to_driver=False,
-                 ignore_reinit_error=True)  # fmt: skip
+        _join(ray, address, include_dashboard=False, log_to_driver=False,
+              ignore_reinit_error=True)  # fmt: skip
     gpu = str(device).startswith("cuda")
     env = {provenance.PIN: os.environ.get(provenance.PIN, "") or provenance.git_commit() or ""}
     task = ray.remote(_run_cell_task).options(

@@ -227,9 +227,9 @@ def run_study(
     if executor not in ("local", "ray"):
         raise ProbeError(f"--executor must be local or ray, got '{executor}'.")
     if executor == "ray":
-        from probe.study.executors import _ray
+        from probe.study.executors import check_ray
 
-        _ray()  # fail now, in one line, when Ray is missing
+        check_ray(address)  # fail now, in one line, when Ray is missing or the address is dead
     out = Path(out)
     check_results_dir(out, study, overwrite)
     cells = expand(study)
