@@ -118,6 +118,27 @@ def tuning_recovery(curves: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
+def retrieval_note(retrieval: pd.DataFrame, needles: int) -> str:
+    """What the retrieval scores rest on: how many prompts the model retrieved decoding greedily,
+    its needle recall, and its teacher-forced copy accuracy."""
+    first = retrieval.iloc[0]
+    acc = float(first.copy_accuracy)
+    if "prompts" not in retrieval.columns:  # a table from before Wu et al.'s definition
+        return (
+            f"The unpruned model copies {pct(acc)} of the needle tokens teacher-forced; "
+            "these scores are the teacher-forced variant (hits over the steps copied), "
+            "computed before the study used Wu et al.'s definition: rerun the study."
+        )
+    return (
+        f"Decoding greedily, the unpruned model retrieves {int(first.prompts)} of {needles} "
+        f"needles (more than half of the needle's tokens in its output; mean recall "
+        f"{pct(float(first.recall))}), and the scores average over those prompts. "
+        f"Teacher-forced it predicts {pct(acc)} of the needle tokens right; the "
+        "teacher-forced variant of the score (hits over the steps it copied, in "
+        "retrieval.csv as score_teacher_forced) is larger by about 1 / that share."
+    )
+
+
 def role_counts(roles: pd.DataFrame, n_heads: int) -> pd.DataFrame:
     """Per role: how many heads pass its threshold, their share, and the layers they sit in."""
     rows = []
