@@ -281,3 +281,36 @@ def test_only_the_steps_whose_definition_changed_carry_it_in_their_key():
             base = {"method", "unit", "seed", "fractions"}
             assert set(s.options) == base | ({"tune"} if "fisher+tune" in s.key else set())
     assert all(s.options["tune"] == MASK_TUNING for s in steps if "tune" in s.options)
+
+
+KWON_ABSTRACT = (  # arXiv:2204.09656, abstract (the sentences the report may quote)
+    "To retain high accuracy without retraining, we introduce three novel techniques: (i) a "
+    "lightweight mask search algorithm that finds which heads and filters to prune based on the "
+    "Fisher information; (ii) mask rearrangement that complements the search algorithm; and "
+    "(iii) mask tuning that reconstructs the output activations for each layer. We apply our "
+    "method to BERT-base and DistilBERT, and we evaluate its effectiveness on GLUE and SQuAD "
+    "benchmarks. Our framework achieves up to 2.0x reduction in FLOPs and 1.56x speedup in "
+    "inference latency, while maintaining < 1% loss in accuracy."
+)
+
+
+def test_kwon_verdict_quotes_the_abstract_and_compares_like_with_like():
+    from types import SimpleNamespace
+
+    from probe.references import published
+    from probe.study.heads_claims import kwon
+
+    ref = published("kwon2022")
+    assert all(q in KWON_ABSTRACT for q in ref.quotes.values())  # verbatim
+    helped = curve("fisher", 0, [2.0, 2.4, 3.0, 4.0]) + curve(
+        "fisher+tune", 0, [2.0, 2.1, 2.5, 3.0]
+    )
+    text = kwon(SimpleNamespace(curves=pd.DataFrame(helped), tolerance=0.1))
+    assert "recovers most" not in text
+    for q in ref.quotes.values():
+        assert repr(q) in text
+    assert "in 3 of 3 seed-and-fraction points" in text and "**agrees**" in text
+    assert "Not comparable" in text
+    mixed = curve("fisher", 0, [2.0, 2.4, 3.0, 4.0]) + curve("fisher+tune", 0, [2.0, 2.5, 2.5, 3.0])
+    text = kwon(SimpleNamespace(curves=pd.DataFrame(mixed), tolerance=0.1))
+    assert "in 2 of 3" in text and "**inconclusive**" in text

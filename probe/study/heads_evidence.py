@@ -158,14 +158,15 @@ def role_counts(roles: pd.DataFrame, n_heads: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def knockout_test(knockout: pd.DataFrame) -> pd.DataFrame:
-    """Per k: copy accuracy with the top-k retrieval heads masked, the random draws' range and
-    an empirical one-sided p-value: (1 + draws at or below it) / (1 + draws)."""
+def knockout_test(knockout: pd.DataFrame, metric: str = "copy_accuracy") -> pd.DataFrame:
+    """Per k: `metric` (copy_accuracy, teacher-forced, or recall, the greedy output's needle
+    recall) with the top-k retrieval heads masked, the random draws' range and an empirical
+    one-sided p-value: (1 + draws at or below it) / (1 + draws)."""
     rows = []
-    base = knockout[knockout.selection == "none"].copy_accuracy
+    base = knockout[knockout.selection == "none"][metric]
     for k, g in knockout[knockout.k > 0].groupby("k"):
-        top = float(g[g.selection == "retrieval"].copy_accuracy.iloc[0])
-        rand = g[g.selection == "random"].copy_accuracy.to_numpy()
+        top = float(g[g.selection == "retrieval"][metric].iloc[0])
+        rand = g[g.selection == "random"][metric].to_numpy()
         rows.append({
             "k": int(k), "unmasked": float(base.iloc[0]) if len(base) else np.nan,
             "retrieval_heads": top, "random_min": rand.min(), "random_median": np.median(rand),
