@@ -196,8 +196,9 @@ def prune_cli(
         bool,
         typer.Option(
             "--tune",
-            help="With --method fisher: rescale the kept heads per layer by least squares to "
-            "match the unpruned layer's output, folded into the weights (Kwon et al. 2022).",
+            help="With --method fisher: rescale the kept heads layer by layer by least squares, "
+            "each layer on the pruned model's own inputs fitting the unpruned layer's output, "
+            "folded into the weights (Kwon et al. 2022's mask tuning).",
         ),
     ] = False,
     uniform: Annotated[

@@ -45,6 +45,7 @@ class Published:
     names: dict[str, str] = field(default_factory=dict)  # our arm -> the paper's name
     ranking: Ranking | None = None
     values: tuple[Value, ...] = ()
+    quotes: dict[str, str] = field(default_factory=dict)  # the paper's words, verbatim, by use
 
     def name(self, arm: str) -> str:
         return self.names.get(arm, arm)

@@ -57,10 +57,10 @@ def test_fisher_is_the_mean_squared_per_example_gate_gradient():
             )
 
 
-def test_mask_tuning_lowers_reconstruction_error_on_held_out_data():
+def test_one_pass_tuning_lowers_reconstruction_error_on_held_out_data():
     m = model()
     removed = [(0, 0), (0, 2), (1, 1), (1, 3)]
-    scales = tune_masks(m, removed, data(0))
+    scales = tune_masks(m, removed, data(0), procedure="one-pass")
     untuned = [g.double() for g in head_mask(m, removed)]
     fit, held = data(0), data(1)
     tuned_err = sum(reconstruction_error(m, held, scales))
@@ -185,3 +185,80 @@ def test_curve_by_key_value_group_matches_direct_scoring():
     m.set_gates(None)
     assert abs(loss.loc[0.5, "value"] - want) < 1e-9
     assert abs(loss.loc[0.0, "value"] - score_batches(m, scoring)["loss"]) < 1e-9
+
+
+def _hand_site(m, batches, site, gates):
+    """By hand, block by block with `gates` set: per batch the residual x at `site`, the
+    sub-layer's input, and the block (for running its attention)."""
+    out = []
+    m.set_gates(gates)
+    with torch.no_grad():
+        for b in batches:
+            pos = torch.arange(b.inputs.shape[1]).expand_as(b.inputs)
+            x = m._embed(b.inputs, pos)
+            for i, block in enumerate(m.blocks):
+                if i == site:
+                    out.append((x, block.ln_attn(x) if m.pre else x, block))
+                    break
+                x = block(x, pos)
+    m.set_gates(None)
+    return out
+
+
+def test_layer_by_layer_tuning_is_each_layers_least_squares_on_its_own_inputs():
+    """Kwon et al.'s procedure: at each layer l >= 1 the scales are torch.linalg.lstsq of the
+    unpruned layer's output (x_t + attn(x_t), on the unpruned inputs) minus the student's
+    residual, on the heads' contributions computed one head at a time (the other gates 0) on the
+    inputs of the model pruned and tuned below l; a constant column joins with post-LN. And the
+    fit is never worse than the untuned mask on the same inputs."""
+    for norm in ("pre", "post"):
+        m = model(norm=norm, n_layer=3)
+        batches = data(0)
+        removed = [(0, 1), (1, 0), (1, 2), (2, 3)]
+        scales = tune_masks(m, removed, batches)
+        mask = [g.double() for g in head_mask(m, removed)]
+        assert torch.equal(scales[0], mask[0])  # the first layer is not tuned (as their code)
+        for s, u in zip(scales, mask, strict=True):
+            assert torch.equal(s == 0, u == 0)
+        for layer in (1, 2):
+            gates = [s.float() for s in scales[:layer]] + [g.float() for g in mask[layer:]]
+            student = _hand_site(m, batches, layer, gates)
+            teacher = _hand_site(m, batches, layer, None)
+            keep = [h for h in range(4) if (layer, h) not in removed]
+            columns, ys = [], []
+            for (xs, inp, block), (xt, inp_t, _) in zip(student, teacher, strict=True):
+                with torch.no_grad():
+                    target = xt + block.attn(inp_t)
+                    bias = block.attn.o.bias
+                    per_head = []
+                    for h in keep:
+                        one = torch.zeros(4)
+                        one[h] = 1.0
+                        block.attn.gate.copy_(one)
+                        per_head.append((block.attn(inp) - bias).double().reshape(-1))
+                    block.attn.gate.fill_(1.0)
+                columns.append(torch.stack(per_head, 1))  # [token * d, kept]
+                ys.append((target - xs - bias).double().reshape(-1))
+            a, y = torch.cat(columns), torch.cat(ys)
+            if norm == "post":  # LayerNorm after the sum: a constant shift is free
+                a = torch.cat([a, torch.ones(len(a), 1, dtype=a.dtype)], 1)
+            want = torch.linalg.lstsq(a, y.unsqueeze(1)).solution.squeeze(1)[: len(keep)]
+            got = scales[layer][keep]
+            assert torch.allclose(got, want, atol=1e-4), (norm, layer, got, want)
+            fitted = a[:, : len(keep)] @ got
+            untuned = a[:, : len(keep)].sum(1)
+            if norm == "pre":
+                assert ((fitted - y) ** 2).sum() <= ((untuned - y) ** 2).sum()
+        m.set_gates(None)
+
+
+def test_one_pass_tuning_is_kept_as_a_named_variant():
+    m = model()
+    removed = [(0, 0), (1, 1)]
+    one = tune_masks(m, removed, data(0), procedure="one-pass")
+    layered = tune_masks(m, removed, data(0))
+    assert not torch.allclose(one[1], layered[1])  # the second layer's inputs differ
+    import pytest
+
+    with pytest.raises(ValueError, match="layer-by-layer"):
+        tune_masks(m, removed, data(0), procedure="twice")

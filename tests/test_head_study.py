@@ -249,8 +249,8 @@ def test_each_knockout_run_masks_only_its_own_heads(llama_dir, monkeypatch):
 
     real = retrieval.retrieval_scores
 
-    def closed_gates(model, prompts, require_copy=True):
-        table = real(model, prompts, require_copy)
+    def closed_gates(model, prompts):
+        table = real(model, prompts)
         closed = sum(int((g == 0).sum()) for g in model.gates())
         return table.assign(copy_accuracy=float(closed))
 
@@ -259,3 +259,58 @@ def test_each_knockout_run_masks_only_its_own_heads(llama_dir, monkeypatch):
     table = knockout(subject, lambda done, total: None)
     assert list(table.copy_accuracy) == list(table.k.astype(float))
     assert all((g == 1).all() for g in subject.model.gates())  # and nothing is left masked
+
+
+def test_only_the_steps_whose_definition_changed_carry_it_in_their_key():
+    """Wu et al.'s retrieval score and Kwon et al.'s layer-by-layer tuning are in the options
+    (so in the cached hash) of exactly the retrieval, knock-out and fisher+tune curve steps:
+    a rerun recomputes those and nothing else (the timing step follows its variants)."""
+    import tomllib
+
+    from probe.study.heads_steps import MASK_TUNING, RETRIEVAL_SCORE, plan_steps
+
+    raw = tomllib.loads(Path("studies/smollm2-heads.toml").read_text())
+    steps = plan_steps(parse_head_study(raw), None)
+    marked = {s.key for s in steps if {"score", "tune"} & set(s.options)}
+    want = {"retrieval", "knockout"} | {f"curve-head-fisher+tune-s{i}" for i in range(3)}
+    assert marked == want
+    for s in steps:
+        if s.key in ("retrieval", "knockout"):
+            assert s.options["score"] == RETRIEVAL_SCORE
+        if s.key.startswith("curve-"):  # as before, plus the tuning for fisher+tune only
+            base = {"method", "unit", "seed", "fractions"}
+            assert set(s.options) == base | ({"tune"} if "fisher+tune" in s.key else set())
+    assert all(s.options["tune"] == MASK_TUNING for s in steps if "tune" in s.options)
+
+
+KWON_ABSTRACT = (  # arXiv:2204.09656, abstract (the sentences the report may quote)
+    "To retain high accuracy without retraining, we introduce three novel techniques: (i) a "
+    "lightweight mask search algorithm that finds which heads and filters to prune based on the "
+    "Fisher information; (ii) mask rearrangement that complements the search algorithm; and "
+    "(iii) mask tuning that reconstructs the output activations for each layer. We apply our "
+    "method to BERT-base and DistilBERT, and we evaluate its effectiveness on GLUE and SQuAD "
+    "benchmarks. Our framework achieves up to 2.0x reduction in FLOPs and 1.56x speedup in "
+    "inference latency, while maintaining < 1% loss in accuracy."
+)
+
+
+def test_kwon_verdict_quotes_the_abstract_and_compares_like_with_like():
+    from types import SimpleNamespace
+
+    from probe.references import published
+    from probe.study.heads_claims import kwon
+
+    ref = published("kwon2022")
+    assert all(q in KWON_ABSTRACT for q in ref.quotes.values())  # verbatim
+    helped = curve("fisher", 0, [2.0, 2.4, 3.0, 4.0]) + curve(
+        "fisher+tune", 0, [2.0, 2.1, 2.5, 3.0]
+    )
+    text = kwon(SimpleNamespace(curves=pd.DataFrame(helped), tolerance=0.1))
+    assert "recovers most" not in text
+    for q in ref.quotes.values():
+        assert repr(q) in text
+    assert "in 3 of 3 seed-and-fraction points" in text and "**agrees**" in text
+    assert "Not comparable" in text
+    mixed = curve("fisher", 0, [2.0, 2.4, 3.0, 4.0]) + curve("fisher+tune", 0, [2.0, 2.5, 2.5, 3.0])
+    text = kwon(SimpleNamespace(curves=pd.DataFrame(mixed), tolerance=0.1))
+    assert "in 2 of 3" in text and "**inconclusive**" in text

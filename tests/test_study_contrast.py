@@ -7,6 +7,7 @@ import tomllib
 from itertools import combinations
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from tiny_study import SMOKE, tiny_study
@@ -145,3 +146,50 @@ def test_fitted_contrast_compares_only_arms_that_fit_their_training_lengths():
     assert rows.iloc[1]["verdict"] == (
         "not compared: b (0.50) does not fit its training lengths (exact match < 0.95)"
     )
+
+
+def test_similar_is_read_from_the_two_sided_exact_p():
+    """3 against 3 fully separated: each one-sided p is 1/20, the two-sided p 2/20 = 0.1 (by
+    enumeration, and as scipy.stats computes it), so no difference is detected at 0.05 and the
+    row prints the two-sided p; 4 against 4 separated: 2/70 < 0.05, a difference."""
+    from scipy import stats
+
+    from probe.study.contrast import _p
+
+    x, y = [0.9, 0.8, 0.95], [0.1, 0.3, 0.2]
+    row = evaluate(contrast("similar"), table(x, y)).iloc[0]
+    by_hand = 2 * min(exact_p(x, y), exact_p(y, x))
+    assert by_hand == pytest.approx(2 / 20)
+    assert row["p_two"] == pytest.approx(by_hand)
+    assert row["p_two"] == pytest.approx(stats.mannwhitneyu(x, y, method="exact").pvalue)
+    assert row["verdict"].startswith("no difference detected: 3 against 3 seeds cannot reach")
+    assert _p(row) == "0.1 (two-sided)"
+    x4, y4 = [0.9, 0.8, 0.95, 0.85], [0.1, 0.3, 0.2, 0.25]
+    row4 = evaluate(contrast("similar"), table(x4, y4)).iloc[0]
+    assert row4["p_two"] == pytest.approx(2 / math.comb(8, 4))
+    assert row4["verdict"] == "contradicted: a difference was detected"
+    mixed = [0.5, 0.7, 0.6, 0.2], [0.55, 0.65, 0.75, 0.1]
+    row_m = evaluate(contrast("similar"), table(*mixed)).iloc[0]
+    assert row_m["p_two"] == pytest.approx(
+        min(1.0, 2 * min(exact_p(*mixed), exact_p(mixed[1], mixed[0])))
+    )
+
+
+def test_a_shown_value_never_rounds_across_its_threshold():
+    from probe.study.contrast import verdict_table
+    from probe.study.stats import fmt_ci, fmt_vs
+
+    assert fmt_vs(0.9468, 0.95) == "0.947"  # "0.95" would read as fitted
+    assert fmt_vs(0.951, 0.95) == "0.951"  # "0.95" would read as equal
+    assert fmt_vs(0.95, 0.95) == "0.95"
+    assert fmt_vs(0.5, 0.95) == "0.50"
+    assert fmt_vs(0.04996, 0.05, 3, "g") == "0.04996"
+    assert fmt_vs(0.0502, 0.05, 3, "g") == "0.0502"
+    assert fmt_vs(np.float64(0.9468), 0.95) == "0.947"  # numpy numbers too
+    assert fmt_ci(0.9468, 0.93, 0.96, threshold=0.95) == "0.947 [0.930, 0.960]"
+    eval_table = table([0.9468] * 3, [0.99] * 3).assign(L_min=2, variant="")
+    where = parse_conditions({"length": "> L"}, "w")
+    fitted = Contrast(claim="a generalizes better", table="eval", metric="exact_match", a="a",
+                      b="b", where=where, fitted=True)  # fmt: skip
+    rows = verdict_table((fitted,), {"eval": eval_table})
+    assert rows.iloc[0]["verdict"].startswith("not compared: a (0.947) does not fit")

@@ -8,12 +8,26 @@ mask tuning, and the tuned mask folded into the weights.
   query head here costs the same parameters and FLOPs within a model (2 d_model d_head weights), so
   a budget in heads, parameters or FLOPs chooses the same heads (key/value heads go with the last
   query head that reads them). Kwon et al.'s block-diagonal mask rearrangement is not done.
-- Tuning: for each attention site, the kept heads' scales m solve the least-squares problem
-      min_m || sum_{h kept} m_h c_h(x) - sum_{h all} c_h(x) ||^2   over calibration tokens,
-  c_h(x) = W_O[:, h] head_h(x) the head's contribution to the sub-layer output, so the pruned
-  sub-layer reproduces the unpruned one on the same input. All sites are solved from one forward
-  pass of the unpruned model (its activations are every site's input), a small ridge term keeps
-  the normal equations well posed.
+- Tuning ("layer-by-layer", the default), as the authors' code does it (`rescale_mask` and
+  `get_mha_lstsq` in github.com/WoosukKwon/retraining-free-pruning, prune/rescale.py): attention
+  sites are tuned in order; for site l the student is the model pruned and already tuned below
+  l, with site l's binary mask, run on the calibration data up to site l; the teacher is the
+  unpruned model on the same data. The kept heads' scales m solve
+      min_m || x_s + sum_{h kept} m_h c_h(x_s) + b_O - (x_t + attn_t(x_t)) ||^2   over tokens,
+  with x_s, x_t the residual stream the sub-layer adds to in the student and in the teacher,
+  c_h(x) = W_O[:, h] head_h(x) a head's contribution and attn_t the unpruned sub-layer's output:
+  the pruned layer on its OWN inputs fits the unpruned layer's output on the unpruned inputs (the
+  target of the authors' code, the attention output plus the residual before the norm). As
+  there: the first site is not tuned (`layer_idx != 0`); tuning stops, leaving this and later
+  sites untuned, when a scale leaves [-10, 10]; the solve is damped towards scales of 1 (their
+  LSMR with damp=1 on the normal equations; here a ridge of RIDGE times the mean diagonal); a
+  constant column joins the fit (their `torch.ones` column) only where the sub-layer's sum goes
+  straight into a LayerNorm (post-LN, their BERT), which removes a constant shift; with pre-LN or
+  RMSNorm a shift is not free, so no constant. Not done: their FFN-neuron rescaling (probe prunes
+  heads only).
+- Tuning "one-pass" (the variant probe used before): every site is solved from one forward pass
+  of the unpruned model, fitting sum_{h kept} m_h c_h(x) to sum_h c_h(x) on the unpruned inputs;
+  it ignores that the pruned model's own inputs to later layers differ.
 - Folding: the scales move into W_O's columns (`Attention.fold_gates`), so the saved checkpoint
   computes the tuned function with gates of 1.
 """
@@ -33,6 +47,8 @@ from probe.model import AttentionCall, Transformer
 from probe.tasks import Batch
 
 RIDGE = 1e-6  # relative to the mean diagonal of each site's normal equations
+MAX_SCALE = 10.0  # Kwon et al.'s code stops tuning when a scale leaves [-MAX_SCALE, MAX_SCALE]
+TUNINGS = ("layer-by-layer", "one-pass")
 
 
 class _Contributions:
@@ -97,9 +113,19 @@ def _collect(model: Transformer, batches: Sequence[Batch], observer: _Contributi
 
 
 def tune_masks(
-    model: Transformer, removed: Sequence[tuple[int, int]], batches: Sequence[Batch]
+    model: Transformer,
+    removed: Sequence[tuple[int, int]],
+    batches: Sequence[Batch],
+    procedure: str = "layer-by-layer",
 ) -> list[torch.Tensor]:
-    """Least-squares scales of the kept heads per site (0 for the removed ones): [head] each."""
+    """Least-squares scales of the kept heads per site (0 for the removed ones): [head] each.
+    `procedure`: "layer-by-layer" (Kwon et al.'s, the default) or "one-pass" (module docstring)."""
+    if procedure == "layer-by-layer":
+        from probe.analysis.mask_tuning import tune_layer_by_layer
+
+        return tune_layer_by_layer(model, removed, batches)
+    if procedure != "one-pass":
+        raise ValueError(f"procedure must be one of {', '.join(TUNINGS)}, got {procedure!r}")
     remove = check_heads(model, removed)
     observer = _Contributions(model)
     _collect(model, batches, observer)

@@ -99,7 +99,8 @@ def default_fractions(n_heads: int) -> list[float]:
 
 
 # curve methods beyond the head-importance estimators: Fisher ranking with mask tuning at every
-# point (Kwon et al. 2022), and whole attention sub-layers by their importance (He et al. 2024)
+# point (Kwon et al. 2022, layer by layer: `tune_masks`), and whole attention sub-layers by their
+# importance (He et al. 2024)
 CURVE_EXTRAS = ("fisher+tune", "attention-layer")
 
 

@@ -3,10 +3,25 @@ Factuality"): heads that look at the token being copied when a model copies from
 
 A needle-in-a-haystack prompt is built from real text: a haystack of documents with a needle
 sentence inside ("The secret passphrase is w1 w2 ... wk."), then the question ("... The secret
-passphrase is") followed by the needle's words as the answer, teacher-forced. At every answer
-step whose prediction is right (the model copies), a head scores a hit when its most-attended key
-is the needle position of the token being copied. The retrieval score of a head is its hits over
-all copying steps of all prompts; the model's copy accuracy is reported beside it.
+passphrase is"); the needle's words w1 ... wk are the answer.
+
+The retrieval score is Wu et al.'s, as the authors' code computes it (`retrieval_calculate` and
+`retrieval_head_accumulate` in github.com/nightdessert/Retrieval_Head,
+retrieval_head_detection.py): the model decodes GREEDILY after the question; at each decoding step
+a head scores a hit when the token the model generates is in the needle and the head's
+most-attended position (argmax over every key) is a needle position holding that same token. A
+prompt's score is hits / needle length (its k answer tokens), and a head's score is the mean of its
+prompt scores over the prompts the model retrieved (needle recall of the output above one half;
+the authors use ROUGE-1 recall > 50 on words, here the share of the needle's tokens the output
+contains, counted with multiplicity). The differences: the authors decode up to 50 tokens (until a
+newline), here k, the needle's length; so a hit is a needle token copied within as many steps as
+the needle has tokens.
+
+Beside it the table keeps two teacher-forced numbers, clearly named: `copy_accuracy`, the share of
+answer tokens the model predicts right when fed the true answer, and `score_teacher_forced`,
+hits over the steps it predicted right (the statistic this module computed before: it divides by
+the copied steps instead of the needle length, so it exceeds Wu's score by about 1 / copy
+accuracy).
 """
 
 from __future__ import annotations
@@ -75,57 +90,130 @@ def needle_prompts(docs: Sequence[str], tokenizer, n_prompts: int, context: int,
 
 
 class _TopKey:
-    """Observer: the most-attended key of every head at the answer steps of one prompt."""
+    """Observer: the most-attended key of every head at the given query positions (the last
+    query when `steps` is None), one forward pass."""
 
     needs_weights = True
 
-    def __init__(self, steps: torch.Tensor) -> None:
+    def __init__(self, steps: torch.Tensor | None) -> None:
         self.steps = steps
         self.top: dict[int, tuple] = {}
 
     def record(self, call: AttentionCall) -> None:
         if call.site.cross or call.probs is None:
             return
-        probs = call.probs[0, :, self.steps.to(call.probs.device)]  # [head, k, key]
+        if self.steps is None:
+            probs = call.probs[0, :, -1:]  # [head, 1, key]
+        else:
+            probs = call.probs[0, :, self.steps.to(call.probs.device)]  # [head, k, key]
         self.top[call.layer] = (call.site, probs.argmax(-1).cpu())  # [head, k]
 
 
-@torch.no_grad()
-def retrieval_scores(
-    model: Transformer, prompts: Sequence[NeedlePrompt], require_copy: bool = True
-) -> pd.DataFrame:
-    """Retrieval score per head: columns layer, site, head, role ("retrieval"), score, offset
-    (NaN), plus `copy_accuracy` (the share of answer tokens the model got right) and `steps`
-    (the answer steps scored: those the model copied, as Wu et al. count, or every one when
-    `require_copy` is False)."""
+def _observed(model: Transformer, tokens: torch.Tensor, steps: torch.Tensor | None):
+    """(logits [seq, vocab], {layer: (site, top [head, k])}) of one forward pass."""
     device = next(model.parameters()).device
-    hits: dict[tuple[int, int], float] = {}
+    observer = _TopKey(steps)
+    with model.observe(observer):
+        logits = model(tokens.to(device).unsqueeze(0))[0]  # [seq, vocab]
+    return logits, observer.top
+
+
+def _hits(top: torch.Tensor, generated: torch.Tensor, tokens: torch.Tensor,
+          needle: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """[head] hits: steps whose most-attended key is a needle position holding the token generated
+    there (so that token is in the needle). top [head, k] key positions, generated [k], needle:
+    the needle's positions (consecutive)."""
+    in_needle = (top >= needle[0]) & (top <= needle[-1])  # [head, k]
+    same = tokens[top.clamp(max=len(tokens) - 1)] == generated.view(1, -1)  # [head, k]
+    return (in_needle & same).sum(-1)  # [head]
+
+
+@dataclass
+class _Greedy:
+    generated: torch.Tensor  # [k] the tokens greedy decoding produced
+    top: dict[int, tuple]  # layer -> (site, [head, k] most-attended key at each decoding step)
+
+
+def _greedy(model: Transformer, p: NeedlePrompt, logits: torch.Tensor, teacher: dict) -> _Greedy:
+    """Greedy decoding of k = len(answer) tokens after the question. While the output equals the
+    answer, the decoding step sees exactly the teacher-forced prefix, so its attention and
+    prediction are read from the teacher-forced pass (a causal model); from the first token that
+    differs on, each step is one more forward pass."""
+    k = len(p.answer)
+    start = int(p.answer_steps[0]) + 1  # where the answer begins
+    predicted = logits[p.answer_steps.to(logits.device)].argmax(-1).cpu()  # [k]
+    wrong = (predicted != p.answer).nonzero()
+    same = k if len(wrong) == 0 else int(wrong[0]) + 1  # steps read off the teacher pass
+    generated = predicted[:same].tolist()
+    top = {layer: (site, [t[:, :same]]) for layer, (site, t) in teacher.items()}
+    seq = torch.cat([p.tokens[:start], predicted[:same]])
+    for _ in range(same, k):
+        out, step = _observed(model, seq, None)
+        token = int(out[-1].argmax())
+        generated.append(token)
+        for layer, (_site, t) in step.items():
+            top[layer][1].append(t)
+        seq = torch.cat([seq, torch.tensor([token])])
+    joined = {layer: (site, torch.cat(parts, dim=1)) for layer, (site, parts) in top.items()}
+    return _Greedy(torch.tensor(generated, dtype=torch.long), joined)
+
+
+def needle_recall(generated: torch.Tensor, answer: torch.Tensor) -> float:
+    """The share of the needle's tokens the output contains (each output token matched once)."""
+    left = answer.tolist()
+    for token in generated.tolist():
+        if token in left:
+            left.remove(token)
+    return 1 - len(left) / max(len(answer), 1)
+
+
+MIN_RECALL = 0.5  # Wu et al. accumulate a prompt's scores when ROUGE-1 recall exceeds 50
+
+
+@torch.no_grad()
+def retrieval_scores(model: Transformer, prompts: Sequence[NeedlePrompt]) -> pd.DataFrame:
+    """Wu et al. 2024's retrieval score per head (see the module docstring): columns layer, site,
+    head, role ("retrieval"), score (NaN when no prompt was retrieved), offset (NaN), prompts
+    (the prompts retrieved, whose scores are averaged), recall (mean needle recall of the greedy
+    outputs over all prompts), copy_accuracy and score_teacher_forced (teacher-forced, see the
+    module docstring)."""
+    scores: dict[tuple[int, int], float] = {}
+    tf_hits: dict[tuple[int, int], float] = {}
     sites: dict[int, object] = {}
-    copied = correct = total = 0
+    retrieved = correct = total = 0
+    recall = 0.0
     was_training = model.training
     model.eval()
     try:
         for p in prompts:
-            observer = _TopKey(p.answer_steps)
-            with model.observe(observer):
-                logits = model(p.tokens.to(device).unsqueeze(0))  # [1, seq, vocab]
-            right = logits[0, p.answer_steps.to(device)].argmax(-1).cpu() == p.answer  # [k]
+            logits, teacher = _observed(model, p.tokens, p.answer_steps)
+            right = logits[p.answer_steps.to(logits.device)].argmax(-1).cpu() == p.answer  # [k]
             correct += int(right.sum())
             total += len(p.answer)
-            if not require_copy:
-                right = torch.ones_like(right)
-            copied += int(right.sum())
-            for layer, (site, top) in observer.top.items():
+            greedy = _greedy(model, p, logits, teacher)
+            share = needle_recall(greedy.generated, p.answer)
+            recall += share
+            counted = share > MIN_RECALL
+            retrieved += counted
+            for layer, (site, top) in teacher.items():
                 sites[layer] = site
                 hit = (top == p.sources.view(1, -1)) & right.view(1, -1)  # [head, k]
+                g_top = greedy.top[layer][1]
+                g_hits = _hits(g_top, greedy.generated, p.tokens, p.sources)  # [head]
                 for i, head in enumerate(site.kept_heads):
-                    hits[(layer, head)] = hits.get((layer, head), 0.0) + float(hit[i].sum())
+                    key = (layer, head)
+                    tf_hits[key] = tf_hits.get(key, 0.0) + float(hit[i].sum())
+                    scores[key] = scores.get(key, 0.0) + (
+                        float(g_hits[i]) / len(p.answer) if counted else 0.0
+                    )
     finally:
         model.train(was_training)
     rows = [
         {"layer": layer, "site": sites[layer].name, "head": head, "role": "retrieval",
-         "score": hits[(layer, head)] / max(copied, 1), "offset": None,
-         "copy_accuracy": correct / max(total, 1), "steps": copied}
-        for layer, head in sorted(hits)
+         "score": scores[(layer, head)] / retrieved if retrieved else float("nan"),
+         "offset": None, "prompts": retrieved, "recall": recall / max(len(prompts), 1),
+         "copy_accuracy": correct / max(total, 1),
+         "score_teacher_forced": tf_hits[(layer, head)] / max(correct, 1)}
+        for layer, head in sorted(scores)
     ]  # fmt: skip
     return pd.DataFrame(rows)

@@ -25,7 +25,7 @@ ROLE_TITLES = {
     "induction": "induction (repeated random tokens)",
     "positional": "fixed offset: best mean p(i -> i+o)",
     "sink": "sink: p(-> position 0)",
-    "retrieval": "retrieval: share of copied needle tokens it looks at most",
+    "retrieval": "retrieval: share of the needle's tokens it retrieves (greedy)",
 }
 SCALE_LABELS = {"sqrt": "1/sqrt(d_k)", "none": "1 (unscaled)", "inverse": "1/d_k"}
 SCALE_ORDER = ["sqrt", "none", "inverse"]
@@ -155,7 +155,7 @@ def role_heatmaps(roles: pd.DataFrame) -> plt.Figure:
         ax.tick_params(axis="y", rotation=0)
     for ax in list(axes.flat)[len(present) :]:
         ax.set_visible(False)
-    what = "mean attention probability" + ("; retrieval: share of copy steps" if
+    what = "mean attention probability" + ("; retrieval: share of needle tokens" if
                                             "retrieval" in present else "")  # fmt: skip
     fig.suptitle(f"head roles: {what} (blank: not defined; (o): best offset)")
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))  # room for the title

@@ -22,8 +22,9 @@ Each seed of each arm gives one number (the mean, or the spread, of its matching
 two arms' seeds are compared with an exact one-sided Mann-Whitney test. The verdict is
 "supported" when p <= ALPHA in the claimed direction, "contradicted" when p <= ALPHA the other
 way, and otherwise "not shown" with the smallest p the number of seeds allows (3 against 3 seeds
-cannot go below 0.05). For "similar" no test can show equality: the verdict reports whether a
-difference was detected either way.
+cannot go below 0.05). For "similar" no test can show equality: the verdict reports whether the
+exact two-sided Mann-Whitney test detects a difference (p_two <= ALPHA; 3 against 3 seeds cannot
+go below 0.1).
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ from scipy import stats
 from probe.config import check_keys
 from probe.errors import ProbeError
 from probe.references import published
+from probe.study import summary
 from probe.study.expect import Condition, parse_conditions, select_rows
-from probe.study.stats import fmt_ci, mean_ci
+from probe.study.stats import fmt_ci, fmt_vs, mean_ci
 
 KEYS = (
     "claim",
@@ -60,6 +62,7 @@ KEYS = (
 EXPECT = ("higher", "lower", "similar")
 WITHIN = ("mean", "std", "max")
 ALPHA = 0.05
+FIT_AT = summary.FIT - summary.FIT_TOLERANCE  # what an arm's fit is compared with
 WITHIN_NOTE = {"mean": "", "std": " (spread over rows)", "max": " (largest over rows)"}
 
 
@@ -127,8 +130,6 @@ def _flag(value: Any, where: str) -> bool:
 def unfitted(tables: dict[str, pd.DataFrame]) -> dict[str, float]:
     """Arms whose exact match at the training lengths (mean over seeds and tasks) is below the
     fitting threshold: arm -> that exact match."""
-    from probe.study import summary
-
     if "eval" not in tables:
         return {}
     exact = summary.metric_rows(tables["eval"], "exact_match")
@@ -160,15 +161,16 @@ def _reduced(contrast: Contrast, table: pd.DataFrame, where: tuple[Condition, ..
     return df.groupby(keys, sort=True)["value"].agg(reduce[contrast.within]).reset_index()
 
 
-def smallest_p(n: int, m: int) -> float:
-    """The smallest one-sided exact Mann-Whitney p with n against m values: 1 / C(n + m, n)."""
-    return 1 / math.comb(n + m, n)
+def smallest_p(n: int, m: int, two_sided: bool = False) -> float:
+    """The smallest exact Mann-Whitney p with n against m values: 1 / C(n + m, n) one-sided,
+    twice that two-sided."""
+    return (2 if two_sided else 1) / math.comb(n + m, n)
 
 
 def evaluate(contrast: Contrast, table: pd.DataFrame) -> pd.DataFrame:
     """The verdict per group: columns per..., claim, a, b, metric, mean/low/high of each arm,
-    n_a, n_b, p_claim (one-sided in the claimed direction; for "similar", a higher), p_other,
-    verdict."""
+    n_a, n_b, p_claim (one-sided in the claimed direction; for "similar", a higher), p_other (the
+    other direction), p_two (two-sided), verdict."""
     seeds = per_seed(contrast, table)
     groups = seeds.groupby(list(contrast.per), sort=True) if contrast.per else [((), seeds)]
     rows = []
@@ -183,24 +185,32 @@ def evaluate(contrast: Contrast, table: pd.DataFrame) -> pd.DataFrame:
         for arm, values in (("a", x), ("b", y)):
             row[f"mean_{arm}"], row[f"low_{arm}"], row[f"high_{arm}"] = mean_ci(values)
         if len(x) == 0 or len(y) == 0:
-            row.update(p_claim=np.nan, p_other=np.nan, verdict="no data")
+            row.update(p_claim=np.nan, p_other=np.nan, p_two=np.nan, verdict="no data")
             rows.append(row)
             continue
         side = "less" if contrast.expect == "lower" else "greater"
         other = "greater" if side == "less" else "less"
         p_claim = stats.mannwhitneyu(x, y, alternative=side, method="exact").pvalue
         p_other = stats.mannwhitneyu(x, y, alternative=other, method="exact").pvalue
-        row.update(p_claim=float(p_claim), p_other=float(p_other),
-                   verdict=_verdict(contrast.expect, p_claim, p_other, len(x), len(y)))  # fmt: skip
+        p_two = stats.mannwhitneyu(x, y, alternative="two-sided", method="exact").pvalue
+        row.update(p_claim=float(p_claim), p_other=float(p_other), p_two=float(p_two),
+                   verdict=_verdict(contrast.expect, p_claim, p_other, len(x), len(y),
+                                    p_two))  # fmt: skip
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def _verdict(expect: str, p_claim: float, p_other: float, n: int, m: int) -> str:
+def _verdict(expect: str, p_claim: float, p_other: float, n: int, m: int,
+             p_two: float | None = None) -> str:  # fmt: skip
     floor = smallest_p(n, m)
     if expect == "similar":
-        if min(p_claim, p_other) <= ALPHA:
+        if p_two is None:
+            p_two = min(1.0, 2 * min(p_claim, p_other))
+        if p_two <= ALPHA:
             return "contradicted: a difference was detected"
+        if smallest_p(n, m, two_sided=True) > ALPHA:
+            return (f"no difference detected: {n} against {m} seeds cannot reach a two-sided "
+                    f"p <= {ALPHA:g} (which does not show equality)")  # fmt: skip
         return "no difference detected (which does not show equality)"
     if p_claim <= ALPHA:
         return "supported"
@@ -219,7 +229,7 @@ def verdict_table(contrasts: tuple[Contrast, ...], tables: dict[str, pd.DataFram
         if c.table not in tables:
             continue
         part = evaluate(c, tables[c.table])
-        bad = [f"{arm} ({misfit[arm]:.2f})" for arm in (c.a, c.b) if arm in misfit]
+        bad = [f"{arm} ({fmt_vs(misfit[arm], FIT_AT)})" for arm in (c.a, c.b) if arm in misfit]
         if c.fitted and bad and not part.empty:
             verb = "does not fit its" if len(bad) == 1 else "do not fit their"
             part = part.assign(verdict=f"not compared: {', '.join(bad)} {verb} training lengths "
@@ -241,9 +251,16 @@ def sentence(row: pd.Series, per: tuple[str, ...], digits: int = 2) -> str:
 
 
 def _p(row: pd.Series) -> str:
+    """The p the verdict was read from, printed on the same side of ALPHA as it is."""
     if row["expect"] == "similar":
-        return f"{min(row['p_claim'], row['p_other']):.3g} (either direction)"
-    return f"{row['p_claim']:.3g}"
+        return f"{fmt_vs(_two_sided(row), ALPHA, 3, 'g')} (two-sided)"
+    return fmt_vs(row["p_claim"], ALPHA, 3, "g")
+
+
+def _two_sided(row: pd.Series) -> float:
+    if "p_two" in row and not pd.isna(row["p_two"]):
+        return float(row["p_two"])
+    return min(1.0, 2 * min(row["p_claim"], row["p_other"]))
 
 
 def ci_text(row: pd.Series, arm: str, digits: int = 2) -> str:
@@ -264,6 +281,8 @@ def section(rep, contrasts: tuple[Contrast, ...], tables: dict[str, pd.DataFrame
         f"'supported' needs p <= {ALPHA:g} in the claimed direction, 'contradicted' p <= "
         f"{ALPHA:g} the other way. With 3 seeds against 3 the smallest possible p is "
         f"{smallest_p(3, 3):.2g}, so 'not shown' can mean too few seeds as well as no effect. "
+        "A claim of no difference ('similar') is read from the exact two-sided test (3 against "
+        f"3 seeds: at least {smallest_p(3, 3, two_sided=True):.2g}). "
         "Means are over seeds with 95% bootstrap intervals."
     )
     shown = []

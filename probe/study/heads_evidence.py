@@ -118,6 +118,27 @@ def tuning_recovery(curves: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
+def retrieval_note(retrieval: pd.DataFrame, needles: int) -> str:
+    """What the retrieval scores rest on: how many prompts the model retrieved decoding greedily,
+    its needle recall, and its teacher-forced copy accuracy."""
+    first = retrieval.iloc[0]
+    acc = float(first.copy_accuracy)
+    if "prompts" not in retrieval.columns:  # a table from before Wu et al.'s definition
+        return (
+            f"The unpruned model copies {pct(acc)} of the needle tokens teacher-forced; "
+            "these scores are the teacher-forced variant (hits over the steps copied), "
+            "computed before the study used Wu et al.'s definition: rerun the study."
+        )
+    return (
+        f"Decoding greedily, the unpruned model retrieves {int(first.prompts)} of {needles} "
+        f"needles (more than half of the needle's tokens in its output; mean recall "
+        f"{pct(float(first.recall))}), and the scores average over those prompts. "
+        f"Teacher-forced it predicts {pct(acc)} of the needle tokens right; the "
+        "teacher-forced variant of the score (hits over the steps it copied, in "
+        "retrieval.csv as score_teacher_forced) is larger by about 1 / that share."
+    )
+
+
 def role_counts(roles: pd.DataFrame, n_heads: int) -> pd.DataFrame:
     """Per role: how many heads pass its threshold, their share, and the layers they sit in."""
     rows = []
@@ -137,14 +158,15 @@ def role_counts(roles: pd.DataFrame, n_heads: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def knockout_test(knockout: pd.DataFrame) -> pd.DataFrame:
-    """Per k: copy accuracy with the top-k retrieval heads masked, the random draws' range and
-    an empirical one-sided p-value: (1 + draws at or below it) / (1 + draws)."""
+def knockout_test(knockout: pd.DataFrame, metric: str = "copy_accuracy") -> pd.DataFrame:
+    """Per k: `metric` (copy_accuracy, teacher-forced, or recall, the greedy output's needle
+    recall) with the top-k retrieval heads masked, the random draws' range and an empirical
+    one-sided p-value: (1 + draws at or below it) / (1 + draws)."""
     rows = []
-    base = knockout[knockout.selection == "none"].copy_accuracy
+    base = knockout[knockout.selection == "none"][metric]
     for k, g in knockout[knockout.k > 0].groupby("k"):
-        top = float(g[g.selection == "retrieval"].copy_accuracy.iloc[0])
-        rand = g[g.selection == "random"].copy_accuracy.to_numpy()
+        top = float(g[g.selection == "retrieval"][metric].iloc[0])
+        rand = g[g.selection == "random"][metric].to_numpy()
         rows.append({
             "k": int(k), "unmasked": float(base.iloc[0]) if len(base) else np.nan,
             "retrieval_heads": top, "random_min": rand.min(), "random_median": np.median(rand),

@@ -265,9 +265,11 @@ class HeadReport:
             "A head counts for a role when its score reaches the threshold: previous-token and "
             "sink are mean attention on the previous and on the first token; induction is the "
             "mean attention to the token after the current token's earlier occurrence on "
-            "repeated random sequences; retrieval is the share of copy steps on needle prompts "
-            "where the head's most-attended key is the token being copied (Wu et al. 2024's "
-            "score and threshold)."
+            "repeated random sequences; retrieval is Wu et al. 2024's score and threshold: with "
+            "the model decoding greedily after the question, the share of the needle's tokens "
+            "the model generates while the head's most-attended key is that token in the "
+            "needle, averaged over the prompts the model retrieves (more than half the needle "
+            "recalled)."
         )
         rep.table(counts, "role_counts.csv", digits=3)
         from probe.report.attention_plots import role_heatmaps
@@ -276,9 +278,7 @@ class HeadReport:
         rep.figure(role_heatmaps(shown), "roles.png", "Role scores of every head")
         rep.data(both, "roles.csv", "Every head's score for every role.")
         if retrieval is not None and len(retrieval):
-            acc = float(retrieval.copy_accuracy.iloc[0])
-            rep.paragraph(f"The unpruned model copies {ev.pct(acc)} of the needle tokens "
-                          f"({int(retrieval.steps.iloc[0])} copy steps scored).")  # fmt: skip
+            rep.paragraph(ev.retrieval_note(retrieval, int(self.study["roles"]["needles"])))
         knockout = self.tables.get("knockout")
         if knockout is not None and len(knockout):
             rep.heading("Removing the retrieval heads", 3)

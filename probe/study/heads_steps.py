@@ -22,6 +22,11 @@ if TYPE_CHECKING:
     from probe.study.heads_spec import HeadStudy
 
 RETRIEVAL_THRESHOLD = 0.1  # Wu et al. 2024 call a head a retrieval head above this score
+# which retrieval score and which mask tuning the steps compute: in the steps' options, so a
+# change of definition recomputes exactly the steps that use it (retrieval, knock-out, and the
+# fisher+tune curves)
+RETRIEVAL_SCORE = "wu2024-greedy"
+MASK_TUNING = "kwon2022-layer-by-layer"
 PRIMARY = {"embedding": ("similarity", True), "causal-lm": ("loss", False),
            "masked-lm": ("loss", False)}  # fmt: skip
 
@@ -74,6 +79,8 @@ def plan_steps(study: HeadStudy, subject: Subject | None) -> list[Step]:
         for seed in seeds:
             options = {"method": method, "unit": unit, "seed": seed,
                        "fractions": list(study.curves.fractions)}  # fmt: skip
+            if method == "fisher+tune":
+                options["tune"] = MASK_TUNING
             key = f"curve-{unit}-{method}-s{seed}"
             steps.append(Step(key, "curves", options, curve(method, unit, seed)))
     roles = study.roles
@@ -82,12 +89,13 @@ def plan_steps(study: HeadStudy, subject: Subject | None) -> list[Step]:
                           lambda p: _roles(subject, roles.period)))  # fmt: skip
     if roles.needles:
         steps.append(Step("retrieval", "retrieval", {"needles": roles.needles,
-                                                     "context": roles.context},
+                                                     "context": roles.context,
+                                                     "score": RETRIEVAL_SCORE},
                           lambda p: subject.retrieval))  # fmt: skip
     ko = study.knockout
     if ko.heads:
         options = {"needles": roles.needles, "context": roles.context, "heads": list(ko.heads),
-                   "draws": ko.draws, "prompts": ko.prompts}  # fmt: skip
+                   "draws": ko.draws, "prompts": ko.prompts, "score": RETRIEVAL_SCORE}  # fmt: skip
         steps.append(Step("knockout", "knockout", options, lambda p: knockout(subject, p)))
     return steps
 
@@ -118,9 +126,10 @@ def _roles(subject: Subject, period: int) -> pd.DataFrame:
 
 
 def knockout(subject: Subject, progress) -> pd.DataFrame:
-    """Copy accuracy on fresh needle prompts with the top-k retrieval heads masked, against k
-    random heads from the rest (`draws` draws), for each k: columns k, selection, draw,
-    copy_accuracy, heads."""
+    """Copy accuracy on fresh needle prompts with the top-k retrieval heads (by Wu et al.'s score)
+    masked, against k random heads from the rest (`draws` draws), for each k: columns k,
+    selection, draw, copy_accuracy (teacher-forced share of needle tokens predicted right),
+    recall (the greedy output's needle recall, Wu et al.'s measure of retrieval), heads."""
     from probe.analysis.retrieval import retrieval_scores
 
     ko = subject.study.knockout
@@ -145,6 +154,7 @@ def knockout(subject: Subject, progress) -> pd.DataFrame:
             table = retrieval_scores(model, prompts)
         rows.append({"k": k, "selection": selection, "draw": draw,
                      "copy_accuracy": float(table["copy_accuracy"].iloc[0]),
+                     "recall": float(table["recall"].iloc[0]),
                      "heads": " ".join(f"L{a}H{b}" for a, b in heads)})  # fmt: skip
         progress(i + 1, len(runs))
     return pd.DataFrame(rows)

@@ -12,14 +12,17 @@ from probe.report.report import MarkdownReport
 from probe.study import summary
 from probe.study.published import ALPHA, MIN_ARMS, Comparison, compare_ranking, seed_resamples
 from probe.study.spec import Reference
-from probe.study.stats import row_ci
+from probe.study.stats import fmt_vs, row_ci
 
 FIT = summary.FIT
+FIT_AT = summary.FIT - summary.FIT_TOLERANCE  # what summary.fitted compares means with
 
 
-def _wide(table: pd.DataFrame, order: list[str], extra: dict[str, pd.Series] | None = None):
-    """arm x task grid of 'mean [low, high]' strings, arms in `order`."""
-    cells = table.assign(text=table.apply(row_ci, axis=1))
+def _wide(table: pd.DataFrame, order: list[str], extra: dict[str, pd.Series] | None = None,
+          threshold: float | None = None):  # fmt: skip
+    """arm x task grid of 'mean [low, high]' strings, arms in `order` (each mean on the same side
+    of `threshold` as printed, when the means are tested against one)."""
+    cells = table.assign(text=table.apply(row_ci, axis=1, threshold=threshold))
     wide = cells.pivot_table(index="arm", columns="task", values="text", aggfunc="first")
     wide = wide.reindex([a for a in order if a in wide.index])
     for name, column in (extra or {}).items():
@@ -47,16 +50,17 @@ def accuracy(rep: MarkdownReport, eval_table: pd.DataFrame, order: list[str]) ->
         "Exact match at the training lengths (L_min to L), where every encoding should fit. "
         + _seed_note(seen)
     )
-    rep.table(_wide(seen, order), "in_distribution.csv", data=seen)
+    rep.table(_wide(seen, order, threshold=FIT_AT), "in_distribution.csv", data=seen)
     misfits = seen[~summary.fitted(seen)]
     if misfits.empty:
         findings.append(f"Every arm fits the training lengths (exact match >= {FIT} on each task).")
     elif len(misfits) == len(seen):
         findings.append(f"No arm fits the training lengths (exact match < {FIT} everywhere, at "
-                        f"most {seen['mean'].max():.2f}): train longer or larger before reading "
-                        "the unseen lengths.")  # fmt: skip
+                        f"most {fmt_vs(seen['mean'].max(), FIT_AT)}): train longer or larger "
+                        "before reading the unseen lengths.")  # fmt: skip
     else:
-        names = "; ".join(f"{r.arm} on {r.task} ({r.mean:.2f})" for r in misfits.itertuples())
+        names = "; ".join(f"{r.arm} on {r.task} ({fmt_vs(r.mean, FIT_AT)})"
+                          for r in misfits.itertuples())  # fmt: skip
         findings.append(f"Not fitted at the training lengths (exact match < {FIT}): {names}. "
                         "Their unseen-length numbers say little about generalization.")  # fmt: skip
     rep.paragraph(findings[-1])

@@ -47,15 +47,41 @@ def over_seeds(df: pd.DataFrame, by: list[str], value: str = "value") -> pd.Data
     return pd.DataFrame(rows, columns=[*by, "mean", "low", "high", "n_seeds", "values"])
 
 
-def row_ci(row) -> str:
+def row_ci(row, threshold: float | None = None) -> str:
     """`fmt_ci` of a row of `over_seeds` (its mean, low and high)."""
-    return fmt_ci(row["mean"], row["low"], row["high"])
+    return fmt_ci(row["mean"], row["low"], row["high"], threshold=threshold)
 
 
-def fmt_ci(mean: float, low: float, high: float, digits: int = 2) -> str:
-    """'0.82 [0.75, 0.90]', or '0.82' when there is no interval."""
+def _side(value: float, threshold: float) -> int:
+    return int(value > threshold) - int(value < threshold)
+
+
+def fmt_vs(value: float, threshold: float, digits: int = 2, style: str = "f") -> str:
+    """`value` with at least `digits` digits (style "f": decimals, "g": significant), and as many
+    more as it takes for the printed number to lie on the same side of `threshold` as the value
+    itself: 0.9468 against 0.95 prints "0.947", never "0.95"; 0.05004 against 0.05 (style "g",
+    3 digits) prints "0.05004"."""
+    if not np.isfinite(value):
+        return f"{value}"
+    side = _side(value, threshold)
+    for d in range(digits, 18):
+        text = f"{value:.{d}{style}}"
+        if _side(float(text), threshold) == side:
+            return text
+    return repr(float(value))
+
+
+def fmt_ci(mean: float, low: float, high: float, digits: int = 2,
+           threshold: float | None = None) -> str:  # fmt: skip
+    """'0.82 [0.75, 0.90]', or '0.82' when there is no interval. With a `threshold` the mean is
+    tested against, the mean gets the digits `fmt_vs` needs (and the interval as many)."""
     if np.isnan(mean):
         return "–"
+    if threshold is not None:
+        text = fmt_vs(mean, threshold, digits)
+        digits = len(text.split(".")[1]) if "." in text else 0
+    else:
+        text = f"{mean:.{digits}f}"
     if np.isnan(low) or np.isnan(high):
-        return f"{mean:.{digits}f}"
-    return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+        return text
+    return f"{text} [{low:.{digits}f}, {high:.{digits}f}]"
