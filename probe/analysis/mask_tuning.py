@@ -11,6 +11,7 @@ stopped once the site has been seen; the teacher's targets from one pass of the 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -149,30 +150,126 @@ def solve(gram: torch.Tensor, cross: torch.Tensor) -> torch.Tensor:
     return ones + change
 
 
+class _InStep:
+    """One student pass over every batch at once, each batch's forward in its own thread, held
+    at each tuned site until every batch has reached it: the site is then solved on all of
+    them, and each batch goes on with the tuned scales. So every site is solved on the student's
+    own inputs (the sites below it already tuned), as in the authors' loop over layers, for the
+    cost of one forward pass (stopped after the last tuned site) instead of one per layer."""
+
+    def __init__(self, model, batches, scales, remove, teacher, first):
+        self.model, self.batches, self.scales = model, batches, scales
+        self.teacher = teacher
+        self.gates = [s.clone() for s in scales]  # the 0/1 mask the pass runs with
+        mods = model.attention_modules()
+        self.sites: dict[int, list[int]] = {}  # tuned site index -> its kept heads (local ids)
+        for i, attn in enumerate(mods):
+            keep = [j for j, h in enumerate(attn.kept_heads) if h not in remove.get(attn.layer, ())]
+            if i > 0 and attn.layer >= first and keep:  # Kwon et al. skip the first layer
+                self.sites[i] = keep
+        self.mods = mods
+        self.x: list[dict[int, torch.Tensor]] = [{} for _ in batches]
+        self.heads: list[torch.Tensor | None] = [None] * len(batches)
+        self.barrier = threading.Barrier(len(batches), action=self._solve)
+        self.site = -1  # the site being solved
+        self.stopped = False  # a scale left [-MAX_SCALE, MAX_SCALE]: later sites stay untuned
+
+    def _solve(self) -> None:
+        i, keep = self.site, self.sites[self.site]
+        attn = self.mods[i]
+        student = [SiteData(x.pop(attn.layer), h) for x, h in zip(self.x, self.heads, strict=True)]
+        targets = [seen[attn.layer].double() for seen in self.teacher]
+        gram, cross = normal_equations(attn, keep, student, targets, _constant(self.model, attn))
+        solved = solve(gram, cross)[: len(keep)]
+        if not torch.isfinite(solved).all() or solved.abs().max() > MAX_SCALE:
+            self.stopped = True  # as the authors' code: this and every later site stay untuned
+            return
+        self.scales[i][torch.tensor(keep)] = solved
+
+    def _stream(self, ident, layer: int):
+        def hook(module, args):
+            self.x[ident.b][layer] = args[0].detach().reshape(-1, args[0].shape[-1]).double().cpu()
+
+        return hook
+
+    def _heads(self, ident, i: int, last: bool):
+        def hook(module, args):
+            merged = args[0]  # [batch, q_len, n_kept * d_head], after the 0/1 gates
+            self.heads[ident.b] = merged.detach().reshape(-1, merged.shape[-1]).double().cpu()
+            self.site = i
+            self.barrier.wait()
+            if self.stopped or last:
+                raise _Stop  # nothing after this site changes the scales
+            gate = self.gates[i]
+            ratio = torch.where(gate != 0, self.scales[i] / gate.where(gate != 0, 1.0), 0.0)
+            per_column = ratio.repeat_interleave(self.mods[i].d_head)  # [n_kept * d_head]
+            return (merged * per_column.to(merged.dtype).to(merged.device),)
+
+        return hook
+
+    def run(self) -> None:
+        pre = self.model.cfg.norm == Norm.PRE
+        ident = threading.local()
+        errors: list[BaseException] = []
+        device = next(self.model.parameters()).device
+
+        def work(b: int, batch: Batch) -> None:
+            ident.b = b
+            try:
+                with torch.no_grad():  # grad mode is per thread
+                    forward_batch(self.model, batch.to(device))
+            except (_Stop, threading.BrokenBarrierError):
+                pass
+            except BaseException as exc:  # re-raised in the calling thread
+                errors.append(exc)
+                self.barrier.abort()
+
+        sublayers = _sublayers(self.model)
+        handles = []
+        try:
+            for i in self.sites:
+                attn = self.mods[i]
+                norm = sublayers[attn.layer][0]
+                target = norm if pre else attn
+                handles.append(target.register_forward_pre_hook(self._stream(ident, attn.layer)))
+                last = i == max(self.sites)
+                handles.append(attn.o.register_forward_pre_hook(self._heads(ident, i, last)))
+            threads = [threading.Thread(target=work, args=(b, batch))
+                       for b, batch in enumerate(self.batches)]  # fmt: skip
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            for h in handles:
+                h.remove()
+        if errors:
+            raise errors[0]
+
+
+@torch.no_grad()
 def tune_layer_by_layer(
     model: Transformer, removed: Sequence[tuple[int, int]], batches: Sequence[Batch]
 ) -> list[torch.Tensor]:
     """Kwon et al.'s mask tuning: [head] scales per site, 0 for the removed heads."""
     remove = check_heads(model, removed)
     scales = [g.double().cpu() for g in head_mask(model, removed)]
-    mods = model.attention_modules()
-    if not remove:
+    if not remove or not batches:
         return scales
     # the unpruned model's x_t + attn_t(x_t) at every site (float32: all sites are held)
     teacher = [
         {layer: d.x + d.out for layer, d in seen.items()} for seen in site_pass(model, batches)
     ]
     first = min(remove)  # below it the student is the teacher and the full mask is exact
-    for i, attn in enumerate(mods):
-        keep = [j for j, h in enumerate(attn.kept_heads) if h not in remove.get(attn.layer, ())]
-        if i == 0 or attn.layer < first or not keep:
-            continue  # Kwon et al. skip the first layer and layers without heads
-        gates = [s.to(g.dtype) for s, g in zip(scales, model.gates(), strict=True)]
-        student = [seen[attn.layer] for seen in site_pass(model, batches, attn.layer, gates)]
-        targets = [seen[attn.layer].double() for seen in teacher]
-        gram, cross = normal_equations(attn, keep, student, targets, _constant(model, attn))
-        solved = solve(gram, cross)[: len(keep)]
-        if not torch.isfinite(solved).all() or solved.abs().max() > MAX_SCALE:
-            break  # as the authors' code: this and every later site stay untuned
-        scales[i][torch.tensor(keep)] = solved
+    before = [g.detach().clone() for g in model.gates()]
+    was_training = model.training
+    model.eval()
+    try:
+        model.set_gates([s.to(g.dtype) for s, g in zip(scales, model.gates(), strict=True)])
+        step = _InStep(model, list(batches), scales, remove, teacher, first)
+        if step.sites:
+            step.run()
+    finally:
+        model.set_gates(before)
+        model.train(was_training)
     return scales
