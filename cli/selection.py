@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from probe_cli.common import (
@@ -13,13 +13,8 @@ from probe_cli.common import (
 )
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from probe.checkpoint import (
-    Checkpoint,
-    load_checkpoint,
-)
-from probe.evaluate import check_lengths
-from probe.tasks import parse_lengths
-from probe.train import resolve_device
+if TYPE_CHECKING:
+    from probe.checkpoint import Checkpoint
 
 LengthsOpt = Annotated[
     str | None,
@@ -32,10 +27,16 @@ NormalizeOpt = Annotated[
 
 
 def load(checkpoint: Path, device: str, allow_pickle: bool) -> Checkpoint:
+    from probe.checkpoint import load_checkpoint
+    from probe.train import resolve_device
+
     return load_checkpoint(checkpoint, resolve_device(device), allow_pickle)
 
 
 def lengths_for(ckpt: Checkpoint, spec: str | None) -> list[int]:
+    from probe.evaluate import check_lengths
+    from probe.tasks import parse_lengths
+
     if ckpt.imported:
         return []
     lo, hi = ckpt.train_cfg.train_len

@@ -28,18 +28,14 @@ from probe_cli.common import (
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from probe.checkpoint import CHECKPOINT_FILES, claim_output, load_checkpoint, open_output
 from probe.config import ModelConfig, Schedule, TrainConfig
-from probe.distributed import world_from_env
 from probe.errors import ProbeError
-from probe.evaluate import evaluate
 from probe.presets import with_preset
-from probe.report.files import atomic_write_csv
-from probe.tasks import TaskConfig, parse_lengths
-from probe.train import TrainProgress, resolve_device, train
 
 
 def parse_range(spec: str, what: str) -> tuple[int, int]:
+    from probe.tasks import parse_lengths
+
     lengths = parse_lengths(spec)
     if lengths != list(range(lengths[0], lengths[-1] + 1)):
         raise ProbeError(f"{what} must be a contiguous range 'lo:hi', got '{spec}'.")
@@ -128,6 +124,11 @@ def train_cli(
     ] = 1,
 ) -> None:
     """Train a model on a synthetic task and write a checkpoint directory."""
+    from probe.checkpoint import CHECKPOINT_FILES, claim_output
+    from probe.distributed import world_from_env
+    from probe.tasks import TaskConfig
+    from probe.train import TrainProgress, resolve_device, train
+
     check_positive(nproc=nproc)
     if nproc > 1 and "WORLD_SIZE" not in os.environ:
         relaunch(nproc)
@@ -211,6 +212,12 @@ def eval_cli(
     overwrite: OverwriteOpt = False,
 ) -> None:
     """Evaluate a checkpoint at each task length; writes OUT/eval.csv."""
+    from probe.checkpoint import claim_output, load_checkpoint, open_output
+    from probe.evaluate import evaluate
+    from probe.report.files import atomic_write_csv
+    from probe.tasks import parse_lengths
+    from probe.train import resolve_device
+
     check_positive(batches=batches, batch_size=batch_size)
     earlier = claim_output(out, ("eval.csv", "manifest.json"), overwrite)
     ckpt = load_checkpoint(checkpoint, resolve_device(device), allow_pickle)
@@ -246,7 +253,10 @@ def eval_cli(
 
 def _eval_text(ckpt, out, earlier, lengths, text, whole, batch_size, batches, seed, device):
     """eval of an imported model: its text metrics at each row width."""
+    from probe.checkpoint import open_output
     from probe.evaluate import evaluate_text
+    from probe.report.files import atomic_write_csv
+    from probe.tasks import parse_lengths
     from probe.text import read_documents
 
     reference = None
@@ -316,6 +326,8 @@ def _ids(ids: tuple[int, ...]) -> str:
 
 def info_cli(checkpoint: CheckpointArg, allow_pickle: PickleOpt = False) -> None:
     """Show a checkpoint's configuration and parameter counts."""
+    from probe.checkpoint import load_checkpoint
+
     ckpt = load_checkpoint(checkpoint, "cpu", allow_pickle)
     view = Table(title=f"{Path(checkpoint)}")
     view.add_column("section")
@@ -345,6 +357,8 @@ def info_cli(checkpoint: CheckpointArg, allow_pickle: PickleOpt = False) -> None
 
 
 def register(app: typer.Typer) -> None:
-    app.command("train")(train_cli)
-    app.command("eval")(eval_cli)
-    app.command("info")(info_cli)
+    app.command("train", epilog="Example: probe train --task copy --out runs/copy")(train_cli)
+    app.command("eval", epilog="Example: probe eval runs/copy --lengths 1:16 --out runs/copy/eval")(
+        eval_cli
+    )
+    app.command("info", epilog="Example: probe info runs/copy")(info_cli)
