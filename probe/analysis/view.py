@@ -245,9 +245,11 @@ def checkpoint_view(
             raise ProbeError(f"{ckpt.path} is an imported model: it reads text, not tasks.")
         tokenizer = ckpt.tokenizer()
         groups = []
-        for n in lengths or [64]:
-            (split,), _ = checkpoint_splits(ckpt, [], batch_size, batches, seed, text=text,
+        for n in lengths or [64]:  # the importance split: the text's first rows, as scored
+            sets, first = checkpoint_splits(ckpt, [], batch_size, batches, seed,
+                                            int(importance is not None), text=text,
                                             whole=whole, max_tokens=n)  # fmt: skip
+            split = sets[0] if sets else first  # no importance: the same rows, nothing after
             groups.append((f"text rows of {n}", split))
             scored += split
         shown = None
