@@ -6,16 +6,17 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperGroup
 
-from probe.checkpoint import Checkpoint
 from probe.errors import Interrupted, ProbeError
-from probe.provenance import context
-from probe.report.files import atomic_write_json
+
+if TYPE_CHECKING:  # nothing here imports torch: `probe --help` prints without loading it
+    from probe.checkpoint import Checkpoint
 
 console = Console()
 err_console = Console(stderr=True)
@@ -25,6 +26,29 @@ def shown(value: object) -> str:
     """`value` as text for a console line: a path or name with brackets is printed as written,
     never read as Rich markup (which would drop it, or fail on a stray closing tag)."""
     return escape(str(value))
+
+
+def _as_flags(params: list) -> list:
+    """A boolean flag is shown as `--overwrite` (or `--timing / --no-timing`), not followed by
+    `<bool>`: it takes no value. Covers every flag, the generated --help included."""
+    for param in params:
+        if getattr(param, "is_flag", False) and not param.count and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
+class Group(TyperGroup):
+    """`probe` and `probe study`: command groups whose (and whose commands') flags are shown as
+    flags in the help."""
+
+    def get_params(self, ctx):
+        return _as_flags(super().get_params(ctx))
+
+    def get_command(self, ctx, cmd_name: str):
+        command = super().get_command(ctx, cmd_name)
+        if command is not None and not isinstance(command, Group):
+            _as_flags(command.get_params(ctx))
+        return command
 
 
 CheckpointArg = Annotated[
@@ -63,6 +87,9 @@ def require_heads(ckpt: Checkpoint) -> None:
 
 def write_manifest(out: Path, ckpt: Checkpoint, device: str, **settings) -> None:
     """OUT/manifest.json: the command, its settings, the checkpoint's config and provenance."""
+    from probe.provenance import context
+    from probe.report.files import atomic_write_json
+
     atomic_write_json(
         out / "manifest.json",
         {"command": settings.pop("command"), "checkpoint": str(ckpt.path), "settings": settings,

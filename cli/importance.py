@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import pandas as pd
 import typer
 from probe_cli.common import (
     BatchSizeOpt,
@@ -41,22 +40,11 @@ from probe_cli.selection import (
 )
 from rich.table import Table
 
-from probe.analysis.groups import Unit, group_table
-from probe.analysis.importance import compare_estimators, parse_methods
-from probe.analysis.layer_drop import layer_importance
-from probe.checkpoint import (
-    claim_output,
-    open_output,
-)
 from probe.config import choice
-from probe.distributed import process_group, world_from_env
 from probe.errors import ProbeError
-from probe.report.files import atomic_save_figure, atomic_write_csv
-from probe.report.pruning_plots import (
-    correlation_heatmap,
-    importance_heatmap,
-)
-from probe.train import resolve_device
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def _importance_view(table: pd.DataFrame, method: str, sites: list[str], n_head: int) -> Table:
@@ -135,6 +123,17 @@ def importance_cli(
     """Score every attention head; writes importance.csv, importance.png (+ correlations, and
     importance_groups.csv with --unit group). With --nproc N, gradient and Fisher importance
     run data-parallel: each process scores every N-th batch and the per-head sums are added."""
+    import pandas as pd
+
+    from probe.analysis.groups import Unit, group_table
+    from probe.analysis.importance import compare_estimators, parse_methods
+    from probe.analysis.layer_drop import layer_importance
+    from probe.checkpoint import claim_output, open_output
+    from probe.distributed import process_group, world_from_env
+    from probe.report.files import atomic_save_figure, atomic_write_csv
+    from probe.report.pruning_plots import correlation_heatmap, importance_heatmap
+    from probe.train import resolve_device
+
     unit = choice(Unit, unit, "pruning unit")
     methods = parse_methods(method)
     check_positive(batch_size=batch_size, batches=batches, nproc=nproc)
@@ -203,4 +202,9 @@ def importance_cli(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("importance", no_args_is_help=True)(importance_cli)
+    app.command(
+        "importance",
+        no_args_is_help=True,
+        epilog="Example: probe importance runs/copy --method gradient,ablation --out "
+        "runs/copy/importance",
+    )(importance_cli)

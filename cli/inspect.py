@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import pandas as pd
 import typer
 from probe_cli.common import (
     BatchSizeOpt,
@@ -30,13 +29,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from probe import provenance
-from probe.analysis.attention import head_summary, inspect_batches, inspect_model
-from probe.analysis.scaling import D_KS, NS, SCALES, init_scaling, train_scaling
-from probe.checkpoint import claim_output, load_checkpoint, open_output
 from probe.errors import ProbeError
-from probe.report.attention_plots import write_inspection, write_scaling
-from probe.tasks import parse_lengths
-from probe.train import resolve_device
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 STREAMING = {"auto": "auto", "on": True, "off": False}
 
@@ -111,6 +107,14 @@ def inspect_cli(
 
     Writes OUT/attention_stats.{csv,parquet}, OUT/roles.{csv,parquet}, heatmaps of normalized
     entropy and max logit, entropy against length per head, and role scores."""
+    import pandas as pd
+
+    from probe.analysis.attention import head_summary, inspect_batches, inspect_model
+    from probe.checkpoint import claim_output, load_checkpoint, open_output
+    from probe.report.attention_plots import write_inspection
+    from probe.tasks import parse_lengths
+    from probe.train import resolve_device
+
     if streaming not in STREAMING:
         raise ProbeError(f"--streaming must be auto, on or off, got '{streaming}'.")
     check_positive(
@@ -270,12 +274,12 @@ def scaling_cli(
         int, typer.Option(help="Training steps per scale in part 2 (0: skip training).")
     ] = 300,
     d_k: Annotated[int, typer.Option("--d-k", help="Head width of the trained models.")] = 256,
-    d_ks: Annotated[str, typer.Option("--d-ks", help="Head widths at initialization.")] = ",".join(
-        map(str, D_KS)
-    ),
-    ns: Annotated[str, typer.Option("--ns", help="Numbers of keys at initialization.")] = ",".join(
-        map(str, NS)
-    ),
+    d_ks: Annotated[
+        str, typer.Option("--d-ks", help="Head widths at initialization.")
+    ] = "8,16,32,64,128,256,512",  # probe.analysis.scaling.D_KS (a test keeps them equal)
+    ns: Annotated[
+        str, typer.Option("--ns", help="Numbers of keys at initialization.")
+    ] = "128,1024",  # probe.analysis.scaling.NS
     queries: Annotated[
         int, typer.Option(help="Random queries per setting at initialization.")
     ] = 512,
@@ -292,6 +296,11 @@ def scaling_cli(
     """Reproduce the paper's argument for 1/sqrt(d_k): score variance, entropy and saturation at
     initialization for each d_k and n, then loss and entropy curves of models trained identical
     but for the scale. Writes OUT/scaling.csv, OUT/scaling_training.csv and plots."""
+    from probe.analysis.scaling import SCALES, init_scaling, train_scaling
+    from probe.checkpoint import claim_output, open_output
+    from probe.report.attention_plots import write_scaling
+    from probe.train import resolve_device
+
     if steps < 0:
         raise ProbeError(f"--steps must be 0 (skip training) or more, got {steps}.")
     check_positive(queries=queries, stats_every=stats_every, d_k=d_k)
@@ -396,5 +405,13 @@ def _show_scaling(init, curves) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("inspect", no_args_is_help=True)(inspect_cli)
-    app.command("scaling", no_args_is_help=True)(scaling_cli)
+    app.command(
+        "inspect",
+        no_args_is_help=True,
+        epilog="Example: probe inspect runs/copy --lengths 8,16,32 --out runs/copy/inspect",
+    )(inspect_cli)
+    app.command(
+        "scaling",
+        no_args_is_help=True,
+        epilog="Example: probe scaling --steps 0 --out runs/scaling",
+    )(scaling_cli)

@@ -10,8 +10,6 @@ import typer
 from probe_cli.common import OverwriteOpt, PickleOpt, console, shown
 
 from probe import provenance
-from probe.checkpoint import CHECKPOINT_FILES, claim_output, load_checkpoint
-from probe.checkpoint import save_checkpoint as save
 from probe.errors import ProbeError
 from probe.interop.families import supported
 
@@ -33,6 +31,8 @@ def import_cli(
     ] = False,
 ) -> None:
     """Turn a local model into a probe checkpoint that computes the same function (offline)."""
+    from probe.checkpoint import CHECKPOINT_FILES, claim_output
+    from probe.checkpoint import save_checkpoint as save
     from probe.interop.importer import import_model
     from probe.interop.staging import staged
 
@@ -64,6 +64,7 @@ def export_cli(
     overwrite: OverwriteOpt = False,
 ) -> None:
     """Write a checkpoint in the Hugging Face format, loadable with from_pretrained."""
+    from probe.checkpoint import claim_output, load_checkpoint
     from probe.interop.export import export_hf
     from probe.interop.staging import staged
 
@@ -84,5 +85,13 @@ def export_cli(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("import", no_args_is_help=True)(import_cli)
-    app.command("export", no_args_is_help=True)(export_cli)
+    app.command(
+        "import",
+        no_args_is_help=True,
+        epilog="Example: probe import bundled:minilm --out runs/minilm",
+    )(import_cli)
+    app.command(
+        "export",
+        no_args_is_help=True,
+        epilog="Example: probe export runs/minilm-pruned --out runs/minilm-pruned-hf",
+    )(export_cli)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import signal
 import sys
+from typing import Annotated
 
 import typer
 from probe_cli import importance, inspect, interop, prune, study, train, view
-from probe_cli.common import err_console, shown
+from probe_cli.common import Group, err_console, shown
 
 from probe.errors import Interrupted, ProbeError
 
@@ -17,7 +18,31 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=Group,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            number = version("probe")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            number = "unknown (not installed)"
+        typer.echo(f"probe {number}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", is_eager=True, callback=_version, help="Print the version."),
+    ] = False,
+) -> None:
+    """The group's own option (--version); its help is the Typer app's."""
+
 
 for module in (train, interop, inspect, importance, prune, study, view):
     module.register(app)

@@ -38,29 +38,10 @@ from probe_cli.selection import (
 )
 from rich.table import Table
 
-from probe.analysis.importance import parse_methods
-from probe.analysis.pruning_runs import (
-    CURVE_EXTRAS,
-    primary_metric,
-    prune_and_compare,
-    pruning_curve,
-)
-from probe.checkpoint import (
-    CHECKPOINT_FILES,
-    TOKENIZER,
-    claim_output,
-    open_output,
-    save_checkpoint,
-)
 from probe.errors import ProbeError
-from probe.report.files import atomic_save_figure, atomic_write_csv
-from probe.report.pruning_plots import (
-    pruning_curve_plot,
-)
-from probe.tasks import parse_lengths
 
 SWEEP_FILES = ("pruning.csv", "pruning.png", "pruning_loss.png", "manifest.json")
-PRUNED_FILES = (*CHECKPOINT_FILES, "removed_heads.csv", "prune_metrics.csv", "prune_timing.csv")
+PRUNED_FILES = ("removed_heads.csv", "prune_metrics.csv", "prune_timing.csv")  # + the checkpoint
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -87,6 +68,12 @@ def _fractions(spec: str | None) -> list[float] | None:
 
 def _sweep(ckpt, out, methods, seeds, fractions, lengths, batch_size, batches, seed, select,
            earlier, data):  # fmt: skip
+    from probe.analysis.importance import parse_methods
+    from probe.analysis.pruning_runs import CURVE_EXTRAS, primary_metric, pruning_curve
+    from probe.checkpoint import open_output
+    from probe.report.files import atomic_save_figure, atomic_write_csv
+    from probe.report.pruning_plots import pruning_curve_plot
+
     wanted = [m.strip() for m in methods.split(",") if m.strip()]
     extras = [m for m in wanted if m in CURVE_EXTRAS]
     rest = [m for m in wanted if m not in CURVE_EXTRAS]
@@ -253,6 +240,17 @@ def prune_cli(
     overwrite: OverwriteOpt = False,
 ) -> None:
     """Remove heads for real (writes a smaller checkpoint), or with --sweep the pruning curve."""
+    from probe.analysis.pruning_runs import prune_and_compare
+    from probe.checkpoint import (
+        CHECKPOINT_FILES,
+        TOKENIZER,
+        claim_output,
+        open_output,
+        save_checkpoint,
+    )
+    from probe.report.files import atomic_write_csv
+    from probe.tasks import parse_lengths
+
     check_positive(batch_size=batch_size, batches=batches, timing_threads=timing_threads,
                    **({} if repeats is None else {"repeats": repeats}))  # fmt: skip
     if not sweep and _same_dir(out, checkpoint) and not overwrite:
@@ -260,7 +258,7 @@ def prune_cli(
             f"--out '{out}' is the checkpoint being pruned; write the pruned model elsewhere, or "
             "pass --overwrite to replace the original."
         )
-    writes = SWEEP_FILES if sweep else PRUNED_FILES
+    writes = SWEEP_FILES if sweep else (*CHECKPOINT_FILES, *PRUNED_FILES)
     earlier = claim_output(out, writes, overwrite)
     ckpt = load(checkpoint, device, allow_pickle)
     require_heads(ckpt)
@@ -336,4 +334,9 @@ def prune_cli(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("prune", no_args_is_help=True)(prune_cli)
+    app.command(
+        "prune",
+        no_args_is_help=True,
+        epilog="Example: probe prune runs/copy --fraction 0.5 --out runs/copy-pruned; "
+        "probe prune runs/copy --sweep --out runs/copy/sweep",
+    )(prune_cli)

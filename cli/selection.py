@@ -5,23 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from probe_cli.common import (
     console,
-    text_data,
 )
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from probe.analysis.importance import disjoint_splits
-from probe.checkpoint import (
-    Checkpoint,
-    load_checkpoint,
-)
-from probe.evaluate import check_lengths, form_for
-from probe.tasks import parse_lengths
-from probe.train import resolve_device
+if TYPE_CHECKING:
+    from probe.checkpoint import Checkpoint
 
 LengthsOpt = Annotated[
     str | None,
@@ -34,10 +27,16 @@ NormalizeOpt = Annotated[
 
 
 def load(checkpoint: Path, device: str, allow_pickle: bool) -> Checkpoint:
+    from probe.checkpoint import load_checkpoint
+    from probe.train import resolve_device
+
     return load_checkpoint(checkpoint, resolve_device(device), allow_pickle)
 
 
 def lengths_for(ckpt: Checkpoint, spec: str | None) -> list[int]:
+    from probe.evaluate import check_lengths
+    from probe.tasks import parse_lengths
+
     if ckpt.imported:
         return []
     lo, hi = ckpt.train_cfg.train_len
@@ -49,13 +48,11 @@ def lengths_for(ckpt: Checkpoint, spec: str | None) -> list[int]:
 def splits(ckpt: Checkpoint, lengths, batch_size: int, batches: int, seed: int, n: int = 1,
             text: tuple = (None, False, 128)):  # fmt: skip
     """Importance splits and a scoring split: task data, or text for an imported model."""
-    if ckpt.imported:
-        return text_data(ckpt, *text, batch_size, batches, seed, n)
-    form = form_for(ckpt.model_cfg.arch)
-    return disjoint_splits(
-        ckpt.task, form, lengths, batch_size=batch_size, n_batches=batches, seed=seed,
-        n_importance=n,
-    )  # fmt: skip
+    from probe.analysis.splits import checkpoint_splits
+
+    path, whole, max_tokens = text
+    return checkpoint_splits(ckpt, lengths, batch_size, batches, seed, n, text=path, whole=whole,
+                             max_tokens=max_tokens)  # fmt: skip
 
 
 def progress_bar() -> Progress:

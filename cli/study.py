@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from probe_cli.common import DeviceOpt, console, err_console, shown
+from probe_cli.common import DeviceOpt, Group, console, err_console, shown
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -19,21 +19,18 @@ from rich.progress import (
 from rich.table import Table
 
 from probe.errors import ProbeError
-from probe.study.expect import Outcome, write_junit
-from probe.study.grid import expand
-from probe.study.heads_checks import check_threads
-from probe.study.heads_report import write_head_report
-from probe.study.heads_runner import StepEvent, run_head_study
-from probe.study.heads_spec import HeadStudy, load_any, smoke_head_study
-from probe.study.heads_steps import step_count
-from probe.study.reporting import read_manifest, report_from_dir, write_report
-from probe.study.reproduce import verdict
-from probe.study.runner import StudyEvent, run_study
-from probe.study.spec import Study, smoke_version
+
+if TYPE_CHECKING:  # the study modules import torch: commands import them when they run
+    from probe.study.expect import Outcome
+    from probe.study.heads_runner import StepEvent
+    from probe.study.heads_spec import HeadStudy
+    from probe.study.runner import StudyEvent
+    from probe.study.spec import Study
 
 app = typer.Typer(
     help="Declarative studies: train a grid of models, analyse them, write a report.",
     no_args_is_help=True,
+    cls=Group,
 )
 
 StudyArg = Annotated[Path, typer.Argument(help="A study file, e.g. studies/quickstart.toml.")]
@@ -129,6 +126,14 @@ def run_cli(
 ) -> None:
     """Run a study (finished cells are reused), write its report and check its expectations;
     exit code 1 when an expectation fails."""
+    from probe.study.grid import expand
+    from probe.study.heads_checks import check_threads
+    from probe.study.heads_spec import HeadStudy, load_any
+    from probe.study.reporting import write_report
+    from probe.study.reproduce import verdict
+    from probe.study.runner import run_study
+    from probe.study.spec import smoke_version
+
     study = load_any(file)
     if executor != "local" and isinstance(study, HeadStudy):
         raise ProbeError("--executor ray runs the cells of a grid study; a head study's steps "
@@ -166,6 +171,11 @@ def run_heads(study: HeadStudy, file: Path, smoke: bool, out: Path | None, threa
               overwrite: bool) -> tuple[float, str]:  # fmt: skip
     """`probe study run` of a head study: its steps, then its report; the seconds it took and
     the reproduction verdict."""
+    from probe.study.heads_report import write_head_report
+    from probe.study.heads_runner import run_head_study
+    from probe.study.heads_spec import smoke_head_study
+    from probe.study.reproduce import verdict
+
     if smoke:
         if study.smoke is None:
             raise ProbeError(f"{file} has no [smoke] section; run it without --smoke.")
@@ -216,6 +226,8 @@ def finish(name: str, outcomes: list[Outcome], junit: Path | None, seconds: floa
            last: str = "") -> None:  # fmt: skip
     """Show the expectations, write them as JUnit XML, print `last` (the reproduction verdict
     of a run) as the last line, exit 1 when an expectation failed."""
+    from probe.study.expect import write_junit
+
     if outcomes:
         show_outcomes(outcomes)
     if junit is not None:
@@ -232,6 +244,11 @@ def finish(name: str, outcomes: list[Outcome], junit: Path | None, seconds: floa
 
 def _size(study: Study | HeadStudy) -> tuple[str, str]:
     """How big a study is, full and smoke ('' without [smoke]): cells, or a head study's steps."""
+    from probe.study.grid import expand
+    from probe.study.heads_spec import HeadStudy, smoke_head_study
+    from probe.study.heads_steps import step_count
+    from probe.study.spec import smoke_version
+
     if isinstance(study, HeadStudy):
         smoke = smoke_head_study(study) if study.smoke is not None else None
         return f"{study.source}, {step_count(study)} steps", (
@@ -245,6 +262,8 @@ def ls_cli(
     folder: Annotated[Path, typer.Argument(help="Folder of study files.")] = Path("studies"),
 ) -> None:
     """List the study files in a folder with their question and size."""
+    from probe.study.heads_spec import load_any
+
     files = sorted(folder.glob("*.toml"))
     if not files:
         raise ProbeError(f"No study files (*.toml) in '{folder}'.")
@@ -267,6 +286,8 @@ def validate_cli(
     paths: Annotated[list[Path], typer.Argument(help="Study files to check, or folders of them.")],
 ) -> None:
     """Check study files (every cell's configuration is built); exit code 2 if one is invalid."""
+    from probe.study.heads_spec import load_any
+
     files = [f for p in paths for f in (sorted(p.glob("*.toml")) if p.is_dir() else [p])]
     if not files:
         raise ProbeError(f"No study files (*.toml) in {', '.join(map(str, paths))}.")
@@ -307,6 +328,9 @@ def report_cli(
 ) -> None:
     """Rebuild a study's report (report.md and report.html; expectations rechecked) from its
     results directory, and a head viewer page for each cell whose trained model is kept."""
+    from probe.study.heads_report import write_head_report
+    from probe.study.reporting import read_manifest, report_from_dir
+
     if read_manifest(folder).get("kind") == "heads":
         console.print(f"report: [bold]{shown(write_head_report(folder))}[/]", soft_wrap=True)
         return
@@ -331,10 +355,10 @@ def _viewers(folder: Path) -> None:
         console.print(f"viewers: [bold]{index}[/] ({len(pages)} cells)", soft_wrap=True)
 
 
-app.command("run")(run_cli)
-app.command("ls")(ls_cli)
-app.command("validate")(validate_cli)
-app.command("report")(report_cli)
+app.command("run", epilog="Example: probe study run studies/quickstart.toml --smoke")(run_cli)
+app.command("ls", epilog="Example: probe study ls studies")(ls_cli)
+app.command("validate", epilog="Example: probe study validate studies")(validate_cli)
+app.command("report", epilog="Example: probe study report runs/quickstart")(report_cli)
 
 
 def register(root: typer.Typer) -> None:

@@ -29,18 +29,14 @@ from probe_cli.common import (
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from probe.checkpoint import CHECKPOINT_FILES, claim_output, load_checkpoint, open_output
 from probe.config import ModelConfig, Schedule, TrainConfig
-from probe.distributed import world_from_env
 from probe.errors import ProbeError
-from probe.evaluate import evaluate
 from probe.presets import with_preset
-from probe.report.files import atomic_write_csv
-from probe.tasks import TaskConfig, parse_lengths
-from probe.train import TrainProgress, check_training, resolve_device, train
 
 
 def parse_range(spec: str, what: str) -> tuple[int, int]:
+    from probe.tasks import parse_lengths
+
     lengths = parse_lengths(spec)
     if lengths != list(range(lengths[0], lengths[-1] + 1)):
         raise ProbeError(f"{what} must be a contiguous range 'lo:hi', got '{spec}'.")
@@ -131,6 +127,11 @@ def train_cli(
     oversubscribe: OversubscribeOpt = False,
 ) -> None:
     """Train a model on a synthetic task and write a checkpoint directory."""
+    from probe.checkpoint import CHECKPOINT_FILES, claim_output
+    from probe.distributed import world_from_env
+    from probe.tasks import TaskConfig
+    from probe.train import TrainProgress, check_training, resolve_device, train
+
     # with --nproc N, everything is checked here before the N processes start
     launcher = launching(nproc, device, oversubscribe)
     world = world_from_env()
@@ -216,6 +217,12 @@ def eval_cli(
     overwrite: OverwriteOpt = False,
 ) -> None:
     """Evaluate a checkpoint at each task length; writes OUT/eval.csv."""
+    from probe.checkpoint import claim_output, load_checkpoint, open_output
+    from probe.evaluate import evaluate
+    from probe.report.files import atomic_write_csv
+    from probe.tasks import parse_lengths
+    from probe.train import resolve_device
+
     check_positive(batches=batches, batch_size=batch_size)
     earlier = claim_output(out, ("eval.csv", "manifest.json"), overwrite)
     ckpt = load_checkpoint(checkpoint, resolve_device(device), allow_pickle)
@@ -251,7 +258,10 @@ def eval_cli(
 
 def _eval_text(ckpt, out, earlier, lengths, text, whole, batch_size, batches, seed, device):
     """eval of an imported model: its text metrics at each row width."""
+    from probe.checkpoint import open_output
     from probe.evaluate import evaluate_text
+    from probe.report.files import atomic_write_csv
+    from probe.tasks import parse_lengths
     from probe.text import read_documents
 
     reference = None
@@ -321,6 +331,8 @@ def _ids(ids: tuple[int, ...]) -> str:
 
 def info_cli(checkpoint: CheckpointArg, allow_pickle: PickleOpt = False) -> None:
     """Show a checkpoint's configuration and parameter counts."""
+    from probe.checkpoint import load_checkpoint
+
     ckpt = load_checkpoint(checkpoint, "cpu", allow_pickle)
     view = Table(title=f"{Path(checkpoint)}")
     view.add_column("section")
@@ -350,6 +362,8 @@ def info_cli(checkpoint: CheckpointArg, allow_pickle: PickleOpt = False) -> None
 
 
 def register(app: typer.Typer) -> None:
-    app.command("train")(train_cli)
-    app.command("eval")(eval_cli)
-    app.command("info")(info_cli)
+    app.command("train", epilog="Example: probe train --task copy --out runs/copy")(train_cli)
+    app.command("eval", epilog="Example: probe eval runs/copy --lengths 1:16 --out runs/copy/eval")(
+        eval_cli
+    )
+    app.command("info", epilog="Example: probe info runs/copy")(info_cli)

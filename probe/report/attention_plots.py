@@ -19,6 +19,7 @@ import seaborn as sns
 
 from probe.checkpoint import atomic_write_bytes
 from probe.report.files import atomic_save_figure, atomic_write_csv, atomic_write_json
+from probe.report.layout import title_above
 
 ROLE_TITLES = {
     "previous_token": "previous token: p(i -> i-1)",
@@ -76,45 +77,58 @@ def head_heatmaps(stats: pd.DataFrame, statistic: str, max_panels: int = 4) -> p
         ax.set_ylabel("")
         ax.tick_params(axis="y", rotation=0)
     agg = "maximum" if statistic in ("max_logit", "raw_logit_max") else "mean"
-    fig.suptitle(f"{statistic.replace('_', ' ')} per head ({agg} over query rows and examples)")
     fig.tight_layout()
+    title_above(fig, f"{statistic.replace('_', ' ')} per head ({agg} over query rows and examples)")
     return fig
 
 
 def entropy_vs_length(stats: pd.DataFrame, statistic: str = "entropy") -> plt.Figure:
     """One panel per attention site: the statistic against task length, one line per head, and
-    (for entropy) the entropy of a head spread evenly over what it sees, dashed."""
+    (for entropy) the entropy of a head spread evenly over what it sees, dashed. Measured at one
+    length there is no trend to draw: each head is a point at that length, and the title says
+    so."""
     data = stats[stats.statistic == statistic].copy()
     labels = _site_labels(data)
     data["where"] = data.layer.map(labels)
     data["head"] = data["head"].astype(str)
     wrap = min(4, data.layer.nunique())
+    lengths = sorted(data.length.unique())
+    one = len(lengths) == 1
     grid = sns.relplot(
         data=data,
-        x="length",
+        x="head" if one else "length",
         y="value",
         hue="head",
         col="where",
         col_wrap=wrap,
-        kind="line",
+        kind="scatter" if one else "line",
         marker="o",
         height=2.8,
         aspect=1.15,
         facet_kws={"sharey": True},
+        legend=not one,
     )
     uniform = stats[stats.statistic == "uniform_entropy"]
-    lengths = sorted(data.length.unique())
     for layer, ax in zip(sorted(labels), grid.axes.flat, strict=False):
         ref = uniform[uniform.layer == layer].groupby("length").value.mean()
         if statistic == "entropy" and not ref.empty:
-            ax.plot(ref.index, ref.to_numpy(), ls="--", color="0.4", lw=1, label="uniform")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(lengths, [str(n) for n in lengths])
-        ax.minorticks_off()
+            if one:
+                ax.axhline(float(ref.iloc[0]), ls="--", color="0.4", lw=1, label="uniform")
+            else:
+                ax.plot(ref.index, ref.to_numpy(), ls="--", color="0.4", lw=1, label="uniform")
+        if not one:
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(lengths, [str(n) for n in lengths])
+            ax.minorticks_off()
     grid.set_titles("{col_name}")
-    grid.set_axis_labels("task length", f"{statistic.replace('_', ' ')} (nats)")
+    name = statistic.replace("_", " ")
+    grid.set_axis_labels("head" if one else "task length", f"{name} (nats)")
     note = " (dashed: spread evenly over the visible keys)" if not uniform.empty else ""
-    grid.figure.suptitle(f"{statistic.replace('_', ' ')} against length, per head{note}", y=1.03)
+    if one:
+        title = f"{name} per head at length {lengths[0]}, the one length measured{note}"
+    else:
+        title = f"{name} against length, per head{note}"
+    title_above(grid.figure, title)
     return grid.figure
 
 
@@ -157,8 +171,8 @@ def role_heatmaps(roles: pd.DataFrame) -> plt.Figure:
         ax.set_visible(False)
     what = "mean attention probability" + ("; retrieval: share of needle tokens" if
                                             "retrieval" in present else "")  # fmt: skip
-    fig.suptitle(f"head roles: {what} (blank: not defined; (o): best offset)")
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))  # room for the title
+    fig.tight_layout()
+    title_above(fig, f"head roles: {what} (blank: not defined; (o): best offset)")
     return fig
 
 
@@ -216,8 +230,8 @@ def scaling_init_figure(init: pd.DataFrame) -> plt.Figure:
     axes.flat[0].get_legend().remove()
     labels = [SCALE_LABELS.get(x, x if x != "n" else "keys n") for x in labels]
     fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
-    fig.suptitle("q, k ~ N(0, I) at initialization: why scores are divided by sqrt(d_k)")
     fig.tight_layout()
+    title_above(fig, "q, k ~ N(0, I) at initialization: why scores are divided by sqrt(d_k)")
     return fig
 
 
@@ -260,8 +274,8 @@ def scaling_training_figure(curves: pd.DataFrame) -> plt.Figure:
             for s, v in final.groupby("scale", sort=False).value.last().items()
         )
         title += f"\nfinal exact match at the training lengths: {text}"
-    fig.suptitle(title)
     fig.tight_layout()
+    title_above(fig, title)
     return fig
 
 

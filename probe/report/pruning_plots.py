@@ -3,7 +3,9 @@
 - `importance_heatmap`: layer x head grid of an importance table, one panel per method;
 - `correlation_heatmap`: Spearman rho between estimators;
 - `pruning_curve_plot`: a metric against the fraction of heads pruned, one line per method with a
-  95% confidence band over seeds (Student t), the random baseline dashed.
+  95% confidence band over seeds (Student t, clipped to the metric's range: a cosine similarity
+  stays within [-1, 1], an accuracy within [0, 1]), the random baseline dashed; a method with one
+  seed has no band, and the title says which are drawn.
 """
 
 from __future__ import annotations
@@ -20,12 +22,23 @@ import pandas as pd
 from scipy import stats
 
 from probe.errors import ProbeError
+from probe.report.layout import title_above
 
 METRIC_LABELS = {
     "exact_match": "exact match",
     "token_accuracy": "token accuracy",
     "loss": "loss (cross-entropy, nats)",
 }
+# the values each metric can take: a band never claims more than the metric allows
+METRIC_RANGES = {
+    "exact_match": (0.0, 1.0),
+    "token_accuracy": (0.0, 1.0),
+    "similarity": (-1.0, 1.0),  # cosine
+    "neighbours": (0.0, 1.0),  # a share of rows
+    "loss": (0.0, math.inf),
+    "perplexity": (1.0, math.inf),
+}
+DEFAULT_RANGE = (0.0, math.inf)  # every other metric probe writes is a share, count or loss
 METHOD_LABELS = {
     "gradient": "gradient |dL/dξ| (Michel et al.)",
     "ablation": "ablation (Δ loss, gate 0)",
@@ -87,8 +100,8 @@ def importance_heatmap(
             ax.set_ylabel("attention site" if sites is not None else "layer")
         ax.set_title(METHOD_LABELS.get(method, method), fontsize=10)
         fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-    fig.suptitle("Head importance (brighter = more important; grey = pruned)", fontsize=11)
     fig.tight_layout()
+    title_above(fig, "Head importance (brighter = more important; grey = pruned)", fontsize=11)
     return fig
 
 
@@ -113,14 +126,29 @@ def correlation_heatmap(correlations: pd.DataFrame) -> plt.Figure:
     return fig
 
 
-def _band(values: pd.Series) -> tuple[float, float, float]:
-    """Mean and 95% Student-t interval over seeds (no band for a single seed)."""
+def _band(values: pd.Series, bounds: tuple[float, float] = (-math.inf, math.inf)):
+    """Mean and 95% Student-t interval over seeds, clipped to `bounds` (the metric's range);
+    no band (low = high = mean) for a single seed."""
     mean = float(values.mean())
     n = len(values)
     if n < 2:
         return mean, mean, mean
     half = float(stats.t.ppf(0.975, n - 1)) * float(values.std(ddof=1)) / math.sqrt(n)
-    return mean, mean - half, mean + half
+    lo, hi = bounds
+    return mean, max(mean - half, lo), min(mean + half, hi)
+
+
+def _band_note(seeds: dict[str, int], bounds: tuple[float, float]) -> str:
+    """What the lines and bands of a pruning curve are, as drawn: no band where n = 1."""
+    if max(seeds.values()) < 2:
+        return "line: one seed; no band (n = 1)"
+    lo, hi = bounds
+    where = f"[{lo:g}, {hi:g}]" if math.isfinite(hi) else f">= {lo:g}"
+    note = f"line: mean over seeds; band: 95% t-interval, clipped to {where}"
+    single = [m for m, n in seeds.items() if n < 2]
+    if single:
+        note += f"; no band for {', '.join(single)} (n = 1)"
+    return note
 
 
 def pruning_curve_plot(
@@ -140,16 +168,15 @@ def pruning_curve_plot(
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     colors = iter(plt.get_cmap("tab10").colors)
     markers = iter("osD^vP*X")
+    bounds = METRIC_RANGES.get(metric, DEFAULT_RANGE)
     bounded = metric in ("exact_match", "token_accuracy")
     methods = sorted(part["method"].unique(), key=lambda m: (m == "random", m))
+    seeds = {}
     for k, method in enumerate(methods):
         rows = part[part["method"] == method]
-        summary = [(f, *_band(g["value"])) for f, g in rows.groupby("fraction")]
+        summary = [(f, *_band(g["value"], bounds)) for f, g in rows.groupby("fraction")]
         x, mean, low, high = (np.array(v) for v in zip(*summary, strict=True))
-        low = low.clip(0, None)  # every metric here is >= 0; accuracies are <= 1
-        if bounded:
-            high = high.clip(None, 1)
-        n_seeds = rows["seed"].nunique()
+        n_seeds = seeds[method] = rows["seed"].nunique()
         if method == "random":
             color, style, width = "0.4", "--", 1.5
         else:  # earlier lines wider, so that methods ranking heads alike stay visible
@@ -159,7 +186,8 @@ def pruning_curve_plot(
             x, mean, style, marker=next(markers), markersize=4, linewidth=width, color=color,
             label=label, alpha=0.9,
         )  # fmt: skip
-        ax.fill_between(x, low, high, color=color, alpha=0.15, linewidth=0)
+        if n_seeds > 1:
+            ax.fill_between(x, low, high, color=color, alpha=0.15, linewidth=0)
     if threshold is not None:
         ax.axhline(threshold, ls=":", color="k", lw=1, label=f"tolerance ({threshold:.3g})")
     ax.set_xlabel("fraction of heads pruned")
@@ -169,7 +197,7 @@ def pruning_curve_plot(
         ax.set_ylim(-0.03, 1.03)
     ax.grid(alpha=0.3)
     ax.legend(frameon=False, fontsize=8, title="importance estimator", title_fontsize=8)
-    ax.set_title(f"{title or 'Pruning curve'}\n(line: mean over seeds; band: 95% CI)", fontsize=10)
+    ax.set_title(f"{title or 'Pruning curve'}\n({_band_note(seeds, bounds)})", fontsize=10)
     fig.tight_layout()
     return fig
 

@@ -13,6 +13,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
+from probe.report.layout import title_above
+
 BAND = {"errorbar": ("ci", 95), "n_boot": 1000, "seed": 0}
 
 
@@ -82,9 +84,9 @@ def length_curves(
             ax.set_ylim(*ylim)
         ax.grid(alpha=0.3)
     _legend(fig, axes, "" if style else hue)
-    if title:
-        fig.suptitle(title)
     fig.tight_layout()
+    if title:
+        title_above(fig, title)
     return fig
 
 
