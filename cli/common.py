@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 
 from probe.checkpoint import Checkpoint
@@ -14,8 +14,24 @@ from probe.errors import ProbeError
 from probe.provenance import context
 from probe.report.files import atomic_write_json
 
-console = Console()
-err_console = Console(stderr=True)
+LOG_WIDTH = 10_000  # columns of output that goes to a pipe or a file: no table is ever cut
+
+
+class _Console(Console):
+    """A console as wide as the terminal it prints to; into a pipe or a log (not a terminal, and
+    no COLUMNS set) as wide as a table needs, so its numbers are printed in full, never as
+    `0.…` cut to 80 columns."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        if self._width is not None or self.is_terminal:
+            return size
+        return ConsoleDimensions(LOG_WIDTH, size.height)
+
+
+console = _Console()
+err_console = _Console(stderr=True)
 
 
 def shown(value: object) -> str:
@@ -42,6 +58,11 @@ OverwriteOpt = Annotated[
 ]
 
 
+def inputs_of(checkpoint: Path, text: Path | None = None) -> list[Path]:
+    """What a command reads, which its output must keep apart from: the model, its --text."""
+    return [checkpoint, *([] if text is None else [text])]
+
+
 def check_positive(**options: int) -> None:
     """Each named count option must be at least 1 (`--batches 0` would divide by zero)."""
     for name, value in options.items():
@@ -58,13 +79,19 @@ def require_heads(ckpt: Checkpoint) -> None:
         )
 
 
-def write_manifest(out: Path, ckpt: Checkpoint, device: str, **settings) -> None:
-    """OUT/manifest.json: the command, its settings, the checkpoint's config and provenance."""
+def write_manifest(out: Path, ckpt: Checkpoint, **settings) -> None:
+    """OUT/manifest.json: the command, its settings, the checkpoint's config and provenance (the
+    device recorded is the one the model ran on, `--device auto` resolved)."""
     atomic_write_json(
         out / "manifest.json",
         {"command": settings.pop("command"), "checkpoint": str(ckpt.path), "settings": settings,
-         "model": ckpt.model_cfg.to_dict(), **describe(ckpt), **context(device)},
+         "model": ckpt.model_cfg.to_dict(), **describe(ckpt), **context(model_device(ckpt))},
     )  # fmt: skip
+
+
+def model_device(ckpt: Checkpoint):
+    """The device a checkpoint's model was loaded onto (a `torch.device`)."""
+    return next(ckpt.model.parameters()).device
 
 
 def describe(ckpt: Checkpoint) -> dict:

@@ -21,6 +21,7 @@ from probe_cli.common import (
     check_positive,
     console,
     describe,
+    inputs_of,
     require_heads,
     shown,
     text_data,
@@ -35,8 +36,8 @@ from probe.analysis.scaling import D_KS, NS, SCALES, init_scaling, train_scaling
 from probe.checkpoint import claim_output, load_checkpoint, open_output
 from probe.errors import ProbeError
 from probe.report.attention_plots import write_inspection, write_scaling
+from probe.runtime import resolve_device
 from probe.tasks import parse_lengths
-from probe.train import resolve_device
 
 STREAMING = {"auto": "auto", "on": True, "off": False}
 
@@ -116,7 +117,9 @@ def inspect_cli(
     check_positive(
         batch_size=batch_size, batches=batches, **({} if period is None else {"period": period})
     )
-    earlier = claim_output(out, ("attention_stats.csv", "roles.csv", "manifest.json"), overwrite)
+    writes = ("attention_stats.csv", "roles.csv", "manifest.json")
+    earlier = claim_output(out, writes, overwrite, inputs=inputs_of(checkpoint, text),
+                           inside_ok=True)  # fmt: skip
     ckpt = load_checkpoint(checkpoint, resolve_device(device), allow_pickle)
     require_heads(ckpt)
     if not ckpt.imported and text is not None:
@@ -295,6 +298,7 @@ def scaling_cli(
     if steps < 0:
         raise ProbeError(f"--steps must be 0 (skip training) or more, got {steps}.")
     check_positive(queries=queries, stats_every=stats_every, d_k=d_k)
+    used = resolve_device(device)  # checked even when nothing is trained
     earlier = claim_output(out, ("scaling.csv", "scaling_training.csv", "manifest.json"), overwrite)
     init = init_scaling(
         _ints(d_ks, "--d-ks"), _ints(ns, "--ns"), SCALES, n_queries=queries, seed=seed
@@ -302,7 +306,6 @@ def scaling_cli(
     curves = None
     if steps:
         lo, hi = parse_range(train_len, "--train-len")
-        resolve_device(device)
         with _progress() as bar:
             jobs = {s: bar.add_task(f"train scale {s}", total=steps, note="") for s in SCALES}
 
@@ -316,7 +319,7 @@ def scaling_cli(
                 stats_every=stats_every,
                 train_len=(lo, hi),
                 seed=seed,
-                device=device,
+                device=str(used),
                 progress=show,
             )
     manifest = {
@@ -329,7 +332,7 @@ def scaling_cli(
         "stats_every": stats_every,
         "train_len": train_len,
         "seed": seed,
-        **provenance.context("cpu"),
+        **provenance.context(used if steps else "cpu"),  # initialization runs on the CPU
     }
     open_output(out, earlier)
     written = write_scaling(init, curves, out, manifest)

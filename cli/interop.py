@@ -29,9 +29,10 @@ def import_cli(
     overwrite: OverwriteOpt = False,
 ) -> None:
     """Turn a local model into a probe checkpoint that computes the same function (offline)."""
+    from probe.interop.bundled import resolve
     from probe.interop.importer import import_model
 
-    earlier = claim_output(out, CHECKPOINT_FILES, overwrite)
+    earlier = claim_output(out, CHECKPOINT_FILES, overwrite, inputs=[resolve(source)])
     with console.status(f"reading {source}"):
         imported = import_model(source)
     meta = {"imported": provenance.context("cpu")}
@@ -64,7 +65,7 @@ def export_cli(
     if format != "hf":
         raise ProbeError(f"Unknown --format '{format}'. Available: hf.")
     writes = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
-    earlier = claim_output(out, writes, overwrite)
+    earlier = claim_output(out, writes, overwrite, inputs=[checkpoint])
     ckpt = load_checkpoint(checkpoint, "cpu", allow_pickle)
     if not ckpt.imported:
         raise ProbeError(

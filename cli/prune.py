@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -20,6 +19,8 @@ from probe_cli.common import (
     check_data_options,
     check_positive,
     console,
+    inputs_of,
+    model_device,
     require_heads,
     shown,
     write_manifest,
@@ -53,6 +54,7 @@ from probe.checkpoint import (
     save_checkpoint,
 )
 from probe.errors import ProbeError
+from probe.provenance import device_name
 from probe.report.files import atomic_save_figure, atomic_write_csv
 from probe.report.pruning_plots import (
     pruning_curve_plot,
@@ -61,14 +63,6 @@ from probe.tasks import parse_lengths
 
 SWEEP_FILES = ("pruning.csv", "pruning.png", "pruning_loss.png", "manifest.json")
 PRUNED_FILES = (*CHECKPOINT_FILES, "removed_heads.csv", "prune_metrics.csv", "prune_timing.csv")
-
-
-# ------------------------------------------------------------------------------ helpers
-def _same_dir(a: Path, b: Path) -> bool:
-    try:
-        return a.resolve() == b.resolve()
-    except OSError:
-        return False
 
 
 # ------------------------------------------------------------------------------ importance
@@ -254,13 +248,9 @@ def prune_cli(
     """Remove heads for real (writes a smaller checkpoint), or with --sweep the pruning curve."""
     check_positive(batch_size=batch_size, batches=batches, timing_threads=timing_threads,
                    **({} if repeats is None else {"repeats": repeats}))  # fmt: skip
-    if not sweep and _same_dir(out, checkpoint) and not overwrite:
-        raise ProbeError(
-            f"--out '{out}' is the checkpoint being pruned; write the pruned model elsewhere, or "
-            "pass --overwrite to replace the original."
-        )
-    writes = SWEEP_FILES if sweep else PRUNED_FILES
-    earlier = claim_output(out, writes, overwrite)
+    writes = SWEEP_FILES if sweep else PRUNED_FILES  # a curve may go in the checkpoint's folder
+    earlier = claim_output(out, writes, overwrite, inputs=inputs_of(checkpoint, text),
+                           inside_ok=sweep)  # fmt: skip
     ckpt = load(checkpoint, device, allow_pickle)
     require_heads(ckpt)
     check_data_options(ckpt, text, lengths)
@@ -292,9 +282,7 @@ def prune_cli(
             earlier,
             data,
         )
-        write_manifest(
-            out, ckpt, device, command="prune --sweep", methods=names, seeds=seeds, **settings
-        )
+        write_manifest(out, ckpt, command="prune --sweep", methods=names, seeds=seeds, **settings)
         return
     (split,), scoring = splits(ckpt, chosen, batch_size, batches, seed, text=data)
     real = ckpt.imported  # a real model's forward pass is slow: time fewer, smaller batches
@@ -317,6 +305,7 @@ def prune_cli(
         **select, "removed": result.removed[["layer", "head"]].values.tolist(),
         "kept": [list(s.kept_heads) for s in result.model.cfg.sites()],
         "metrics": result.metrics.to_dict("records"),
+        "device": device_name(model_device(ckpt)),
     }  # fmt: skip
     meta = {**ckpt.meta, "pruning": [*ckpt.meta.get("pruning", []), record]}
     open_output(out, earlier)

@@ -20,8 +20,8 @@ from probe.checkpoint import (
     load_checkpoint,
 )
 from probe.evaluate import check_lengths, form_for
+from probe.runtime import resolve_device
 from probe.tasks import parse_lengths
-from probe.train import resolve_device
 
 LengthsOpt = Annotated[
     str | None,

@@ -19,6 +19,9 @@ from rich.progress import (
 from rich.table import Table
 
 from probe.errors import ProbeError
+from probe.files import check_output_dir, claim_file
+from probe.interop.bundled import resolve
+from probe.runtime import resolve_device
 from probe.study.expect import Outcome, write_junit
 from probe.study.grid import expand
 from probe.study.heads_report import write_head_report
@@ -127,6 +130,9 @@ def run_cli(
 ) -> None:
     """Run a study (finished cells are reused), write its report and check its expectations;
     exit code 1 when an expectation fails."""
+    resolve_device(device)  # a bad name is one line now, not after the first cell
+    if junit is not None:
+        claim_file(junit, overwrite=True, what="--junit", inputs=[file])
     study = load_any(file)
     if executor != "local" and isinstance(study, HeadStudy):
         raise ProbeError("--executor ray runs the cells of a grid study; a head study's steps "
@@ -140,6 +146,7 @@ def run_cli(
             raise ProbeError(f"{file} has no [smoke] section; run it without --smoke.")
         study = smoke_version(study)
     out = out or default_out(study)
+    check_output_dir(out, inputs=[file])
     columns = (
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[note]}"), TimeElapsedColumn(), TimeRemainingColumn(),
@@ -167,6 +174,7 @@ def run_heads(study: HeadStudy, file: Path, smoke: bool, out: Path | None, threa
             raise ProbeError(f"{file} has no [smoke] section; run it without --smoke.")
         study = smoke_head_study(study)
     out = out or default_out(study)
+    check_output_dir(out, inputs=[file, resolve(study.source)], inside_ok=True)
     console.print(f"study [bold]{shown(study.name)}[/]{' (smoke)' if smoke else ''}: "
                   f"{shown(study.source)} -> {shown(out)}")  # fmt: skip
     columns = (

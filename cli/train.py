@@ -21,6 +21,7 @@ from probe_cli.common import (
     check_data_options,
     check_positive,
     console,
+    inputs_of,
     relaunch,
     shown,
     write_manifest,
@@ -35,8 +36,9 @@ from probe.errors import ProbeError
 from probe.evaluate import evaluate
 from probe.presets import with_preset
 from probe.report.files import atomic_write_csv
+from probe.runtime import resolve_device
 from probe.tasks import TaskConfig, parse_lengths
-from probe.train import TrainProgress, resolve_device, train
+from probe.train import TrainProgress, train
 
 
 def parse_range(spec: str, what: str) -> tuple[int, int]:
@@ -212,10 +214,11 @@ def eval_cli(
 ) -> None:
     """Evaluate a checkpoint at each task length; writes OUT/eval.csv."""
     check_positive(batches=batches, batch_size=batch_size)
-    earlier = claim_output(out, ("eval.csv", "manifest.json"), overwrite)
+    earlier = claim_output(out, ("eval.csv", "manifest.json"), overwrite,
+                           inputs=inputs_of(checkpoint, text), inside_ok=True)  # fmt: skip
     ckpt = load_checkpoint(checkpoint, resolve_device(device), allow_pickle)
     if ckpt.imported:
-        _eval_text(ckpt, out, earlier, lengths, text, whole, batch_size, batches, seed, device)
+        _eval_text(ckpt, out, earlier, lengths, text, whole, batch_size, batches, seed)
         return
     if text is not None:
         check_data_options(ckpt, text, None)
@@ -227,7 +230,7 @@ def eval_cli(
     open_output(out, earlier)
     atomic_write_csv(out / "eval.csv", table)
     write_manifest(
-        out, ckpt, device, command="eval", lengths=lengths, batch_size=batch_size,
+        out, ckpt, command="eval", lengths=lengths, batch_size=batch_size,
         batches=batches, seed=seed,
     )  # fmt: skip
     lo, hi = ckpt.train_cfg.train_len
@@ -244,7 +247,7 @@ def eval_cli(
     console.print(f"wrote {shown(out / 'eval.csv')}")
 
 
-def _eval_text(ckpt, out, earlier, lengths, text, whole, batch_size, batches, seed, device):
+def _eval_text(ckpt, out, earlier, lengths, text, whole, batch_size, batches, seed):
     """eval of an imported model: its text metrics at each row width."""
     from probe.evaluate import evaluate_text
     from probe.text import read_documents
@@ -258,7 +261,7 @@ def _eval_text(ckpt, out, earlier, lengths, text, whole, batch_size, batches, se
                           batches, seed, reference)  # fmt: skip
     open_output(out, earlier)
     atomic_write_csv(out / "eval.csv", table)
-    write_manifest(out, ckpt, device, command="eval", lengths=widths, batch_size=batch_size,
+    write_manifest(out, ckpt, command="eval", lengths=widths, batch_size=batch_size,
                    batches=batches, seed=seed, text=str(text) if text else "shipped corpus",
                    whole=whole)  # fmt: skip
     wide = table.pivot(index="length", columns="metric", values="value")

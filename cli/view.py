@@ -16,6 +16,7 @@ from probe_cli.common import (
     WholeOpt,
     check_positive,
     console,
+    inputs_of,
     require_heads,
     shown,
 )
@@ -25,7 +26,9 @@ from probe.analysis.importance import Method
 from probe.analysis.view import checkpoint_view
 from probe.config import choice
 from probe.errors import ProbeError
+from probe.files import claim_file
 from probe.report.html.viewer import write_viewer
+from probe.runtime import resolve_device
 from probe.study.viewers import pick_cell
 from probe.tasks import parse_lengths
 
@@ -74,8 +77,8 @@ def view_cli(
     check_positive(batch_size=batch_size, batches=batches)
     if out.suffix.lower() not in (".html", ".htm"):
         raise ProbeError(f"--out must name an .html file, got '{out}'.")
-    if out.exists() and not overwrite:
-        raise ProbeError(f"{out} exists; pass --overwrite to replace it.")
+    claim_file(out, overwrite, inputs=inputs_of(target, text), inside_ok=True)
+    resolve_device(device)
     if not target.exists():
         raise ProbeError(f"{target} does not exist; give a checkpoint or a results directory.")
     title = f"Heads of {target.name or target}"
