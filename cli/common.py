@@ -131,6 +131,15 @@ def check_data_options(ckpt: Checkpoint, text: Path | None, lengths: str | None)
         )
 
 
+def note_text(text: Path | None) -> None:
+    """Say so when only the beginning of a large --text file is read."""
+    from probe.text import read_note
+
+    note = read_note(text)
+    if note:
+        console.print(f"note: {shown(note)}", style="dim", soft_wrap=True)
+
+
 def text_data(ckpt: Checkpoint, text: Path | None, whole: bool, max_tokens: int,
               batch_size: int, batches: int, seed: int, n_importance: int = 1,
               reference: bool = True):  # fmt: skip

@@ -22,6 +22,7 @@ from probe_cli.common import (
     console,
     describe,
     inputs_of,
+    note_text,
     require_heads,
     shown,
     text_data,
@@ -127,6 +128,7 @@ def inspect_cli(
     wanted = parse_lengths(lengths or ("128" if ckpt.imported else "8,16,32"))
     data = None
     if ckpt.imported:
+        note_text(text)
         data = {
             n: text_data(ckpt, text, whole, n, batch_size, batches, seed, 0, False)[1]
             for n in wanted

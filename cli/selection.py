@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 from probe_cli.common import (
     console,
+    note_text,
     text_data,
 )
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -50,6 +51,7 @@ def splits(ckpt: Checkpoint, lengths, batch_size: int, batches: int, seed: int, 
             text: tuple = (None, False, 128)):  # fmt: skip
     """Importance splits and a scoring split: task data, or text for an imported model."""
     if ckpt.imported:
+        note_text(text[0])
         return text_data(ckpt, *text, batch_size, batches, seed, n)
     form = form_for(ckpt.model_cfg.arch)
     return disjoint_splits(

@@ -22,6 +22,7 @@ from probe_cli.common import (
     check_positive,
     console,
     inputs_of,
+    note_text,
     relaunch,
     shown,
     write_manifest,
@@ -256,6 +257,7 @@ def _eval_text(ckpt, out, earlier, lengths, text, whole, batch_size, batches, se
     if ckpt.objective == "embedding" and ckpt.meta.get("pruning"):
         reference = _original(ckpt)
     widths = parse_lengths(lengths or "128")
+    note_text(text)
     docs = read_documents(text, whole=whole)
     table = evaluate_text(ckpt.model, ckpt.tokenizer(), ckpt.objective, docs, widths, batch_size,
                           batches, seed, reference)  # fmt: skip

@@ -17,6 +17,7 @@ from probe_cli.common import (
     check_positive,
     console,
     inputs_of,
+    note_text,
     require_heads,
     shown,
 )
@@ -92,6 +93,7 @@ def view_cli(
     if importance == "auto":
         importance = "ablation" if ckpt.objective == "embedding" else "gradient"
     method = None if importance == "none" else str(choice(Method, importance, "--importance"))
+    note_text(text)
     with console.status("measuring the heads"):
         data = checkpoint_view(
             ckpt, title=title, task=task,

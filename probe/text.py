@@ -37,16 +37,24 @@ def default_corpus() -> Path:
     return path
 
 
-def read_documents(path: Path | str | None = None, *, whole: bool = False) -> list[str]:
+READ_LIMIT = 4 * 2**20  # bytes of a text file read: about a million tokens, more than any
+# command tokenizes (a 60 MB file is not read, split and tokenized whole to use a few rows of it)
+
+
+def read_documents(path: Path | str | None = None, *, whole: bool = False,
+                   max_bytes: int = READ_LIMIT) -> list[str]:  # fmt: skip
     """Documents of a UTF-8 text file: one per non-empty line (stripped), or the whole file as one.
 
-    `path=None` reads the shipped corpus.
+    `path=None` reads the shipped corpus. Only the first `max_bytes` bytes of a larger file are
+    read, cut at the end of a line (`read_note` says so in words).
     """
     path = default_corpus() if path is None else Path(path)
     if not path.is_file():
         raise ProbeError(f"No text file at {path}: give the path of a UTF-8 text file.")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _read_prefix(path, max_bytes)
+    except OSError as exc:
+        raise ProbeError(f"{path} cannot be read: {exc.strerror or exc}.") from None
     except UnicodeDecodeError as exc:
         raise ProbeError(
             f"{path} is not UTF-8 text (byte {exc.start} cannot be decoded); "
@@ -59,6 +67,40 @@ def read_documents(path: Path | str | None = None, *, whole: bool = False) -> li
     if whole:
         return [text]
     return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def _read_prefix(path: Path, max_bytes: int) -> str:
+    """The file's text, or its first `max_bytes` bytes cut after the last newline in them (or,
+    with none, at the last whole UTF-8 character)."""
+    with path.open("rb") as f:
+        data = f.read(max_bytes + 1)
+    if len(data) <= max_bytes:
+        return data.decode("utf-8")
+    data = data[:max_bytes]
+    end = data.rfind(b"\n")
+    if end > 0:
+        return data[: end + 1].decode("utf-8")
+    for trim in range(4):  # a character cut in two at the limit: drop its first bytes
+        try:
+            return data[: len(data) - trim].decode("utf-8")
+        except UnicodeDecodeError as exc:
+            if exc.start < len(data) - 4:
+                raise
+    return data.decode("utf-8")
+
+
+def read_note(path: Path | str | None, max_bytes: int = READ_LIMIT) -> str | None:
+    """What `read_documents` leaves out of a large file, in words (None: it reads it all)."""
+    if path is None:
+        return None
+    try:
+        size = Path(path).stat().st_size
+    except OSError:
+        return None
+    if size <= max_bytes:
+        return None
+    return (f"{path} is {size / 2**20:,.1f} MiB: only its first {max_bytes / 2**20:,.0f} MiB "
+            "(to the end of a line) are read, far more text than this command uses")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -112,7 +154,7 @@ def tokenize_documents(
     tokenizer = _without_truncation(tokenizer)
     rows: list[Encoding] = []
     doc_of_row: list[int] = []
-    for index, encoding in enumerate(tokenizer.encode_batch(list(docs), add_special_tokens=False)):
+    for index, encoding in enumerate(_encodings(docs, tokenizer, budget, chunk, max_chunks, rows)):
         if max_chunks is not None and len(rows) >= max_chunks:
             break
         if not encoding.ids:
@@ -130,6 +172,37 @@ def tokenize_documents(
             "whitespace, tokenizes to nothing)."
         )
     return _stack(rows, doc_of_row, max_tokens, pad_id)
+
+
+def _encodings(docs: Sequence[str], tokenizer: Tokenizer, budget: int, chunk: bool,
+               max_chunks: int | None, rows: list) -> Iterator[Encoding]:  # fmt: skip
+    """Each document's encoding, without special tokens. With `max_chunks`, documents are
+    encoded one at a time, while `rows` (filled by the caller) still needs some, and only as
+    much of each as those rows take: a large text is never tokenized whole for a few rows."""
+    if max_chunks is None:
+        yield from tokenizer.encode_batch(list(docs), add_special_tokens=False)
+        return
+    for doc in docs:
+        wanted = (max_chunks - len(rows)) * budget if chunk else budget
+        yield _encode_prefix(tokenizer, doc, wanted)
+
+
+PREFIX_MARGIN = 64  # ids encoded past those needed: the last word before a cut may tokenize
+# differently from the whole text's, so the ids kept end well before it
+
+
+def _encode_prefix(tokenizer: Tokenizer, text: str, wanted: int) -> Encoding:
+    """An encoding whose first `wanted` ids are those of the whole `text`: the encoding of a
+    prefix cut at a space or line end, grown until it gives PREFIX_MARGIN ids more (or the
+    whole text's)."""
+    size = 8 * (wanted + PREFIX_MARGIN)
+    while size < len(text):
+        cut = max(text.rfind(" ", 0, size), text.rfind("\n", 0, size))
+        encoding = tokenizer.encode(text[: cut if cut > 0 else size], add_special_tokens=False)
+        if len(encoding.ids) >= wanted + PREFIX_MARGIN:
+            return encoding
+        size *= 4
+    return tokenizer.encode(text, add_special_tokens=False)
 
 
 def batches(chunks: TokenChunks, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

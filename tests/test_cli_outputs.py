@@ -222,3 +222,21 @@ def test_a_bad_device_is_one_line(template, device, fragment, paths, tmp_path, c
     assert exit_code([*template.format(out=out, **paths).split(), "--device", device]) == 2
     one_line_error(capsys, fragment)
     assert not out.exists() and not out.with_suffix(".html").exists()
+
+
+@pytest.fixture(scope="module")
+def big_text(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("big") / "big.txt"
+    line = b"the quick brown fox jumps over the lazy dog and returns a value\n"
+    path.write_bytes(line * (60_000_000 // len(line)))
+    return path
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["lines", "--whole"])
+def test_a_60_mb_text_is_read_only_as_far_as_shown(whole, big_text, paths, tmp_path, capsys):
+    out = tmp_path / "v.html"
+    args = ["view", str(paths["imp"]), "--text", str(big_text), "--out", str(out)]
+    capsys.readouterr()
+    assert exit_code(args + (["--whole"] if whole else [])) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "is 57.2 MiB: only its first 4 MiB" in shown and out.is_file()
