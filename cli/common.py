@@ -131,6 +131,23 @@ def check_data_options(ckpt: Checkpoint, text: Path | None, lengths: str | None)
         )
 
 
+def check_data_fits(ckpt: Checkpoint, widths: list[int], batch_size: int, batches: int,
+                    sets: int = 1, backward: bool = False,
+                    options: str = "--batches, --batch-size or --lengths") -> None:  # fmt: skip
+    """Refuse, before any batch is made, data a command cannot hold: `sets` x `batches` batches
+    per width (task lengths, or tokens per row of text) of `batch_size` rows, and a forward pass
+    (with `backward`, and its gradients) over the longest; the message names the `options`
+    that make it smaller."""
+    from probe.evaluate import form_for
+    from probe.memory import check_batches
+    from probe.tasks import sequence_length
+
+    form = form_for(ckpt.model_cfg.arch)
+    seqs = [n if ckpt.imported else sequence_length(ckpt.task, form, n) for n in widths]
+    check_batches(ckpt.model_cfg, sets * batches * len(widths), batch_size, max(seqs), backward,
+                  f"a smaller {options}")  # fmt: skip
+
+
 def note_text(text: Path | None) -> None:
     """Say so when only the beginning of a large --text file is read."""
     from probe.text import read_note

@@ -17,6 +17,7 @@ from probe_cli.common import (
     SeedOpt,
     TextOpt,
     WholeOpt,
+    check_data_fits,
     check_data_options,
     check_positive,
     console,
@@ -126,6 +127,7 @@ def inspect_cli(
     if not ckpt.imported and text is not None:
         check_data_options(ckpt, text, None)
     wanted = parse_lengths(lengths or ("128" if ckpt.imported else "8,16,32"))
+    check_data_fits(ckpt, wanted, batch_size, batches)
     data = None
     if ckpt.imported:
         note_text(text)

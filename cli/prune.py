@@ -16,6 +16,7 @@ from probe_cli.common import (
     SeedOpt,
     TextOpt,
     WholeOpt,
+    check_data_fits,
     check_data_options,
     check_positive,
     console,
@@ -284,10 +285,13 @@ def prune_cli(
         )
         write_manifest(out, ckpt, command="prune --sweep", methods=names, seeds=seeds, **settings)
         return
-    (split,), scoring = splits(ckpt, chosen, batch_size, batches, seed, text=data)
     real = ckpt.imported  # a real model's forward pass is slow: time fewer, smaller batches
     repeats = repeats if repeats is not None else (3 if real else 10)
     timing_sizes = timing_sizes or ("1,8" if real else "1,16,64")
+    longest = [max_tokens] if real else [max(chosen)]
+    for size in parse_lengths(timing_sizes) if timing else []:  # batches timed, one at a time
+        check_data_fits(ckpt, longest, size, 1, options="--timing-sizes")
+    (split,), scoring = splits(ckpt, chosen, batch_size, batches, seed, text=data)
     if unit != "head" or uniform:
         select = {**select, "unit": unit, "uniform": uniform}
     if tune:

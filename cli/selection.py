@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 from probe_cli.common import (
+    check_data_fits,
     console,
     note_text,
     text_data,
@@ -50,6 +51,9 @@ def lengths_for(ckpt: Checkpoint, spec: str | None) -> list[int]:
 def splits(ckpt: Checkpoint, lengths, batch_size: int, batches: int, seed: int, n: int = 1,
             text: tuple = (None, False, 128)):  # fmt: skip
     """Importance splits and a scoring split: task data, or text for an imported model."""
+    width = "--max-tokens" if ckpt.imported else "--lengths"
+    check_data_fits(ckpt, [text[2]] if ckpt.imported else lengths, batch_size, batches, n + 1,
+                    backward=True, options=f"--batches, --batch-size or {width}")  # fmt: skip
     if ckpt.imported:
         note_text(text[0])
         return text_data(ckpt, *text, batch_size, batches, seed, n)

@@ -18,6 +18,7 @@ from probe_cli.common import (
     SeedOpt,
     TextOpt,
     WholeOpt,
+    check_data_fits,
     check_data_options,
     check_positive,
     console,
@@ -224,6 +225,7 @@ def eval_cli(
     if text is not None:
         check_data_options(ckpt, text, None)
     lengths = lengths or "1:32"
+    check_data_fits(ckpt, parse_lengths(lengths), batch_size, batches)
     table = evaluate(
         ckpt.model, ckpt.task, parse_lengths(lengths), batch_size=batch_size, n_batches=batches,
         seed=seed,
@@ -257,6 +259,7 @@ def _eval_text(ckpt, out, earlier, lengths, text, whole, batch_size, batches, se
     if ckpt.objective == "embedding" and ckpt.meta.get("pruning"):
         reference = _original(ckpt)
     widths = parse_lengths(lengths or "128")
+    check_data_fits(ckpt, widths, batch_size, batches)
     note_text(text)
     docs = read_documents(text, whole=whole)
     table = evaluate_text(ckpt.model, ckpt.tokenizer(), ckpt.objective, docs, widths, batch_size,

@@ -14,6 +14,7 @@ from probe_cli.common import (
     SeedOpt,
     TextOpt,
     WholeOpt,
+    check_data_fits,
     check_positive,
     console,
     inputs_of,
@@ -93,11 +94,15 @@ def view_cli(
     if importance == "auto":
         importance = "ablation" if ckpt.objective == "embedding" else "gradient"
     method = None if importance == "none" else str(choice(Method, importance, "--importance"))
+    widths = parse_lengths(length) if length else None
+    shown_at = widths or ([64] if ckpt.imported else [2 * ckpt.train_cfg.train_len[1]])
+    check_data_fits(ckpt, shown_at, batch_size, batches, backward=method is not None,
+                    options="--batches, --batch-size or --length")  # fmt: skip
     note_text(text)
     with console.status("measuring the heads"):
         data = checkpoint_view(
             ckpt, title=title, task=task,
-            lengths=parse_lengths(length) if length else None, text=text, whole=whole,
+            lengths=widths, text=text, whole=whole,
             batch_size=batch_size, batches=batches, importance=method, seed=seed,
         )  # fmt: skip
     write_viewer(data, out)

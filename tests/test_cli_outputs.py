@@ -240,3 +240,30 @@ def test_a_60_mb_text_is_read_only_as_far_as_shown(whole, big_text, paths, tmp_p
     assert exit_code(args + (["--whole"] if whole else [])) == 0
     shown = " ".join(capsys.readouterr().out.split())
     assert "is 57.2 MiB: only its first 4 MiB" in shown and out.is_file()
+
+
+# requests too large to hold: (args, what the message must count); ck trains on lengths 2-4
+HUGE = [
+    ("importance {imp} --max-tokens 1000000000", "2 batches of 64 sequences of 1,000,000,000"),
+    ("prune {imp} --no-timing --max-tokens 1000000000", "of 1,000,000,000 tokens"),
+    ("prune {ck} --timing-sizes 10000000", "1 batch of 10,000,000 sequences"),
+    ("importance {ck} --batches 1000000000", "6,000,000,000 batches of 64 sequences"),
+    ("prune {ck} --sweep --seeds 3 --batches 1000000000", "12,000,000,000 batches"),
+    ("inspect {ck} --lengths 8 --batches 1000000000", "1,000,000,000 batches of 32 sequences"),
+    ("inspect {imp} --lengths 1000000000", "of 1,000,000,000 tokens"),
+    ("eval {ck} --lengths 2 --batches 1000000000", "1,000,000,000 batches of 64 sequences"),
+    ("eval {imp} --lengths 1000000000", "2 batches of 64 sequences of 1,000,000,000 tokens"),
+    ("view {ck} --batches 1000000000", "1,000,000,000 batches of 16 sequences"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("template, counted", HUGE, ids=[h[0].split(" {")[0] + h[0].split("}")[1]
+                                                         for h in HUGE])  # fmt: skip
+def test_work_too_large_to_hold_is_refused_before_any_batch(template, counted, paths, tmp_path,
+                                                            capsys):  # fmt: skip
+    out = tmp_path / ("v.html" if template.startswith("view") else "out")
+    capsys.readouterr()
+    assert exit_code([*template.format(**paths).split(), "--out", str(out)]) == 2
+    line = one_line_error(capsys, counted)
+    assert "would need about" in line and "use a smaller --" in line
+    assert not out.exists()
