@@ -159,14 +159,16 @@ def note_text(text: Path | None) -> None:
 
 def text_data(ckpt: Checkpoint, text: Path | None, whole: bool, max_tokens: int,
               batch_size: int, batches: int, seed: int, n_importance: int = 1,
-              reference: bool = True):  # fmt: skip
-    """Importance sets and a scoring set of text batches for an imported checkpoint."""
+              reference: bool = True, width: str = "--max-tokens"):  # fmt: skip
+    """Importance sets and a scoring set of text batches for an imported checkpoint; `width`
+    is the command's option for tokens per row (inspect: --lengths), named in its messages."""
     from probe.evaluate import text_splits_for
-    from probe.text import read_documents
+    from probe.text import TextOptions, read_documents
 
     docs = read_documents(text, whole=whole)
     return text_splits_for(ckpt.model, ckpt.tokenizer(), ckpt.objective, docs, max_tokens,
-                           batch_size, batches, n_importance, seed, reference)  # fmt: skip
+                           batch_size, batches, n_importance, seed, reference,
+                           TextOptions(width=width))  # fmt: skip
 
 
 def relaunch(nproc: int) -> None:

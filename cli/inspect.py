@@ -132,7 +132,7 @@ def inspect_cli(
     if ckpt.imported:
         note_text(text)
         data = {
-            n: text_data(ckpt, text, whole, n, batch_size, batches, seed, 0, False)[1]
+            n: text_data(ckpt, text, whole, n, batch_size, batches, seed, 0, False, "--lengths")[1]
             for n in wanted
         }
     with _progress() as bar:

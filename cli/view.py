@@ -33,6 +33,7 @@ from probe.report.html.viewer import write_viewer
 from probe.runtime import resolve_device
 from probe.study.viewers import pick_cell
 from probe.tasks import parse_lengths
+from probe.text import TextOptions
 
 
 def view_cli(
@@ -104,6 +105,7 @@ def view_cli(
             ckpt, title=title, task=task,
             lengths=widths, text=text, whole=whole,
             batch_size=batch_size, batches=batches, importance=method, seed=seed,
+            options=TextOptions(width="--length"),
         )  # fmt: skip
     write_viewer(data, out)
     n_heads = sum(len(layer["heads"]) for layer in data["layers"])

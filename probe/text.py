@@ -23,8 +23,21 @@ from tokenizers import Encoding, Tokenizer
 
 from probe.errors import ProbeError
 from probe.tasks import Batch
+from probe.words import counted
 
 CORPUS = ("data", "corpus", "stdlib_docs.txt")  # inside the `probe` package; see its SOURCE.md
+
+
+@dataclass(frozen=True)
+class TextOptions:
+    """What the caller calls its text settings, for messages that say what to change: `probe`'s
+    options by default (`inspect` and `eval` take the row width as --lengths); a study file
+    names its own fields."""
+
+    text: str = "--text"  # the text file
+    width: str = "--max-tokens"  # tokens per row
+    batch_size: str = "--batch-size"  # rows per batch
+    batches: str = "--batches"  # batches per set
 
 
 def default_corpus() -> Path:
@@ -260,7 +273,11 @@ MASK_FRACTION = 0.15  # of the content tokens, for the masked-LM objective (Devl
 
 
 def stream_rows(
-    docs: Sequence[str], tokenizer: Tokenizer, max_tokens: int, max_rows: int | None = None
+    docs: Sequence[str],
+    tokenizer: Tokenizer,
+    max_tokens: int,
+    max_rows: int | None = None,
+    options: TextOptions = TextOptions(),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The documents joined by newlines into one stream, cut into full rows of `max_tokens`
     tokens (each wrapped in the tokenizer's special tokens): ids and special-token flags,
@@ -272,7 +289,8 @@ def stream_rows(
     if not bool(full.any()):
         raise ProbeError(
             f"The text has only {int(chunks.lengths.max())} tokens, fewer than one row of "
-            f"--max-tokens {max_tokens}; give more text or a smaller --max-tokens."
+            f"{max_tokens} tokens ({options.width} {max_tokens}); give more text "
+            f"({options.text}) or a smaller {options.width}."
         )
     return chunks.ids[full], chunks.special[full]
 
@@ -285,13 +303,14 @@ def text_batches(
     batch_size: int,
     n_batches: int,
     seed: int = 0,
+    options: TextOptions = TextOptions(),
 ) -> list[Batch]:
     """Batches of real text for an imported model's objective:
 
     causal-lm: predict each next token; masked-lm: predict MASK_FRACTION of the content tokens
     replaced by [MASK] (chosen with `seed`); embedding: the inputs only (pair them with the
     original model's embeddings with `evaluate.with_reference`)."""
-    ids, special = stream_rows(docs, tokenizer, max_tokens, batch_size * n_batches)
+    ids, special = stream_rows(docs, tokenizer, max_tokens, batch_size * n_batches, options)
     return _objective_batches(ids, special, tokenizer, objective, batch_size, seed)
 
 
@@ -333,17 +352,21 @@ def text_splits(
     n_batches: int,
     n_importance: int = 1,
     seed: int = 0,
+    options: TextOptions = TextOptions(),
 ) -> tuple[list[list[Batch]], list[Batch]]:
     """`n_importance` disjoint sets of text batches to estimate importance on, then a scoring
-    set: consecutive rows of the text stream, so no row is in two sets."""
+    set: consecutive rows of the text stream, so no row is in two sets. `options` names the
+    caller's settings in the message for too little text."""
     per_set = batch_size * n_batches
     need = per_set * (n_importance + 1)
-    ids, special = stream_rows(docs, tokenizer, max_tokens, need)
+    ids, special = stream_rows(docs, tokenizer, max_tokens, need, options)
     if ids.shape[0] < need:
+        sets = counted(n_importance + 1, "disjoint set")
         raise ProbeError(
-            f"The text gives {ids.shape[0]} rows of {max_tokens} tokens but {need} are needed "
-            f"({n_importance + 1} disjoint sets of {n_batches} x {batch_size}); give more text, "
-            "or lower --batch-size, --batches or --max-tokens."
+            f"The text gives {counted(ids.shape[0], 'row')} of {max_tokens} tokens but {need:,} "
+            f"are needed ({sets} of {n_batches} x {batch_size}); give more text "
+            f"({options.text}), or lower {options.batch_size}, {options.batches} or "
+            f"{options.width}."
         )
     batches = _objective_batches(ids, special, tokenizer, objective, batch_size, seed)
     sets = [batches[i * n_batches : (i + 1) * n_batches] for i in range(n_importance + 1)]

@@ -267,3 +267,32 @@ def test_work_too_large_to_hold_is_refused_before_any_batch(template, counted, p
     line = one_line_error(capsys, counted)
     assert "would need about" in line and "use a smaller --" in line
     assert not out.exists()
+
+
+# too little text: each command's message names the options it takes (inspect has no --max-tokens)
+TOO_LITTLE = [
+    ("inspect {imp} --text {tiny}", "--lengths", "--max-tokens"),
+    ("inspect {imp} --text {tiny} --lengths 8", "--lengths", "--max-tokens"),
+    ("eval {imp} --text {tiny}", "--lengths", "--max-tokens"),
+    ("view {imp} --text {tiny}", "--length", "--max-tokens"),
+    ("importance {imp} --text {tiny}", "--max-tokens", "--lengths"),
+    ("prune {imp} --no-timing --text {tiny} --max-tokens 8", "--max-tokens", "--lengths"),
+]
+
+
+LITTLE_IDS = [t[0].replace(" {imp}", "").replace(" {tiny}", "") for t in TOO_LITTLE]
+
+
+@pytest.mark.parametrize("template, named, foreign", TOO_LITTLE, ids=LITTLE_IDS)
+def test_too_little_text_names_the_options_the_command_takes(template, named, foreign, paths,
+                                                             tmp_path, capsys):  # fmt: skip
+    tiny = tmp_path / "tiny.txt"
+    tiny.write_text("a few words of text\nand a few more\n")
+    out = tmp_path / ("v.html" if template.startswith("view") else "out")
+    capsys.readouterr()
+    args = [*template.format(tiny=tiny, **paths).split(), "--out", str(out)]
+    assert exit_code(args) == 2
+    line = one_line_error(capsys, "give more text (--text)")
+    assert named in line and foreign not in line
+    if "--batches" in line:  # too few rows: every count it takes
+        assert "--batch-size" in line

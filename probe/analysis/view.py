@@ -224,9 +224,11 @@ def checkpoint_view(
     batches: int = 1,
     importance: str | None = "gradient",
     seed: int = 0,
+    options=None,
 ) -> dict:
     """The viewer's data for a checkpoint: task data at `lengths` (default L and 2L) for a
-    model trained here, text rows of `lengths` tokens (default 64) for an imported one."""
+    model trained here, text rows of `lengths` tokens (default 64) for an imported one.
+    `options` (a `probe.text.TextOptions`) names the caller's text settings in messages."""
     from probe.errors import ProbeError
     from probe.evaluate import check_lengths, eval_batches, form_for, text_splits_for
     from probe.tasks import token_name
@@ -240,7 +242,7 @@ def checkpoint_view(
         groups = []
         for n in lengths or [64]:
             data = text_splits_for(ckpt.model, tokenizer, ckpt.objective, docs, n, batch_size,
-                                   batches, 0, seed, False)[1]  # fmt: skip
+                                   batches, 0, seed, False, options)[1]  # fmt: skip
             groups.append((f"text rows of {n}", data))
         shown = None
 
