@@ -296,3 +296,31 @@ def test_too_little_text_names_the_options_the_command_takes(template, named, fo
     assert named in line and foreign not in line
     if "--batches" in line:  # too few rows: every count it takes
         assert "--batch-size" in line
+
+
+def test_a_table_printed_to_a_pipe_has_every_number_in_full(paths, tmp_path):
+    """Not a terminal (CliRunner, a pipe, a log): the 8-column table of Spearman correlations is
+    printed whole, each cell the number correlations.csv holds, none cut to `0.…` at 80
+    columns."""
+    import pandas as pd
+    from probe_cli.main import app
+    from typer.testing import CliRunner
+
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["importance", str(paths["ck"]), "--method", "all",
+                                      "--out", str(out)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.output
+    rho = pd.read_csv(out / "correlations.csv").pivot(index="method", columns="other",
+                                                      values="rho")  # fmt: skip
+    printed = {}
+    for line in result.output.splitlines():
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if cells and cells[0] in rho.index and len(cells) == len(rho) + 1:
+            printed[cells[0]] = cells[1:]
+    header = next(line for line in result.output.splitlines() if "mean-ablation ┃" in line)
+    order = [c.strip() for c in header.split("┃")[2:-1]]
+    assert set(printed) == set(rho.index) and set(order) == set(rho.index)
+    for method, cells in printed.items():
+        assert cells == [f"{rho.loc[method, other]:.2f}" for other in order], method
+    assert max(map(len, result.output.splitlines())) > 80
