@@ -40,6 +40,7 @@ from probe.errors import ProbeError
 from probe.report.attention_plots import write_inspection, write_scaling
 from probe.runtime import resolve_device
 from probe.tasks import parse_lengths
+from probe.words import counted
 
 STREAMING = {"auto": "auto", "on": True, "off": False}
 
@@ -155,7 +156,7 @@ def inspect_cli(
             )  # fmt: skip
     needles = _needles(ckpt, needles)
     if needles:
-        with console.status(f"retrieval heads: {needles} needle prompts"):
+        with console.status(f"retrieval heads: {counted(needles, 'needle prompt')}"):
             result.roles = pd.concat(
                 [
                     result.roles,
@@ -182,7 +183,8 @@ def inspect_cli(
     written = write_inspection(result.stats, result.roles, out, manifest)
     _show_summary(head_summary(result.stats, result.roles), ckpt, result.lengths)
     console.print(
-        f"wrote {len(written)} files to {shown(out)}: " + ", ".join(p.name for p in written)
+        f"wrote {counted(len(written), 'file')} to {shown(out)}: "
+        + ", ".join(p.name for p in written)
     )
 
 
@@ -342,7 +344,8 @@ def scaling_cli(
     written = write_scaling(init, curves, out, manifest)
     _show_scaling(init, curves)
     console.print(
-        f"wrote {len(written)} files to {shown(out)}: " + ", ".join(p.name for p in written)
+        f"wrote {counted(len(written), 'file')} to {shown(out)}: "
+        + ", ".join(p.name for p in written)
     )
 
 

@@ -14,6 +14,7 @@ from probe.checkpoint import CHECKPOINT_FILES, claim_output, load_checkpoint, op
 from probe.checkpoint import save_checkpoint as save
 from probe.errors import ProbeError
 from probe.interop.families import supported
+from probe.words import counted
 
 
 def import_cli(
@@ -41,11 +42,12 @@ def import_cli(
          tokenizer=imported.tokenizer)  # fmt: skip
     cfg = imported.model.cfg
     counts = imported.model.parameter_counts()
-    groups = f", {cfg.kv_heads} key/value heads" if cfg.kv_heads != cfg.n_head else ""
+    groups = f", {counted(cfg.kv_heads, 'key/value head')}" if cfg.kv_heads != cfg.n_head else ""
     console.print(
         f"imported {imported.source['model_type']} ({imported.source['format']}): "
-        f"{cfg.n_layer} layers x {cfg.n_head} heads{groups}, d_model {cfg.d_model}, "
-        f"{counts['total']:,} parameters; scored on text by {imported.source['objective']}"
+        f"{counted(cfg.n_layer, 'layer')} x {counted(cfg.n_head, 'head')}{groups}, d_model "
+        f"{cfg.d_model}, {counted(counts['total'], 'parameter')}; scored on text by "
+        f"{imported.source['objective']}"
     )
     if imported.tokenizer is None:
         console.print("no tokenizer.json in the source: commands that read text will refuse")

@@ -61,6 +61,7 @@ from probe.report.pruning_plots import (
     pruning_curve_plot,
 )
 from probe.tasks import parse_lengths
+from probe.words import counted
 
 SWEEP_FILES = ("pruning.csv", "pruning.png", "pruning_loss.png", "manifest.json")
 PRUNED_FILES = (*CHECKPOINT_FILES, "removed_heads.csv", "prune_metrics.csv", "prune_timing.csv")
@@ -111,7 +112,7 @@ def _sweep(ckpt, out, methods, seeds, fractions, lengths, batch_size, batches, s
         atomic_save_figure(out / "pruning_loss.png", pruning_curve_plot(curve, second, title))
     mean = curve[curve.metric == metric].groupby(["fraction", "method"])["value"].mean()
     wide = mean.unstack("method")
-    view = Table(title=f"{metric} (mean over {seeds} seeds) vs fraction of heads pruned")
+    view = Table(title=f"{metric} (mean over {counted(seeds, 'seed')}) vs fraction of heads pruned")
     view.add_column("fraction", justify="right")
     for m in wide.columns:
         view.add_column(m, justify="right")
@@ -124,7 +125,8 @@ def _sweep(ckpt, out, methods, seeds, fractions, lengths, batch_size, batches, s
 
 def _report(result, fraction: float) -> None:
     wide = result.metrics.pivot(index="metric", columns="variant", values="value")
-    view = Table(title=f"before / after pruning {len(result.removed)} heads ({fraction:.0%})")
+    view = Table(title=f"before / after pruning {counted(len(result.removed), 'head')} "
+                 f"({fraction:.0%})")  # fmt: skip
     view.add_column("metric")
     variants = ("original", "masked", "pruned")
     for v in variants:

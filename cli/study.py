@@ -31,6 +31,7 @@ from probe.study.heads_steps import step_count
 from probe.study.reporting import read_manifest, report_from_dir, write_report
 from probe.study.runner import StudyEvent, run_study
 from probe.study.spec import Study, smoke_version
+from probe.words import counted
 
 app = typer.Typer(
     help="Declarative studies: train a grid of models, analyse them, write a report.",
@@ -152,15 +153,16 @@ def run_cli(
         TextColumn("{task.fields[note]}"), TimeElapsedColumn(), TimeRemainingColumn(),
     )  # fmt: skip
     console.print(f"study [bold]{shown(study.name)}[/]{' (smoke)' if smoke else ''}: "
-                  f"{len(expand(study))} cells -> {shown(out)}")  # fmt: skip
+                  f"{counted(len(expand(study)), 'cell')} -> {shown(out)}")  # fmt: skip
     with Progress(*columns, console=console) as bar:
         result = run_study(study, out, jobs=jobs, device=device, threads=threads,
                            progress=CellProgress(bar), overwrite=overwrite, executor=executor,
                            address=address)  # fmt: skip
     cached = sum(r.cached for r in result.records)
     trained = sum(not r.cached and r.train_s > 0 for r in result.records)
-    console.print(f"{len(result.records) - cached} cells run ({trained} models trained), {cached} "
-                  f"reused from the cache, {result.manifest['wall_s']:.0f} s")  # fmt: skip
+    console.print(f"{counted(len(result.records) - cached, 'cell')} run "
+                  f"({counted(trained, 'model')} trained), {cached} reused from the cache, "
+                  f"{result.manifest['wall_s']:.0f} s")  # fmt: skip
     path, outcomes = write_report(out, study, result.tables, result.manifest)
     console.print(f"report: [bold]{shown(path)}[/]", soft_wrap=True)
     finish(study.name, outcomes, junit, result.manifest["wall_s"])
@@ -184,7 +186,7 @@ def run_heads(study: HeadStudy, file: Path, smoke: bool, out: Path | None, threa
     with Progress(*columns, console=console) as bar:
         result = run_head_study(study, out, threads=threads, progress=StepProgress(bar),
                                 overwrite=overwrite)  # fmt: skip
-    console.print(f"{result.n_run} steps run, {result.n_cached} reused from the cache, "
+    console.print(f"{counted(result.n_run, 'step')} run, {result.n_cached} reused from the cache, "
                   f"{result.manifest['wall_s']:.0f} s")  # fmt: skip
     console.print(f"report: [bold]{shown(write_head_report(out))}[/]", soft_wrap=True)
     return float(result.manifest["wall_s"])
@@ -232,11 +234,11 @@ def _size(study: Study | HeadStudy) -> tuple[str, str]:
     """How big a study is, full and smoke ('' without [smoke]): cells, or a head study's steps."""
     if isinstance(study, HeadStudy):
         smoke = smoke_head_study(study) if study.smoke is not None else None
-        return f"{study.source}, {step_count(study)} steps", (
+        return f"{study.source}, {counted(step_count(study), 'step')}", (
             str(step_count(smoke)) if smoke else ""
         )
     smoke = str(len(expand(smoke_version(study)))) if study.smoke is not None else ""
-    return f"{len(expand(study))} cells", smoke
+    return f"{counted(len(expand(study)), 'cell')}", smoke
 
 
 def ls_cli(
@@ -326,7 +328,7 @@ def _viewers(folder: Path) -> None:
                                                                      total=total))  # fmt: skip
     if pages:
         index = shown(folder / VIEWERS / "index.html")
-        console.print(f"viewers: [bold]{index}[/] ({len(pages)} cells)", soft_wrap=True)
+        console.print(f"viewers: [bold]{index}[/] ({counted(len(pages), 'cell')})", soft_wrap=True)
 
 
 app.command("run")(run_cli)

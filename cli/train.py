@@ -41,6 +41,7 @@ from probe.report.files import atomic_write_csv
 from probe.runtime import resolve_device
 from probe.tasks import TaskConfig, parse_lengths
 from probe.train import TrainProgress, train
+from probe.words import counted
 
 
 def parse_range(spec: str, what: str) -> tuple[int, int]:
@@ -166,8 +167,9 @@ def train_cli(
     resolve_device(device)
     claim_output(out, CHECKPOINT_FILES, overwrite)  # before any work: a bad --out fails now
     console.print(
-        f"training a {arch} ({pe}, {layers} layers x {heads} heads, d_model {d_model}) on "
-        f"[bold]{task}[/] lengths {lo}-{hi} for {steps} steps -> {shown(out)}"
+        f"training a {arch} ({pe}, {counted(layers, 'layer')} x {counted(heads, 'head')}, "
+        f"d_model {d_model}) on [bold]{task}[/] lengths {lo}-{hi} for "
+        f"{counted(steps, 'step')} -> {shown(out)}"
     )
     columns = (
         TextColumn("[progress.description]{task.description}"), BarColumn(),

@@ -34,6 +34,7 @@ from probe.runtime import resolve_device
 from probe.study.viewers import pick_cell
 from probe.tasks import parse_lengths
 from probe.text import TextOptions
+from probe.words import counted
 
 
 def view_cli(
@@ -109,8 +110,9 @@ def view_cli(
         )  # fmt: skip
     write_viewer(data, out)
     n_heads = sum(len(layer["heads"]) for layer in data["layers"])
-    console.print(f"wrote {shown(out)}: {len(data['layers'])} attention sites, {n_heads} heads, "
-                  f"{len(data['examples'])} example(s); open it in a browser")  # fmt: skip
+    console.print(f"wrote {shown(out)}: {counted(len(data['layers']), 'attention site')}, "
+                  f"{counted(n_heads, 'head')}, {counted(len(data['examples']), 'example')}; "
+                  "open it in a browser")  # fmt: skip
 
 
 def register(app: typer.Typer) -> None:

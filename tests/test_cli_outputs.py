@@ -324,3 +324,20 @@ def test_a_table_printed_to_a_pipe_has_every_number_in_full(paths, tmp_path):
     for method, cells in printed.items():
         assert cells == [f"{rho.loc[method, other]:.2f}" for other in order], method
     assert max(map(len, result.output.splitlines())) > 80
+
+
+def test_counts_in_messages_take_the_number_of_their_noun(paths, tmp_path, capsys):
+    from probe.words import counted
+
+    assert [counted(n, "head") for n in (0, 1, 2, 1000)] == ["0 heads", "1 head", "2 heads",
+                                                             "1,000 heads"]  # fmt: skip
+    assert [counted(n, "batch") for n in (1, 3)] == ["1 batch", "3 batches"]
+    capsys.readouterr()
+    assert exit_code(["prune", str(paths["ck"]), "--fraction", "0.5", "--no-timing",
+                      "--out", str(tmp_path / "pruned")]) == 0  # fmt: skip
+    assert exit_code(["train", "--steps", "1", "--layers", "1", "--heads", "1", "--d-model", "8",
+                      "--eval-every", "0", "--out", str(tmp_path / "one")]) == 0  # fmt: skip
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "before / after pruning 1 head (50%)" in printed
+    assert "1 layer x 1 head, d_model 8" in printed and "for 1 step ->" in printed
+    assert " 1 heads" not in printed and " 1 layers" not in printed
