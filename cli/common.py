@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 from typer.core import TyperGroup
 
@@ -18,8 +18,24 @@ from probe.errors import Interrupted, ProbeError
 if TYPE_CHECKING:  # nothing here imports torch: `probe --help` prints without loading it
     from probe.checkpoint import Checkpoint
 
-console = Console()
-err_console = Console(stderr=True)
+LOG_WIDTH = 10_000  # columns of output that goes to a pipe or a file: no table is ever cut
+
+
+class _Console(Console):
+    """A console as wide as the terminal it prints to; into a pipe or a log (not a terminal, and
+    no COLUMNS set) as wide as a table needs, so its numbers are printed in full, never as
+    `0.…` cut to 80 columns."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        if self._width is not None or self.is_terminal:
+            return size
+        return ConsoleDimensions(LOG_WIDTH, size.height)
+
+
+console = _Console()
+err_console = _Console(stderr=True)
 
 
 def shown(value: object) -> str:
@@ -69,6 +85,11 @@ OverwriteOpt = Annotated[
 ]
 
 
+def inputs_of(checkpoint: Path, text: Path | None = None) -> list[Path]:
+    """What a command reads, which its output must keep apart from: the model, its --text."""
+    return [checkpoint, *([] if text is None else [text])]
+
+
 def check_positive(**options: int) -> None:
     """Each named count option must be at least 1 (`--batches 0` would divide by zero)."""
     for name, value in options.items():
@@ -85,16 +106,22 @@ def require_heads(ckpt: Checkpoint) -> None:
         )
 
 
-def write_manifest(out: Path, ckpt: Checkpoint, device: str, **settings) -> None:
-    """OUT/manifest.json: the command, its settings, the checkpoint's config and provenance."""
+def write_manifest(out: Path, ckpt: Checkpoint, **settings) -> None:
+    """OUT/manifest.json: the command, its settings, the checkpoint's config and provenance (the
+    device recorded is the one the model ran on, `--device auto` resolved)."""
     from probe.provenance import context
     from probe.report.files import atomic_write_json
 
     atomic_write_json(
         out / "manifest.json",
         {"command": settings.pop("command"), "checkpoint": str(ckpt.path), "settings": settings,
-         "model": ckpt.model_cfg.to_dict(), **describe(ckpt), **context(device)},
+         "model": ckpt.model_cfg.to_dict(), **describe(ckpt), **context(model_device(ckpt))},
     )  # fmt: skip
+
+
+def model_device(ckpt: Checkpoint):
+    """The device a checkpoint's model was loaded onto (a `torch.device`)."""
+    return next(ckpt.model.parameters()).device
 
 
 def describe(ckpt: Checkpoint) -> dict:
@@ -134,16 +161,44 @@ def check_data_options(ckpt: Checkpoint, text: Path | None, lengths: str | None)
         )
 
 
+def check_data_fits(ckpt: Checkpoint, widths: list[int], batch_size: int, batches: int,
+                    sets: int = 1, backward: bool = False,
+                    options: str = "--batches, --batch-size or --lengths") -> None:  # fmt: skip
+    """Refuse, before any batch is made, data a command cannot hold: `sets` x `batches` batches
+    per width (task lengths, or tokens per row of text) of `batch_size` rows, and a forward pass
+    (with `backward`, and its gradients) over the longest; the message names the `options`
+    that make it smaller."""
+    from probe.evaluate import form_for
+    from probe.memory import check_batches
+    from probe.tasks import sequence_length
+
+    form = form_for(ckpt.model_cfg.arch)
+    seqs = [n if ckpt.imported else sequence_length(ckpt.task, form, n) for n in widths]
+    check_batches(ckpt.model_cfg, sets * batches * len(widths), batch_size, max(seqs), backward,
+                  f"a smaller {options}")  # fmt: skip
+
+
+def note_text(text: Path | None) -> None:
+    """Say so when only the beginning of a large --text file is read."""
+    from probe.text import read_note
+
+    note = read_note(text)
+    if note:
+        console.print(f"note: {shown(note)}", style="dim", soft_wrap=True)
+
+
 def text_data(ckpt: Checkpoint, text: Path | None, whole: bool, max_tokens: int,
               batch_size: int, batches: int, seed: int, n_importance: int = 1,
-              reference: bool = True):  # fmt: skip
-    """Importance sets and a scoring set of text batches for an imported checkpoint."""
+              reference: bool = True, width: str = "--max-tokens"):  # fmt: skip
+    """Importance sets and a scoring set of text batches for an imported checkpoint; `width`
+    is the command's option for tokens per row (inspect: --lengths), named in its messages."""
     from probe.evaluate import text_splits_for
-    from probe.text import read_documents
+    from probe.text import TextOptions, read_documents
 
     docs = read_documents(text, whole=whole)
     return text_splits_for(ckpt.model, ckpt.tokenizer(), ckpt.objective, docs, max_tokens,
-                           batch_size, batches, n_importance, seed, reference)  # fmt: skip
+                           batch_size, batches, n_importance, seed, reference,
+                           TextOptions(width=width))  # fmt: skip
 
 
 def launching(nproc: int, device: str, oversubscribe: bool = False) -> bool:

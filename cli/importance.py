@@ -21,6 +21,7 @@ from probe_cli.common import (
     check_data_options,
     check_positive,
     console,
+    inputs_of,
     launching,
     relaunch,
     require_heads,
@@ -147,7 +148,8 @@ def importance_cli(
         console.quiet = True  # rank 0 alone writes and reports
     writes = ("importance.csv", "importance.png", "correlations.csv", "correlations.png",
               "importance_groups.csv", "importance_layers.csv", "manifest.json")  # fmt: skip
-    earlier = claim_output(out, writes, overwrite) if world.main else []
+    earlier = claim_output(out, writes, overwrite, inputs=inputs_of(checkpoint, text),
+                           inside_ok=True) if world.main else []  # fmt: skip
     ckpt = load(checkpoint, "cpu" if launcher else device, allow_pickle)
     require_heads(ckpt)
     check_data_options(ckpt, text, lengths)
@@ -183,7 +185,7 @@ def importance_cli(
         atomic_write_csv(out / "importance_groups.csv", groups)
         console.print(_group_view(groups))
     write_manifest(
-        out, ckpt, device, command="importance", methods=methods, lengths=chosen,
+        out, ckpt, command="importance", methods=methods, lengths=chosen,
         batch_size=batch_size, batches=batches, normalize=normalize, seed=seed,
         **text_settings(ckpt, data),
     )  # fmt: skip

@@ -16,10 +16,13 @@ from probe_cli.common import (
     SeedOpt,
     TextOpt,
     WholeOpt,
+    check_data_fits,
     check_data_options,
     check_positive,
     console,
     describe,
+    inputs_of,
+    note_text,
     require_heads,
     shown,
     text_data,
@@ -30,6 +33,7 @@ from rich.table import Table
 
 from probe import provenance
 from probe.errors import ProbeError
+from probe.words import counted
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -120,16 +124,20 @@ def inspect_cli(
     check_positive(
         batch_size=batch_size, batches=batches, **({} if period is None else {"period": period})
     )
-    earlier = claim_output(out, ("attention_stats.csv", "roles.csv", "manifest.json"), overwrite)
+    writes = ("attention_stats.csv", "roles.csv", "manifest.json")
+    earlier = claim_output(out, writes, overwrite, inputs=inputs_of(checkpoint, text),
+                           inside_ok=True)  # fmt: skip
     ckpt = load_checkpoint(checkpoint, resolve_device(device), allow_pickle)
     require_heads(ckpt)
     if not ckpt.imported and text is not None:
         check_data_options(ckpt, text, None)
     wanted = parse_lengths(lengths or ("128" if ckpt.imported else "8,16,32"))
+    check_data_fits(ckpt, wanted, batch_size, batches)
     data = None
     if ckpt.imported:
+        note_text(text)
         data = {
-            n: text_data(ckpt, text, whole, n, batch_size, batches, seed, 0, False)[1]
+            n: text_data(ckpt, text, whole, n, batch_size, batches, seed, 0, False, "--lengths")[1]
             for n in wanted
         }
     with _progress() as bar:
@@ -152,7 +160,7 @@ def inspect_cli(
             )  # fmt: skip
     needles = _needles(ckpt, needles)
     if needles:
-        with console.status(f"retrieval heads: {needles} needle prompts"):
+        with console.status(f"retrieval heads: {counted(needles, 'needle prompt')}"):
             result.roles = pd.concat(
                 [
                     result.roles,
@@ -179,7 +187,8 @@ def inspect_cli(
     written = write_inspection(result.stats, result.roles, out, manifest)
     _show_summary(head_summary(result.stats, result.roles), ckpt, result.lengths)
     console.print(
-        f"wrote {len(written)} files to {shown(out)}: " + ", ".join(p.name for p in written)
+        f"wrote {counted(len(written), 'file')} to {shown(out)}: "
+        + ", ".join(p.name for p in written)
     )
 
 
@@ -304,6 +313,7 @@ def scaling_cli(
     if steps < 0:
         raise ProbeError(f"--steps must be 0 (skip training) or more, got {steps}.")
     check_positive(queries=queries, stats_every=stats_every, d_k=d_k)
+    used = resolve_device(device)  # checked even when nothing is trained
     earlier = claim_output(out, ("scaling.csv", "scaling_training.csv", "manifest.json"), overwrite)
     init = init_scaling(
         _ints(d_ks, "--d-ks"), _ints(ns, "--ns"), SCALES, n_queries=queries, seed=seed
@@ -311,7 +321,6 @@ def scaling_cli(
     curves = None
     if steps:
         lo, hi = parse_range(train_len, "--train-len")
-        resolve_device(device)
         with _progress() as bar:
             jobs = {s: bar.add_task(f"train scale {s}", total=steps, note="") for s in SCALES}
 
@@ -325,7 +334,7 @@ def scaling_cli(
                 stats_every=stats_every,
                 train_len=(lo, hi),
                 seed=seed,
-                device=device,
+                device=str(used),
                 progress=show,
             )
     manifest = {
@@ -338,13 +347,14 @@ def scaling_cli(
         "stats_every": stats_every,
         "train_len": train_len,
         "seed": seed,
-        **provenance.context("cpu"),
+        **provenance.context(used if steps else "cpu"),  # initialization runs on the CPU
     }
     open_output(out, earlier)
     written = write_scaling(init, curves, out, manifest)
     _show_scaling(init, curves)
     console.print(
-        f"wrote {len(written)} files to {shown(out)}: " + ", ".join(p.name for p in written)
+        f"wrote {counted(len(written), 'file')} to {shown(out)}: "
+        + ", ".join(p.name for p in written)
     )
 
 

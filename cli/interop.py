@@ -12,6 +12,7 @@ from probe_cli.common import OverwriteOpt, PickleOpt, console, shown
 from probe import provenance
 from probe.errors import ProbeError
 from probe.interop.families import supported
+from probe.words import counted
 
 
 def import_cli(
@@ -33,10 +34,11 @@ def import_cli(
     """Turn a local model into a probe checkpoint that computes the same function (offline)."""
     from probe.checkpoint import CHECKPOINT_FILES, claim_output
     from probe.checkpoint import save_checkpoint as save
+    from probe.interop.bundled import resolve
     from probe.interop.importer import import_model
     from probe.interop.staging import staged
 
-    earlier = claim_output(out, CHECKPOINT_FILES, overwrite)
+    earlier = claim_output(out, CHECKPOINT_FILES, overwrite, inputs=[resolve(source)])
     with staged(out, earlier) as stage:  # all files or none: an interrupted run leaves nothing
         with console.status(f"reading {source}"):
             imported = import_model(source, allow_nonfinite)
@@ -45,11 +47,12 @@ def import_cli(
              tokenizer=imported.tokenizer)  # fmt: skip
     cfg = imported.model.cfg
     counts = imported.model.parameter_counts()
-    groups = f", {cfg.kv_heads} key/value heads" if cfg.kv_heads != cfg.n_head else ""
+    groups = f", {counted(cfg.kv_heads, 'key/value head')}" if cfg.kv_heads != cfg.n_head else ""
     console.print(
         f"imported {imported.source['model_type']} ({imported.source['format']}): "
-        f"{cfg.n_layer} layers x {cfg.n_head} heads{groups}, d_model {cfg.d_model}, "
-        f"{counts['total']:,} parameters; scored on text by {imported.source['objective']}"
+        f"{counted(cfg.n_layer, 'layer')} x {counted(cfg.n_head, 'head')}{groups}, d_model "
+        f"{cfg.d_model}, {counted(counts['total'], 'parameter')}; scored on text by "
+        f"{imported.source['objective']}"
     )
     if imported.tokenizer is None:
         console.print("no tokenizer.json in the source: commands that read text will refuse")
@@ -71,7 +74,7 @@ def export_cli(
     if format != "hf":
         raise ProbeError(f"Unknown --format '{format}'. Available: hf.")
     writes = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
-    earlier = claim_output(out, writes, overwrite)
+    earlier = claim_output(out, writes, overwrite, inputs=[checkpoint])
     ckpt = load_checkpoint(checkpoint, "cpu", allow_pickle)
     if not ckpt.imported:
         raise ProbeError(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -17,9 +16,12 @@ from probe_cli.common import (
     SeedOpt,
     TextOpt,
     WholeOpt,
+    check_data_fits,
     check_data_options,
     check_positive,
     console,
+    inputs_of,
+    model_device,
     require_heads,
     shown,
     write_manifest,
@@ -39,17 +41,11 @@ from probe_cli.selection import (
 from rich.table import Table
 
 from probe.errors import ProbeError
+from probe.provenance import device_name
+from probe.words import counted
 
 SWEEP_FILES = ("pruning.csv", "pruning.png", "pruning_loss.png", "manifest.json")
 PRUNED_FILES = ("removed_heads.csv", "prune_metrics.csv", "prune_timing.csv")  # + the checkpoint
-
-
-# ------------------------------------------------------------------------------ helpers
-def _same_dir(a: Path, b: Path) -> bool:
-    try:
-        return a.resolve() == b.resolve()
-    except OSError:
-        return False
 
 
 # ------------------------------------------------------------------------------ importance
@@ -103,7 +99,7 @@ def _sweep(ckpt, out, methods, seeds, fractions, lengths, batch_size, batches, s
         atomic_save_figure(out / "pruning_loss.png", pruning_curve_plot(curve, second, title))
     mean = curve[curve.metric == metric].groupby(["fraction", "method"])["value"].mean()
     wide = mean.unstack("method")
-    view = Table(title=f"{metric} (mean over {seeds} seeds) vs fraction of heads pruned")
+    view = Table(title=f"{metric} (mean over {counted(seeds, 'seed')}) vs fraction of heads pruned")
     view.add_column("fraction", justify="right")
     for m in wide.columns:
         view.add_column(m, justify="right")
@@ -116,7 +112,8 @@ def _sweep(ckpt, out, methods, seeds, fractions, lengths, batch_size, batches, s
 
 def _report(result, fraction: float) -> None:
     wide = result.metrics.pivot(index="metric", columns="variant", values="value")
-    view = Table(title=f"before / after pruning {len(result.removed)} heads ({fraction:.0%})")
+    view = Table(title=f"before / after pruning {counted(len(result.removed), 'head')} "
+                 f"({fraction:.0%})")  # fmt: skip
     view.add_column("metric")
     variants = ("original", "masked", "pruned")
     for v in variants:
@@ -242,7 +239,6 @@ def prune_cli(
     """Remove heads for real (writes a smaller checkpoint), or with --sweep the pruning curve."""
     from probe.analysis.pruning_runs import prune_and_compare
     from probe.checkpoint import (
-        CHECKPOINT_FILES,
         TOKENIZER,
         claim_output,
         open_output,
@@ -253,13 +249,9 @@ def prune_cli(
 
     check_positive(batch_size=batch_size, batches=batches, timing_threads=timing_threads,
                    **({} if repeats is None else {"repeats": repeats}))  # fmt: skip
-    if not sweep and _same_dir(out, checkpoint) and not overwrite:
-        raise ProbeError(
-            f"--out '{out}' is the checkpoint being pruned; write the pruned model elsewhere, or "
-            "pass --overwrite to replace the original."
-        )
-    writes = SWEEP_FILES if sweep else (*CHECKPOINT_FILES, *PRUNED_FILES)
-    earlier = claim_output(out, writes, overwrite)
+    writes = SWEEP_FILES if sweep else PRUNED_FILES  # a curve may go in the checkpoint's folder
+    earlier = claim_output(out, writes, overwrite, inputs=inputs_of(checkpoint, text),
+                           inside_ok=sweep)  # fmt: skip
     ckpt = load(checkpoint, device, allow_pickle)
     require_heads(ckpt)
     check_data_options(ckpt, text, lengths)
@@ -291,14 +283,15 @@ def prune_cli(
             earlier,
             data,
         )
-        write_manifest(
-            out, ckpt, device, command="prune --sweep", methods=names, seeds=seeds, **settings
-        )
+        write_manifest(out, ckpt, command="prune --sweep", methods=names, seeds=seeds, **settings)
         return
-    (split,), scoring = splits(ckpt, chosen, batch_size, batches, seed, text=data)
     real = ckpt.imported  # a real model's forward pass is slow: time fewer, smaller batches
     repeats = repeats if repeats is not None else (3 if real else 10)
     timing_sizes = timing_sizes or ("1,8" if real else "1,16,64")
+    longest = [max_tokens] if real else [max(chosen)]
+    for size in parse_lengths(timing_sizes) if timing else []:  # batches timed, one at a time
+        check_data_fits(ckpt, longest, size, 1, options="--timing-sizes")
+    (split,), scoring = splits(ckpt, chosen, batch_size, batches, seed, text=data)
     if unit != "head" or uniform:
         select = {**select, "unit": unit, "uniform": uniform}
     if tune:
@@ -316,6 +309,7 @@ def prune_cli(
         **select, "removed": result.removed[["layer", "head"]].values.tolist(),
         "kept": [list(s.kept_heads) for s in result.model.cfg.sites()],
         "metrics": result.metrics.to_dict("records"),
+        "device": device_name(model_device(ckpt)),
     }  # fmt: skip
     meta = {**ckpt.meta, "pruning": [*ckpt.meta.get("pruning", []), record]}
     open_output(out, earlier)

@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from probe_cli.common import (
+    check_data_fits,
     console,
+    note_text,
 )
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -50,7 +52,12 @@ def splits(ckpt: Checkpoint, lengths, batch_size: int, batches: int, seed: int, 
     """Importance splits and a scoring split: task data, or text for an imported model."""
     from probe.analysis.splits import checkpoint_splits
 
+    width = "--max-tokens" if ckpt.imported else "--lengths"
+    check_data_fits(ckpt, [text[2]] if ckpt.imported else lengths, batch_size, batches, n + 1,
+                    backward=True, options=f"--batches, --batch-size or {width}")  # fmt: skip
     path, whole, max_tokens = text
+    if ckpt.imported:
+        note_text(path)
     return checkpoint_splits(ckpt, lengths, batch_size, batches, seed, n, text=path, whole=whole,
                              max_tokens=max_tokens)  # fmt: skip
 

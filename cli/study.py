@@ -19,6 +19,8 @@ from rich.progress import (
 from rich.table import Table
 
 from probe.errors import ProbeError
+from probe.files import check_output_dir, claim_file
+from probe.words import counted
 
 if TYPE_CHECKING:  # the study modules import torch: commands import them when they run
     from probe.study.expect import Outcome
@@ -126,6 +128,7 @@ def run_cli(
 ) -> None:
     """Run a study (finished cells are reused), write its report and check its expectations;
     exit code 1 when an expectation fails."""
+    from probe.runtime import resolve_device
     from probe.study.grid import expand
     from probe.study.heads_checks import check_threads
     from probe.study.heads_spec import HeadStudy, load_any
@@ -134,6 +137,9 @@ def run_cli(
     from probe.study.runner import run_study
     from probe.study.spec import smoke_version
 
+    resolve_device(device)  # a bad name is one line now, not after the first cell
+    if junit is not None:
+        claim_file(junit, overwrite=True, what="--junit", inputs=[file])
     study = load_any(file)
     if executor != "local" and isinstance(study, HeadStudy):
         raise ProbeError("--executor ray runs the cells of a grid study; a head study's steps "
@@ -147,20 +153,22 @@ def run_cli(
             raise ProbeError(f"{file} has no [smoke] section; run it without --smoke.")
         study = smoke_version(study)
     out = out or default_out(study)
+    check_output_dir(out, inputs=[file])
     columns = (
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[note]}"), TimeElapsedColumn(), TimeRemainingColumn(),
     )  # fmt: skip
     console.print(f"study [bold]{shown(study.name)}[/]{' (smoke)' if smoke else ''}: "
-                  f"{len(expand(study))} cells -> {shown(out)}")  # fmt: skip
+                  f"{counted(len(expand(study)), 'cell')} -> {shown(out)}")  # fmt: skip
     with Progress(*columns, console=console) as bar:
         result = run_study(study, out, jobs=jobs, device=device, threads=threads,
                            progress=CellProgress(bar), overwrite=overwrite, executor=executor,
                            address=address)  # fmt: skip
     cached = sum(r.cached for r in result.records)
     trained = sum(not r.cached and r.train_s > 0 for r in result.records)
-    console.print(f"{len(result.records) - cached} cells run ({trained} models trained), {cached} "
-                  f"reused from the cache, {result.manifest['wall_s']:.0f} s")  # fmt: skip
+    console.print(f"{counted(len(result.records) - cached, 'cell')} run "
+                  f"({counted(trained, 'model')} trained), {cached} reused from the cache, "
+                  f"{result.manifest['wall_s']:.0f} s")  # fmt: skip
     path, outcomes = write_report(out, study, result.tables, result.manifest)
     console.print(f"report: [bold]{shown(path)}[/]", soft_wrap=True)
     last = verdict(out, study.name, study.is_smoke, result.tables, result.manifest)
@@ -171,6 +179,7 @@ def run_heads(study: HeadStudy, file: Path, smoke: bool, out: Path | None, threa
               overwrite: bool) -> tuple[float, str]:  # fmt: skip
     """`probe study run` of a head study: its steps, then its report; the seconds it took and
     the reproduction verdict."""
+    from probe.interop.bundled import resolve
     from probe.study.heads_report import write_head_report
     from probe.study.heads_runner import run_head_study
     from probe.study.heads_spec import smoke_head_study
@@ -181,6 +190,7 @@ def run_heads(study: HeadStudy, file: Path, smoke: bool, out: Path | None, threa
             raise ProbeError(f"{file} has no [smoke] section; run it without --smoke.")
         study = smoke_head_study(study)
     out = out or default_out(study)
+    check_output_dir(out, inputs=[file, resolve(study.source)], inside_ok=True)
     console.print(f"study [bold]{shown(study.name)}[/]{' (smoke)' if smoke else ''}: "
                   f"{shown(study.source)} -> {shown(out)}")  # fmt: skip
     columns = (
@@ -190,7 +200,7 @@ def run_heads(study: HeadStudy, file: Path, smoke: bool, out: Path | None, threa
     with Progress(*columns, console=console) as bar:
         result = run_head_study(study, out, threads=threads, progress=StepProgress(bar),
                                 overwrite=overwrite)  # fmt: skip
-    console.print(f"{result.n_run} steps run, {result.n_cached} reused from the cache, "
+    console.print(f"{counted(result.n_run, 'step')} run, {result.n_cached} reused from the cache, "
                   f"{result.manifest['wall_s']:.0f} s")  # fmt: skip
     console.print(f"report: [bold]{shown(write_head_report(out))}[/]", soft_wrap=True)
     last = verdict(out, study.name, study.is_smoke, result.tables, result.manifest)
@@ -251,11 +261,11 @@ def _size(study: Study | HeadStudy) -> tuple[str, str]:
 
     if isinstance(study, HeadStudy):
         smoke = smoke_head_study(study) if study.smoke is not None else None
-        return f"{study.source}, {step_count(study)} steps", (
+        return f"{study.source}, {counted(step_count(study), 'step')}", (
             str(step_count(smoke)) if smoke else ""
         )
     smoke = str(len(expand(smoke_version(study)))) if study.smoke is not None else ""
-    return f"{len(expand(study))} cells", smoke
+    return f"{counted(len(expand(study)), 'cell')}", smoke
 
 
 def ls_cli(
@@ -352,7 +362,7 @@ def _viewers(folder: Path) -> None:
                                                                      total=total))  # fmt: skip
     if pages:
         index = shown(folder / VIEWERS / "index.html")
-        console.print(f"viewers: [bold]{index}[/] ({len(pages)} cells)", soft_wrap=True)
+        console.print(f"viewers: [bold]{index}[/] ({counted(len(pages), 'cell')})", soft_wrap=True)
 
 
 app.command("run", epilog="Example: probe study run studies/quickstart.toml --smoke")(run_cli)

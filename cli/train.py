@@ -18,10 +18,13 @@ from probe_cli.common import (
     SeedOpt,
     TextOpt,
     WholeOpt,
+    check_data_fits,
     check_data_options,
     check_positive,
     console,
+    inputs_of,
     launching,
+    note_text,
     relaunch,
     shown,
     write_manifest,
@@ -32,6 +35,7 @@ from rich.table import Table
 from probe.config import ModelConfig, Schedule, TrainConfig
 from probe.errors import ProbeError
 from probe.presets import with_preset
+from probe.words import counted
 
 
 def parse_range(spec: str, what: str) -> tuple[int, int]:
@@ -168,8 +172,9 @@ def train_cli(
         relaunch(nproc)
         return
     console.print(
-        f"training a {arch} ({pe}, {layers} layers x {heads} heads, d_model {d_model}) on "
-        f"[bold]{task}[/] lengths {lo}-{hi} for {steps} steps -> {shown(out)}"
+        f"training a {arch} ({pe}, {counted(layers, 'layer')} x {counted(heads, 'head')}, "
+        f"d_model {d_model}) on [bold]{task}[/] lengths {lo}-{hi} for "
+        f"{counted(steps, 'step')} -> {shown(out)}"
     )
     columns = (
         TextColumn("[progress.description]{task.description}"), BarColumn(),
@@ -224,14 +229,16 @@ def eval_cli(
     from probe.train import resolve_device
 
     check_positive(batches=batches, batch_size=batch_size)
-    earlier = claim_output(out, ("eval.csv", "manifest.json"), overwrite)
+    earlier = claim_output(out, ("eval.csv", "manifest.json"), overwrite,
+                           inputs=inputs_of(checkpoint, text), inside_ok=True)  # fmt: skip
     ckpt = load_checkpoint(checkpoint, resolve_device(device), allow_pickle)
     if ckpt.imported:
-        _eval_text(ckpt, out, earlier, lengths, text, whole, batch_size, batches, seed, device)
+        _eval_text(ckpt, out, earlier, lengths, text, whole, batch_size, batches, seed)
         return
     if text is not None:
         check_data_options(ckpt, text, None)
     lengths = lengths or "1:32"
+    check_data_fits(ckpt, parse_lengths(lengths), batch_size, batches)
     table = evaluate(
         ckpt.model, ckpt.task, parse_lengths(lengths), batch_size=batch_size, n_batches=batches,
         seed=seed,
@@ -239,7 +246,7 @@ def eval_cli(
     open_output(out, earlier)
     atomic_write_csv(out / "eval.csv", table)
     write_manifest(
-        out, ckpt, device, command="eval", lengths=lengths, batch_size=batch_size,
+        out, ckpt, command="eval", lengths=lengths, batch_size=batch_size,
         batches=batches, seed=seed,
     )  # fmt: skip
     lo, hi = ckpt.train_cfg.train_len
@@ -256,7 +263,7 @@ def eval_cli(
     console.print(f"wrote {shown(out / 'eval.csv')}")
 
 
-def _eval_text(ckpt, out, earlier, lengths, text, whole, batch_size, batches, seed, device):
+def _eval_text(ckpt, out, earlier, lengths, text, whole, batch_size, batches, seed):
     """eval of an imported model: its text metrics at each row width."""
     from probe.checkpoint import open_output
     from probe.evaluate import evaluate_text
@@ -268,12 +275,14 @@ def _eval_text(ckpt, out, earlier, lengths, text, whole, batch_size, batches, se
     if ckpt.objective == "embedding" and ckpt.meta.get("pruning"):
         reference = _original(ckpt)
     widths = parse_lengths(lengths or "128")
+    check_data_fits(ckpt, widths, batch_size, batches)
+    note_text(text)
     docs = read_documents(text, whole=whole)
     table = evaluate_text(ckpt.model, ckpt.tokenizer(), ckpt.objective, docs, widths, batch_size,
                           batches, seed, reference)  # fmt: skip
     open_output(out, earlier)
     atomic_write_csv(out / "eval.csv", table)
-    write_manifest(out, ckpt, device, command="eval", lengths=widths, batch_size=batch_size,
+    write_manifest(out, ckpt, command="eval", lengths=widths, batch_size=batch_size,
                    batches=batches, seed=seed, text=str(text) if text else "shipped corpus",
                    whole=whole)  # fmt: skip
     wide = table.pivot(index="length", columns="metric", values="value")

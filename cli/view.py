@@ -14,14 +14,19 @@ from probe_cli.common import (
     SeedOpt,
     TextOpt,
     WholeOpt,
+    check_data_fits,
     check_positive,
     console,
+    inputs_of,
+    note_text,
     require_heads,
     shown,
 )
 from probe_cli.selection import load
 
 from probe.errors import ProbeError
+from probe.files import claim_file
+from probe.words import counted
 
 
 def view_cli(
@@ -69,14 +74,16 @@ def view_cli(
     from probe.analysis.view import checkpoint_view
     from probe.config import choice
     from probe.report.html.viewer import write_viewer
+    from probe.runtime import resolve_device
     from probe.study.viewers import pick_cell
     from probe.tasks import parse_lengths
+    from probe.text import TextOptions
 
     check_positive(batch_size=batch_size, batches=batches)
     if out.suffix.lower() not in (".html", ".htm"):
         raise ProbeError(f"--out must name an .html file, got '{out}'.")
-    if out.exists() and not overwrite:
-        raise ProbeError(f"{out} exists; pass --overwrite to replace it.")
+    claim_file(out, overwrite, inputs=inputs_of(target, text), inside_ok=True)
+    resolve_device(device)
     if not target.exists():
         raise ProbeError(f"{target} does not exist; give a checkpoint or a results directory.")
     title = f"Heads of {target.name or target}"
@@ -90,16 +97,23 @@ def view_cli(
     if importance == "auto":
         importance = "ablation" if ckpt.objective == "embedding" else "gradient"
     method = None if importance == "none" else str(choice(Method, importance, "--importance"))
+    widths = parse_lengths(length) if length else None
+    shown_at = widths or ([64] if ckpt.imported else [2 * ckpt.train_cfg.train_len[1]])
+    check_data_fits(ckpt, shown_at, batch_size, batches, backward=method is not None,
+                    options="--batches, --batch-size or --length")  # fmt: skip
+    note_text(text)
     with console.status("measuring the heads"):
         data = checkpoint_view(
             ckpt, title=title, task=task,
-            lengths=parse_lengths(length) if length else None, text=text, whole=whole,
+            lengths=widths, text=text, whole=whole,
             batch_size=batch_size, batches=batches, importance=method, seed=seed,
+            options=TextOptions(width="--length"),
         )  # fmt: skip
     write_viewer(data, out)
     n_heads = sum(len(layer["heads"]) for layer in data["layers"])
-    console.print(f"wrote {shown(out)}: {len(data['layers'])} attention sites, {n_heads} heads, "
-                  f"{len(data['examples'])} example(s); open it in a browser")  # fmt: skip
+    console.print(f"wrote {shown(out)}: {counted(len(data['layers']), 'attention site')}, "
+                  f"{counted(n_heads, 'head')}, {counted(len(data['examples']), 'example')}; "
+                  "open it in a browser")  # fmt: skip
 
 
 def register(app: typer.Typer) -> None:

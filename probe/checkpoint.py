@@ -20,6 +20,7 @@ import torch
 
 from probe.config import ModelConfig, TrainConfig
 from probe.errors import ProbeError
+from probe.files import claim_output, open_output  # noqa: F401  (re-exported: their old home)
 from probe.memory import check_model
 from probe.model import Transformer
 from probe.tasks import TaskConfig
@@ -95,63 +96,6 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 CHECKPOINT_FILES = (WEIGHTS, CONFIG, METRICS, TOKENIZER)
-
-
-def claim_output(path: str | Path, writes: tuple[str, ...], overwrite: bool = False,
-                 what: str = "--out") -> list[str]:  # fmt: skip
-    """Check an output directory before any work, creating nothing: it must be a directory or
-    creatable under a writable one, and hold none of the files in `writes` unless `overwrite`.
-    Returns the files of `writes` already there, for `open_output`."""
-    path = Path(path)
-    for parent in [path, *path.parents]:
-        if parent.exists() and not parent.is_dir():
-            where = "is" if parent == path else f"is under '{parent}', which is"
-            raise ProbeError(f"{what} '{path}' {where} a file; give a directory.")
-    _check_writable(path, what)
-    present = [name for name in writes if (path / name).exists()]
-    if present and not overwrite:
-        raise ProbeError(
-            f"{what} '{path}' already holds {', '.join(present)} from an earlier run; choose "
-            "another directory or pass --overwrite to replace them."
-        )
-    return present
-
-
-def _check_writable(path: Path, what: str) -> None:
-    """Prove `path` can be written by writing there, leaving nothing behind: a temporary file
-    in it when it exists, else the missing folders, made and removed again."""
-    made = []
-    try:
-        for folder in reversed([path, *path.parents]):
-            if not folder.exists():
-                try:
-                    folder.mkdir()
-                except FileExistsError:  # another process made it meanwhile: theirs to keep
-                    continue
-                made.append(folder)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as exc:
-        raise ProbeError(f"{what} '{path}' cannot be written: {exc.strerror or exc}.") from None
-    finally:
-        for folder in reversed(made):
-            try:
-                folder.rmdir()
-            except OSError:  # another process wrote into it meanwhile: leave it
-                break
-
-
-def open_output(path: str | Path, earlier: list[str]) -> Path:
-    """Create the output directory and remove the files an earlier run left there (those
-    `claim_output` found, with --overwrite), just before writing, so no directory mixes runs."""
-    path = Path(path)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ProbeError(f"cannot create '{path}': {exc.strerror or exc}.") from None
-    for name in earlier:
-        (path / name).unlink(missing_ok=True)
-    return path
 
 
 def _state_for_saving(model: Transformer) -> dict[str, torch.Tensor]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
@@ -15,6 +16,9 @@ from probe.errors import ProbeError
 from probe.memory import check_forward
 from probe.model import Transformer
 from probe.tasks import Batch, Form, TaskConfig, make_batch, score, sequence_length
+
+if TYPE_CHECKING:
+    from probe.text import TextOptions
 
 METRICS = ("exact_match", "token_accuracy", "loss")
 
@@ -211,20 +215,23 @@ def text_splits_for(
     n_importance: int = 1,
     seed: int = 0,
     reference: bool = True,
+    options: TextOptions | None = None,
 ) -> tuple[list[list[Batch]], list[Batch]]:
     """Disjoint text batches for importance (n_importance sets) and for scoring, for an imported
     model's objective; sentence encoders get `model`'s own embeddings as the reference (unless
-    `reference` is False: for uses that compute no loss, such as attention statistics)."""
-    from probe.text import text_splits
+    `reference` is False: for uses that compute no loss, such as attention statistics).
+    `options` names the caller's text settings in messages (default: --max-tokens ...)."""
+    from probe.text import TextOptions, text_splits
 
+    options = options or TextOptions()
     limit = model.cfg.max_positions
     if limit is not None and max_tokens > limit:
         raise ProbeError(
-            f"--max-tokens {max_tokens} is longer than this model's learned position table "
-            f"({limit} positions); use --max-tokens {limit} or fewer."
+            f"{options.width} {max_tokens} is longer than this model's learned position table "
+            f"({limit} positions); use {options.width} {limit} or fewer."
         )
     sets, scoring = text_splits(docs, tokenizer, objective, max_tokens, batch_size, n_batches,
-                                n_importance, seed)  # fmt: skip
+                                n_importance, seed, options)  # fmt: skip
     if objective == "embedding" and reference:
         sets = [with_reference(model, s) for s in sets]
         scoring = with_reference(model, scoring)
@@ -241,14 +248,19 @@ def evaluate_text(
     n_batches: int,
     seed: int = 0,
     reference: Transformer | None = None,
+    options: TextOptions | None = None,
 ) -> pd.DataFrame:
     """An imported model's text metrics at each row width: columns length (tokens per row),
     metric, value, n. A sentence encoder is scored against `reference`'s embeddings (the
-    unpruned model; itself when None)."""
+    unpruned model; itself when None). `options` names the caller's text settings in messages
+    (default: the row width is --lengths, as `probe eval` calls it)."""
+    from probe.text import TextOptions
+
+    options = options or TextOptions(width="--lengths")
     rows = []
     for width in widths:
         _, batches = text_splits_for(reference or model, tokenizer, objective, docs, width,
-                                     batch_size, n_batches, 0, seed)  # fmt: skip
+                                     batch_size, n_batches, 0, seed, options=options)  # fmt: skip
         metrics = text_metrics(model, batches, objective)
         n = metrics.pop("examples", None) or metrics.pop("tokens", None)
         rows += [{"length": width, "metric": k, "value": v, "n": n} for k, v in metrics.items()]

@@ -12,8 +12,10 @@ import os
 
 from probe.config import PE, ModelConfig
 from probe.errors import ProbeError
+from probe.words import counted
 
 FLOAT = 4  # bytes per float32
+TOKEN_DATA = 40  # bytes a token of prepared data holds: long ids, targets, positions; bool masks
 ENV = "PROBE_MEMORY_CHECK"
 HEADROOM = 0.75  # refuse what would need more than this share of the available memory
 TRAINING_COPIES = 5  # weights, gradients, Adam's two moments, and a transient copy
@@ -32,13 +34,15 @@ def parameter_estimate(cfg: ModelConfig) -> int:
 
 def forward_bytes(cfg: ModelConfig, batch: int, seq: int, backward: bool = False) -> int:
     """Peak bytes of one forward pass (and its backward): the attention weights and score bias
-    of one sub-layer ([batch, head, seq, seq], a few copies) plus every layer's activations when
-    they are kept for the backward pass."""
+    of one sub-layer ([batch, head, seq, seq], a few copies), every layer's activations when
+    they are kept for the backward pass (else one layer's), and the logits over the vocabulary
+    with their softmax and gradient, made once at the end."""
     scores = 3 * batch * cfg.n_head * seq * seq * FLOAT
-    width = 8 * cfg.d_model + cfg.d_ff + cfg.vocab_size
+    width = 8 * cfg.d_model + cfg.d_ff
     layers = cfg.n_sites if backward else 1
     kept = layers * (batch * seq * width * FLOAT + (scores if backward else 0))
-    return scores + kept
+    logits = 3 * batch * seq * cfg.vocab_size * FLOAT
+    return scores + kept + logits
 
 
 def available_bytes() -> int | None:
@@ -57,19 +61,24 @@ def available_bytes() -> int | None:
 
 
 def _gib(n: float) -> str:
-    return f"{n / 2**30:,.1f} GiB"
+    """Bytes in the binary unit that reads best: 1.5 GiB, 12.0 TiB, 3.2 PiB."""
+    for unit in ("GiB", "TiB"):
+        if n < 2**40:
+            return f"{n / 2**30:,.1f} {unit}"
+        n /= 2**10
+    return f"{n / 2**30:,.1f} PiB"
 
 
-def check_fits(need: int, what: str) -> None:
-    """Refuse `what` when `need` bytes exceed HEADROOM of the memory available
-    (PROBE_MEMORY_CHECK=off skips this)."""
+def check_fits(need: int, what: str, smaller: str = "a smaller size") -> None:
+    """Refuse `what` when `need` bytes exceed HEADROOM of the memory available, saying what to
+    make smaller (PROBE_MEMORY_CHECK=off skips this)."""
     if os.environ.get(ENV, "").lower() in ("off", "0", "no"):
         return
     have = available_bytes()
     if have is not None and need > HEADROOM * have:
         raise ProbeError(
-            f"{what} needs about {_gib(need)} of memory and {_gib(have)} is available; use a "
-            f"smaller size, or set {ENV}=off to try anyway."
+            f"{what} would need about {_gib(need)} of memory and {_gib(have)} is available; "
+            f"use {smaller}, or set {ENV}=off to try anyway."
         )
 
 
@@ -83,5 +92,22 @@ def check_model(cfg: ModelConfig, training: bool = False) -> None:
 def check_forward(cfg: ModelConfig, batch: int, seq: int, backward: bool = False) -> None:
     check_fits(
         forward_bytes(cfg, batch, seq, backward),
-        f"a batch of {batch} sequences of {seq} tokens",
+        f"a batch of {counted(batch, 'sequence')} of {counted(seq, 'token')}",
+    )
+
+
+def data_bytes(n_batches: int, batch: int, seq: int) -> int:
+    """Bytes of `n_batches` prepared batches of `batch` sequences of `seq` tokens, held at once."""
+    return n_batches * batch * seq * TOKEN_DATA
+
+
+def check_batches(cfg: ModelConfig, n_batches: int, batch: int, seq: int,
+                  backward: bool = False, smaller: str = "a smaller size") -> None:  # fmt: skip
+    """A command that prepares `n_batches` batches of `batch` sequences of at most `seq` tokens,
+    then runs the model on each (with `backward`, its gradients too), must fit: refused before
+    the first batch is made, with the memory it would need."""
+    check_fits(
+        data_bytes(n_batches, batch, seq) + forward_bytes(cfg, batch, seq, backward),
+        f"{counted(n_batches, 'batch')} of {counted(batch, 'sequence')} of {counted(seq, 'token')}",
+        smaller,
     )

@@ -23,8 +23,21 @@ from tokenizers import Encoding, Tokenizer
 
 from probe.errors import ProbeError
 from probe.tasks import Batch
+from probe.words import counted
 
 CORPUS = ("data", "corpus", "stdlib_docs.txt")  # inside the `probe` package; see its SOURCE.md
+
+
+@dataclass(frozen=True)
+class TextOptions:
+    """What the caller calls its text settings, for messages that say what to change: `probe`'s
+    options by default (`inspect` and `eval` take the row width as --lengths); a study file
+    names its own fields."""
+
+    text: str = "--text"  # the text file
+    width: str = "--max-tokens"  # tokens per row
+    batch_size: str = "--batch-size"  # rows per batch
+    batches: str = "--batches"  # batches per set
 
 
 def default_corpus() -> Path:
@@ -37,16 +50,24 @@ def default_corpus() -> Path:
     return path
 
 
-def read_documents(path: Path | str | None = None, *, whole: bool = False) -> list[str]:
+READ_LIMIT = 4 * 2**20  # bytes of a text file read: about a million tokens, more than any
+# command tokenizes (a 60 MB file is not read, split and tokenized whole to use a few rows of it)
+
+
+def read_documents(path: Path | str | None = None, *, whole: bool = False,
+                   max_bytes: int = READ_LIMIT) -> list[str]:  # fmt: skip
     """Documents of a UTF-8 text file: one per non-empty line (stripped), or the whole file as one.
 
-    `path=None` reads the shipped corpus.
+    `path=None` reads the shipped corpus. Only the first `max_bytes` bytes of a larger file are
+    read, cut at the end of a line (`read_note` says so in words).
     """
     path = default_corpus() if path is None else Path(path)
     if not path.is_file():
         raise ProbeError(f"No text file at {path}: give the path of a UTF-8 text file.")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _read_prefix(path, max_bytes)
+    except OSError as exc:
+        raise ProbeError(f"{path} cannot be read: {exc.strerror or exc}.") from None
     except UnicodeDecodeError as exc:
         raise ProbeError(
             f"{path} is not UTF-8 text (byte {exc.start} cannot be decoded); "
@@ -59,6 +80,40 @@ def read_documents(path: Path | str | None = None, *, whole: bool = False) -> li
     if whole:
         return [text]
     return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def _read_prefix(path: Path, max_bytes: int) -> str:
+    """The file's text, or its first `max_bytes` bytes cut after the last newline in them (or,
+    with none, at the last whole UTF-8 character)."""
+    with path.open("rb") as f:
+        data = f.read(max_bytes + 1)
+    if len(data) <= max_bytes:
+        return data.decode("utf-8")
+    data = data[:max_bytes]
+    end = data.rfind(b"\n")
+    if end > 0:
+        return data[: end + 1].decode("utf-8")
+    for trim in range(4):  # a character cut in two at the limit: drop its first bytes
+        try:
+            return data[: len(data) - trim].decode("utf-8")
+        except UnicodeDecodeError as exc:
+            if exc.start < len(data) - 4:
+                raise
+    return data.decode("utf-8")
+
+
+def read_note(path: Path | str | None, max_bytes: int = READ_LIMIT) -> str | None:
+    """What `read_documents` leaves out of a large file, in words (None: it reads it all)."""
+    if path is None:
+        return None
+    try:
+        size = Path(path).stat().st_size
+    except OSError:
+        return None
+    if size <= max_bytes:
+        return None
+    return (f"{path} is {size / 2**20:,.1f} MiB: only its first {max_bytes / 2**20:,.0f} MiB "
+            "(to the end of a line) are read, far more text than this command uses")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -112,7 +167,7 @@ def tokenize_documents(
     tokenizer = _without_truncation(tokenizer)
     rows: list[Encoding] = []
     doc_of_row: list[int] = []
-    for index, encoding in enumerate(tokenizer.encode_batch(list(docs), add_special_tokens=False)):
+    for index, encoding in enumerate(_encodings(docs, tokenizer, budget, chunk, max_chunks, rows)):
         if max_chunks is not None and len(rows) >= max_chunks:
             break
         if not encoding.ids:
@@ -130,6 +185,37 @@ def tokenize_documents(
             "whitespace, tokenizes to nothing)."
         )
     return _stack(rows, doc_of_row, max_tokens, pad_id)
+
+
+def _encodings(docs: Sequence[str], tokenizer: Tokenizer, budget: int, chunk: bool,
+               max_chunks: int | None, rows: list) -> Iterator[Encoding]:  # fmt: skip
+    """Each document's encoding, without special tokens. With `max_chunks`, documents are
+    encoded one at a time, while `rows` (filled by the caller) still needs some, and only as
+    much of each as those rows take: a large text is never tokenized whole for a few rows."""
+    if max_chunks is None:
+        yield from tokenizer.encode_batch(list(docs), add_special_tokens=False)
+        return
+    for doc in docs:
+        wanted = (max_chunks - len(rows)) * budget if chunk else budget
+        yield _encode_prefix(tokenizer, doc, wanted)
+
+
+PREFIX_MARGIN = 64  # ids encoded past those needed: the last word before a cut may tokenize
+# differently from the whole text's, so the ids kept end well before it
+
+
+def _encode_prefix(tokenizer: Tokenizer, text: str, wanted: int) -> Encoding:
+    """An encoding whose first `wanted` ids are those of the whole `text`: the encoding of a
+    prefix cut at a space or line end, grown until it gives PREFIX_MARGIN ids more (or the
+    whole text's)."""
+    size = 8 * (wanted + PREFIX_MARGIN)
+    while size < len(text):
+        cut = max(text.rfind(" ", 0, size), text.rfind("\n", 0, size))
+        encoding = tokenizer.encode(text[: cut if cut > 0 else size], add_special_tokens=False)
+        if len(encoding.ids) >= wanted + PREFIX_MARGIN:
+            return encoding
+        size *= 4
+    return tokenizer.encode(text, add_special_tokens=False)
 
 
 def batches(chunks: TokenChunks, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -187,7 +273,11 @@ MASK_FRACTION = 0.15  # of the content tokens, for the masked-LM objective (Devl
 
 
 def stream_rows(
-    docs: Sequence[str], tokenizer: Tokenizer, max_tokens: int, max_rows: int | None = None
+    docs: Sequence[str],
+    tokenizer: Tokenizer,
+    max_tokens: int,
+    max_rows: int | None = None,
+    options: TextOptions = TextOptions(),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The documents joined by newlines into one stream, cut into full rows of `max_tokens`
     tokens (each wrapped in the tokenizer's special tokens): ids and special-token flags,
@@ -199,7 +289,8 @@ def stream_rows(
     if not bool(full.any()):
         raise ProbeError(
             f"The text has only {int(chunks.lengths.max())} tokens, fewer than one row of "
-            f"--max-tokens {max_tokens}; give more text or a smaller --max-tokens."
+            f"{max_tokens} tokens ({options.width} {max_tokens}); give more text "
+            f"({options.text}) or a smaller {options.width}."
         )
     return chunks.ids[full], chunks.special[full]
 
@@ -212,13 +303,14 @@ def text_batches(
     batch_size: int,
     n_batches: int,
     seed: int = 0,
+    options: TextOptions = TextOptions(),
 ) -> list[Batch]:
     """Batches of real text for an imported model's objective:
 
     causal-lm: predict each next token; masked-lm: predict MASK_FRACTION of the content tokens
     replaced by [MASK] (chosen with `seed`); embedding: the inputs only (pair them with the
     original model's embeddings with `evaluate.with_reference`)."""
-    ids, special = stream_rows(docs, tokenizer, max_tokens, batch_size * n_batches)
+    ids, special = stream_rows(docs, tokenizer, max_tokens, batch_size * n_batches, options)
     return _objective_batches(ids, special, tokenizer, objective, batch_size, seed)
 
 
@@ -260,17 +352,21 @@ def text_splits(
     n_batches: int,
     n_importance: int = 1,
     seed: int = 0,
+    options: TextOptions = TextOptions(),
 ) -> tuple[list[list[Batch]], list[Batch]]:
     """`n_importance` disjoint sets of text batches to estimate importance on, then a scoring
-    set: consecutive rows of the text stream, so no row is in two sets."""
+    set: consecutive rows of the text stream, so no row is in two sets. `options` names the
+    caller's settings in the message for too little text."""
     per_set = batch_size * n_batches
     need = per_set * (n_importance + 1)
-    ids, special = stream_rows(docs, tokenizer, max_tokens, need)
+    ids, special = stream_rows(docs, tokenizer, max_tokens, need, options)
     if ids.shape[0] < need:
+        sets = counted(n_importance + 1, "disjoint set")
         raise ProbeError(
-            f"The text gives {ids.shape[0]} rows of {max_tokens} tokens but {need} are needed "
-            f"({n_importance + 1} disjoint sets of {n_batches} x {batch_size}); give more text, "
-            "or lower --batch-size, --batches or --max-tokens."
+            f"The text gives {counted(ids.shape[0], 'row')} of {max_tokens} tokens but {need:,} "
+            f"are needed ({sets} of {n_batches} x {batch_size}); give more text "
+            f"({options.text}), or lower {options.batch_size}, {options.batches} or "
+            f"{options.width}."
         )
     batches = _objective_batches(ids, special, tokenizer, objective, batch_size, seed)
     sets = [batches[i * n_batches : (i + 1) * n_batches] for i in range(n_importance + 1)]

@@ -42,6 +42,7 @@ from probe.errors import Interrupted, ProbeError
 from probe.evaluate import batch_loss, check_lengths, evaluate, form_for, forward_batch
 from probe.memory import check_forward, check_model
 from probe.model import Transformer
+from probe.runtime import resolve_device
 from probe.tasks import Batch, TaskConfig, sample_length, score, sequence_length
 
 # per-head statistics logged every stats_every steps: entropy collapse and max-logit growth
@@ -68,20 +69,6 @@ class TrainResult:
     model: Transformer
     metrics: pd.DataFrame
     path: Path | None
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as exc:
-        raise ProbeError(f"Unknown device '{name}'; use auto, cpu, cuda or cuda:N.") from exc
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ProbeError(
-            f"Device '{name}' asked for, but torch sees no CUDA GPU; use --device cpu."
-        )
-    return device
 
 
 def lr_at(step: int, cfg: TrainConfig, d_model: int) -> float:

@@ -343,10 +343,10 @@ def test_eval_on_text_and_a_pruned_encoder_against_its_original(imported, tmp_pa
     assert exit_code(["prune", str(imported["bert"]), "--out", str(pruned), "--method", "ablation",
                       "--fraction", "0.5", "--no-timing", *TEXT]) == 0  # fmt: skip
     for ckpt, name in ((imported["bert"], "same"), (pruned, "pruned")):
-        assert exit_code(["eval", str(ckpt), "--out", str(tmp_path / name), "--lengths", "16",
-                          "--batch-size", "4", "--batches", "1"]) == 0  # fmt: skip
-    same = pd.read_csv(tmp_path / "same" / "eval.csv").set_index("metric")["value"]
-    after = pd.read_csv(tmp_path / "pruned" / "eval.csv").set_index("metric")["value"]
+        assert exit_code(["eval", str(ckpt), "--out", str(tmp_path / f"{name}-eval"), "--lengths",
+                          "16", "--batch-size", "4", "--batches", "1"]) == 0  # fmt: skip
+    same = pd.read_csv(tmp_path / "same-eval" / "eval.csv").set_index("metric")["value"]
+    after = pd.read_csv(tmp_path / "pruned-eval" / "eval.csv").set_index("metric")["value"]
     assert abs(same["similarity"] - 1.0) < 1e-5 and same["neighbours"] == 1.0
     assert after["similarity"] < same["similarity"] - 1e-6  # half the heads gone: it moved
     assert 0.0 <= after["neighbours"] <= 1.0

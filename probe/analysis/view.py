@@ -226,6 +226,7 @@ def checkpoint_view(
     batches: int = 1,
     importance: str | None = "gradient",
     seed: int = 0,
+    options=None,
 ) -> dict:
     """The viewer's data for a checkpoint: task data at `lengths` (default L and 2L) for a
     model trained here, text rows of `lengths` tokens (default 64) for an imported one.
@@ -248,7 +249,8 @@ def checkpoint_view(
         for n in lengths or [64]:  # the importance split: the text's first rows, as scored
             sets, first = checkpoint_splits(ckpt, [], batch_size, batches, seed,
                                             int(importance is not None), text=text,
-                                            whole=whole, max_tokens=n)  # fmt: skip
+                                            whole=whole, max_tokens=n,
+                                            options=options)  # fmt: skip
             split = sets[0] if sets else first  # no importance: the same rows, nothing after
             groups.append((f"text rows of {n}", split))
             scored += split

@@ -1,0 +1,137 @@
+"""Claiming outputs: every command checks where it will write before any work, creating nothing,
+so a bad `--out` fails in one line at once, and no output is ever an input.
+
+    earlier = claim_output(out, ("eval.csv",), overwrite, inputs=[checkpoint])
+    ...                                  # the work
+    open_output(out, earlier)            # then write
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from probe.errors import ProbeError
+
+
+def check_apart(out: str | Path, inputs: Iterable[str | Path], what: str = "--out",
+                inside_ok: bool = False) -> None:  # fmt: skip
+    """`out` must not be an input, hold one, or (unless `inside_ok`: a results folder inside a
+    checkpoint) lie inside one; symbolic links are followed, with or without --overwrite."""
+    mine = _real(out)
+    for given in inputs:
+        source = _real(given)
+        if mine == source:
+            relation = "is"
+        elif source.is_relative_to(mine):
+            relation = "holds"
+        elif mine.is_relative_to(source) and not inside_ok:
+            relation = "lies inside"
+        else:
+            continue
+        link = "" if mine == Path(out).absolute() else f" (a link to '{mine}')"
+        raise ProbeError(
+            f"{what} '{out}'{link} {relation} the input '{given}', which this command reads; "
+            "write somewhere else (--overwrite never replaces an input)."
+        )
+
+
+def _real(path: str | Path) -> Path:
+    """`path` absolute, with every symbolic link along it followed (it need not exist)."""
+    return Path(path).expanduser().resolve(strict=False)
+
+
+def check_output_dir(path: str | Path, what: str = "--out", inputs: Iterable[str | Path] = (),
+                     inside_ok: bool = False) -> Path:  # fmt: skip
+    """`path` can become an output directory: apart from the inputs, not a file or under one,
+    and writable (or creatable under a writable folder). Creates nothing."""
+    path = Path(path)
+    check_apart(path, inputs, what, inside_ok)
+    _check_folder(path, path, what)
+    return path
+
+
+def claim_output(path: str | Path, writes: tuple[str, ...], overwrite: bool = False,
+                 what: str = "--out", inputs: Iterable[str | Path] = (),
+                 inside_ok: bool = False) -> list[str]:  # fmt: skip
+    """Check an output directory before any work, creating nothing (`check_output_dir`), and
+    that it holds none of the files in `writes` unless `overwrite`. Returns the files of
+    `writes` already there, for `open_output`."""
+    path = check_output_dir(path, what, inputs, inside_ok)
+    present = [name for name in writes if (path / name).exists()]
+    if present and not overwrite:
+        raise ProbeError(
+            f"{what} '{path}' already holds {', '.join(present)} from an earlier run; choose "
+            "another directory or pass --overwrite to replace them."
+        )
+    return present
+
+
+def claim_file(path: str | Path, overwrite: bool = False, what: str = "--out",
+               inputs: Iterable[str | Path] = (), inside_ok: bool = False) -> Path:  # fmt: skip
+    """Check an output file before any work, creating nothing: apart from the inputs, not a
+    directory, in a folder that is (or can be made) writable, and absent unless `overwrite`."""
+    path = Path(path)
+    check_apart(path, inputs, what, inside_ok)
+    if path.is_dir():
+        raise ProbeError(f"{what} '{path}' is a directory; give the name of a file to write.")
+    _check_folder(path.parent, path, what)
+    if path.exists() and not overwrite:
+        raise ProbeError(f"{what} '{path}' exists; pass --overwrite to replace it.")
+    return path
+
+
+def _check_folder(folder: Path, given: Path, what: str) -> None:
+    """`folder` (where `given` will be written) is a directory, or can be made under one, and
+    is writable; the messages name `given`, the path the user typed."""
+    for parent in [folder, *folder.parents]:
+        if parent.exists() and not parent.is_dir():
+            if parent == given:
+                raise ProbeError(f"{what} '{given}' is a file; give a directory.")
+            raise ProbeError(
+                f"{what} '{given}' is under '{parent}', which is a file, not a folder; give a "
+                "path in a directory."
+            )
+    _check_writable(folder, given, what)
+
+
+def _check_writable(path: Path, given: Path, what: str) -> None:
+    """Prove `path` can be written by writing there, leaving nothing behind: a temporary file
+    in it when it exists, else the missing folders, made and removed again."""
+    made, doing = [], f"writing in '{path}'"
+    try:
+        for folder in reversed([path, *path.parents]):
+            if not folder.exists():
+                doing = f"making the folder '{folder}'"
+                try:
+                    folder.mkdir()
+                except FileExistsError:  # another process made it meanwhile: theirs to keep
+                    continue
+                made.append(folder)
+        doing = f"writing in '{path}'"
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise ProbeError(
+            f"{what} '{given}' cannot be written: {doing} failed ({exc.strerror or exc})."
+        ) from None
+    finally:
+        for folder in reversed(made):
+            try:
+                folder.rmdir()
+            except OSError:  # another process wrote into it meanwhile: leave it
+                break
+
+
+def open_output(path: str | Path, earlier: list[str]) -> Path:
+    """Create the output directory and remove the files an earlier run left there (those
+    `claim_output` found, with --overwrite), just before writing, so no directory mixes runs."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ProbeError(f"cannot create '{path}': {exc.strerror or exc}.") from None
+    for name in earlier:
+        (path / name).unlink(missing_ok=True)
+    return path

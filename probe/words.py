@@ -1,0 +1,20 @@
+"""Counts in messages: "1 head", "2 heads", "1,000 batches" (never "1 heads")."""
+
+from __future__ import annotations
+
+IRREGULAR = {"batch": "batches", "process": "processes", "index": "indices", "matrix": "matrices"}
+
+
+def plural(noun: str) -> str:
+    """The plural of an English noun of probe's messages: head -> heads, batch -> batches."""
+    if noun in IRREGULAR:
+        return IRREGULAR[noun]
+    if noun.endswith(("s", "x", "ch", "sh")):
+        return noun + "es"
+    return noun + "s"
+
+
+def counted(n: int, noun: str, many: str | None = None) -> str:
+    """`n` and the noun in the number it takes: counted(1, "head") -> "1 head",
+    counted(1200, "token") -> "1,200 tokens"; `many` gives an irregular plural."""
+    return f"{n:,} {noun if n == 1 else (many or plural(noun))}"
