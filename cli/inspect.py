@@ -213,7 +213,10 @@ def _retrieval(ckpt, text, whole, needles: int, context: int, seed: int) -> pd.D
     from probe.text import read_documents
 
     docs = read_documents(text, whole=whole)
-    prompts = needle_prompts(docs, ckpt.tokenizer(), needles, context, seed=seed)
+    try:
+        prompts = needle_prompts(docs, ckpt.tokenizer(), needles, context, seed=seed)
+    except ProbeError as exc:  # say how to go on without them
+        raise ProbeError(f"{exc} (--needles 0 turns the needle prompts off.)") from None
     return retrieval_scores(ckpt.model, prompts)
 
 

@@ -381,3 +381,15 @@ def test_sweep_by_key_value_group(imported, tmp_path):
     curve = pd.read_csv(out / "pruning.csv")
     assert set(curve.n_pruned) == {0, 6, 12}  # 0, 2 and 4 of the 4 groups of 3 query heads
     assert json.loads((out / "manifest.json").read_text())["settings"]["unit"] == "group"
+
+
+def test_needle_prompts_too_long_for_the_text_say_how_to_turn_them_off(imported, tmp_path, capsys):
+    text = tmp_path / "doc.txt"
+    text.write_text(" ".join(" ".join(read_documents(None)[:3]).split()[:50]) + "\n")
+    args = ["inspect", str(imported["llama"]), "--text", str(text), "--lengths", "8",
+            "--batch-size", "2", "--batches", "1"]  # fmt: skip
+    capsys.readouterr()
+    assert exit_code([*args, "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert "needle prompts" in err and "--needles 0 turns the needle prompts off" in err, err
+    assert exit_code([*args, "--needles", "0", "--out", str(tmp_path / "b")]) == 0
