@@ -239,6 +239,7 @@ def prune_cli(
     """Remove heads for real (writes a smaller checkpoint), or with --sweep the pruning curve."""
     from probe.analysis.pruning_runs import prune_and_compare
     from probe.checkpoint import (
+        CHECKPOINT_FILES,
         TOKENIZER,
         claim_output,
         open_output,
@@ -249,7 +250,8 @@ def prune_cli(
 
     check_positive(batch_size=batch_size, batches=batches, timing_threads=timing_threads,
                    **({} if repeats is None else {"repeats": repeats}))  # fmt: skip
-    writes = SWEEP_FILES if sweep else PRUNED_FILES  # a curve may go in the checkpoint's folder
+    # a curve may go in the checkpoint's folder
+    writes = SWEEP_FILES if sweep else (*CHECKPOINT_FILES, *PRUNED_FILES)
     earlier = claim_output(out, writes, overwrite, inputs=inputs_of(checkpoint, text),
                            inside_ok=sweep)  # fmt: skip
     ckpt = load(checkpoint, device, allow_pickle)

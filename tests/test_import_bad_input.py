@@ -173,7 +173,7 @@ def test_the_unmutated_bases_import(bases, tmp_path, capsys):
 def test_huge_vocabulary_is_refused_with_the_bytes_it_needs(bases, tmp_path, capsys):
     source = variant(bases["llama"], tmp_path / "src", vocab_size=10**12)
     message = refused(source, tmp_path / "out", capsys)
-    assert "32,000,000,000,000 parameters" in message or "GiB of memory" in message, message
+    assert "32,000,000,0" in message and "iB of memory" in message, message
 
 
 def edit_weights(path: Path, change) -> Path:
@@ -291,22 +291,21 @@ def test_deeply_nested_json_is_one_line(file, bases, tmp_path, capsys):
 
 def test_an_interrupted_import_writes_nothing_and_the_rerun_works(bases, tmp_path, capsys,
                                                                  monkeypatch):  # fmt: skip
-    import probe_cli.interop as cli
-
+    import probe.checkpoint as cli  # `probe import` takes save_checkpoint from there when it runs
     from probe.errors import Interrupted
 
-    real_save = cli.save
+    real_save = cli.save_checkpoint
 
     def save_then_interrupt(path, *args, **kwargs):
         real_save(path, *args, **kwargs)  # every file written into the staging folder
         raise Interrupted()  # Ctrl-C before they are moved into --out
 
     out = tmp_path / "out"
-    monkeypatch.setattr(cli, "save", save_then_interrupt)
+    monkeypatch.setattr(cli, "save_checkpoint", save_then_interrupt)
     code, err = run(["import", str(bases["gpt2"]), "--out", str(out)], capsys)
     assert code == 130 and "nothing was written" in err and "run the same command again" in err
     assert not out.exists()  # it made --out, and took it away again
-    monkeypatch.setattr(cli, "save", real_save)
+    monkeypatch.setattr(cli, "save_checkpoint", real_save)
     code, err = run(["import", str(bases["gpt2"]), "--out", str(out)], capsys)
     assert code == 0, err
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
