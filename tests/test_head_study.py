@@ -314,3 +314,16 @@ def test_kwon_verdict_quotes_the_abstract_and_compares_like_with_like():
     mixed = curve("fisher", 0, [2.0, 2.4, 3.0, 4.0]) + curve("fisher+tune", 0, [2.0, 2.5, 2.5, 3.0])
     text = kwon(SimpleNamespace(curves=pd.DataFrame(mixed), tolerance=0.1))
     assert "in 2 of 3" in text and "**inconclusive**" in text
+
+
+def test_a_retrieval_head_scores_above_the_threshold_and_other_roles_reach_theirs():
+    import pandas as pd
+
+    from probe.study import heads_evidence as ev
+
+    roles = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1],
+                          "role": ["retrieval", "retrieval", "sink", "sink"],
+                          "score": [0.1, 0.11, 0.5, 0.49]})  # fmt: skip
+    counts = ev.role_counts(roles, n_heads=2).set_index("role")["heads"]
+    assert counts["retrieval"] == 1  # Wu et al.: "larger than 0.1"; exactly 0.1 is not
+    assert counts["sink"] == 1  # probe's own thresholds are reached (>=)

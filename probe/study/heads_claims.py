@@ -127,18 +127,19 @@ def wu(report: HeadReport) -> list[str]:
     retrieval = report.tables.get("retrieval")
     if retrieval is not None and len(retrieval):
         threshold = ev.ROLE_THRESHOLDS["retrieval"]
-        n = int((retrieval.score >= threshold).sum())
+        n = int(ev.passes("retrieval", retrieval.score).sum())
         needles = int(report.study["roles"]["needles"])
         if "prompts" in retrieval.columns:
-            basis = (f"by the paper's score (greedy decoding, hits over the needle length; the "
-                     f"model retrieved {int(retrieval.prompts.iloc[0])} of the {needles} "
+            basis = (f"by the paper's score (greedy decoding of as many tokens as the needle "
+                     "has, where the authors' code decodes up to 50; hits over the needle length; "
+                     f"the model retrieved {int(retrieval.prompts.iloc[0])} of the {needles} "
                      "needles, and only those count)")  # fmt: skip
         else:
             basis = "by the teacher-forced variant of the score (an earlier run: rerun it)"
         out.append(
             f"**{ref.short}** ({ref.claim_source}): retrieval heads are few (about 3% to 6% of "
             f"heads score above 0.1 in models of 6B to 46B parameters). Here {n} of "
-            f"{report.n_heads} heads ({100 * n / report.n_heads:.1f}%) score at least "
+            f"{report.n_heads} heads ({100 * n / report.n_heads:.1f}%) score above "
             f"{threshold:g} {basis}, on {needles} needle prompts of "
             f"{int(report.study['roles']['context'])} tokens (the paper: about 600 prompts of 1K "
             "to 50K tokens); a count, not a test."
@@ -172,7 +173,7 @@ def xiao(report: HeadReport) -> str | None:
     if roles is None or "sink" not in set(roles.role):
         return None
     ref = published("xiao2023")
-    sinks = roles[(roles.role == "sink") & (roles.score >= ev.ROLE_THRESHOLDS["sink"])]
+    sinks = roles[(roles.role == "sink") & ev.passes("sink", roles.score)]
     layers = sorted(sinks.layer.unique())
     share_low = len(sinks[sinks.layer < 2]) / max(len(sinks), 1)
     return (

@@ -21,6 +21,13 @@ ROLE_THRESHOLDS = {"previous_token": 0.5, "induction": 0.3, "sink": 0.5,
                    "retrieval": RETRIEVAL_THRESHOLD}  # fmt: skip
 
 
+def passes(role: str, scores: pd.Series) -> pd.Series:
+    """Which scores pass the role's threshold: above it for retrieval heads (Wu et al. 2024:
+    "retrieval score larger than 0.1"), at least it for probe's own role scores."""
+    threshold = ROLE_THRESHOLDS[role]
+    return scores > threshold if role == "retrieval" else scores >= threshold
+
+
 def pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
@@ -146,7 +153,7 @@ def role_counts(roles: pd.DataFrame, n_heads: int) -> pd.DataFrame:
         part = roles[roles.role == role]
         if part.empty:
             continue
-        hits = part[part.score >= threshold].sort_values("score", ascending=False)
+        hits = part[passes(role, part.score)].sort_values("score", ascending=False)
         top = hits.head(5)
         rows.append({
             "role": role, "threshold": threshold, "heads": len(hits),

@@ -262,14 +262,17 @@ class HeadReport:
         both = pd.concat([p[["layer", "site", "head", "role", "score", "offset"]] for p in parts])
         counts = ev.role_counts(both, self.n_heads)
         rep.paragraph(
-            "A head counts for a role when its score reaches the threshold: previous-token and "
+            "A head counts for a role when its score reaches the threshold (retrieval: exceeds "
+            "it, as Wu et al. 2024 count): previous-token and "
             "sink are mean attention on the previous and on the first token; induction is the "
             "mean attention to the token after the current token's earlier occurrence on "
             "repeated random sequences; retrieval is Wu et al. 2024's score and threshold: with "
             "the model decoding greedily after the question, the share of the needle's tokens "
             "the model generates while the head's most-attended key is that token in the "
             "needle, averaged over the prompts the model retrieves (more than half the needle "
-            "recalled)."
+            "recalled; the model decodes as many tokens as the needle has, where the authors' "
+            "code decodes up to 50 or to a newline, so a needle token copied later is not "
+            "counted)."
         )
         rep.table(counts, "role_counts.csv", digits=3)
         from probe.report.attention_plots import role_heatmaps
