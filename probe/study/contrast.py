@@ -221,14 +221,19 @@ def _verdict(expect: str, p_claim: float, p_other: float, n: int, m: int,
     return "not shown"
 
 
-def verdict_table(contrasts: tuple[Contrast, ...], tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    """Every contrast's verdicts, one row per contrast and group (absent tables skipped)."""
+def verdict_table(contrasts: tuple[Contrast, ...], tables: dict[str, pd.DataFrame],
+                  where: str = "") -> pd.DataFrame:  # fmt: skip
+    """Every contrast's verdicts, one row per contrast and group (absent tables skipped); a
+    column or metric a table lacks is one line naming `where` (the study file) and the contrast."""
     misfit = unfitted(tables)
     parts = []
-    for c in contrasts:
+    for i, c in enumerate(contrasts):
         if c.table not in tables:
             continue
-        part = evaluate(c, tables[c.table])
+        try:
+            part = evaluate(c, tables[c.table])
+        except ProbeError as exc:
+            raise ProbeError(f"{where} [[contrast]] #{i + 1}, {exc}".lstrip(" ,")) from None
         bad = [f"{arm} ({fmt_vs(misfit[arm], FIT_AT)})" for arm in (c.a, c.b) if arm in misfit]
         if c.fitted and bad and not part.empty:
             verb = "does not fit its" if len(bad) == 1 else "do not fit their"
@@ -267,11 +272,12 @@ def ci_text(row: pd.Series, arm: str, digits: int = 2) -> str:
     return fmt_ci(row[f"mean_{arm}"], row[f"low_{arm}"], row[f"high_{arm}"], digits)
 
 
-def section(rep, contrasts: tuple[Contrast, ...], tables: dict[str, pd.DataFrame]) -> list[str]:
+def section(rep, contrasts: tuple[Contrast, ...], tables: dict[str, pd.DataFrame],
+            where: str = "") -> list[str]:  # fmt: skip
     """The report's Verdicts section: one row per claim (and group) with both arms' means and
     95% bootstrap intervals over seeds, the exact p and the verdict; the papers the claims come
     from, quoted from the references file. Returns one sentence per verdict (the answer)."""
-    table = verdict_table(contrasts, tables)
+    table = verdict_table(contrasts, tables, where)
     if table.empty:
         return []
     rep.heading("Verdicts")

@@ -161,11 +161,11 @@ def write_report(
         findings += sections.reference(rep, tables["eval"], study.reference)
     if "train" in tables:
         sections.training(rep, tables["train"], order)
-    answers += contrast.section(rep, study.contrasts, tables)
+    answers += contrast.section(rep, study.contrasts, tables, study.where)
     if answers:
         rep.blocks.insert(question_at, "**Answer.** " + "; ".join(answers) + ".")
         findings_at += 1
-    outcomes = check_all(study.expectations, tables, study.is_smoke)
+    outcomes = check_all(study.expectations, tables, study.is_smoke, study.where)
     findings += _expectations(rep, outcomes)
     rep.heading("Files")
     rep.bullets([
