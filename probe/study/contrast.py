@@ -289,7 +289,7 @@ def section(rep, contrasts: tuple[Contrast, ...], tables: dict[str, pd.DataFrame
         f"{smallest_p(3, 3):.2g}, so 'not shown' can mean too few seeds as well as no effect. "
         "A claim of no difference ('similar') is read from the exact two-sided test (3 against "
         f"3 seeds: at least {smallest_p(3, 3, two_sided=True):.2g}). "
-        "Means are over seeds with 95% bootstrap intervals."
+        + _interval_note([*table["n_a"], *table["n_b"]])
     )
     shown = []
     for c in contrasts:
@@ -310,6 +310,15 @@ def section(rep, contrasts: tuple[Contrast, ...], tables: dict[str, pd.DataFrame
         rep.bullets([_source_line(published(ref)) for ref in sources])
     return [sentence(row, next(c.per for c in contrasts if c.claim == row["claim"]))
             for _, row in table.iterrows() if row["verdict"] != "no data"]  # fmt: skip
+
+
+def _interval_note(counts) -> str:
+    """What the intervals beside the means are, for arms of `counts` seeds."""
+    if min(counts, default=2) >= 2:
+        return "Means are over seeds with 95% bootstrap intervals."
+    if max(counts) < 2:
+        return "Each arm has one seed here, so no interval is shown."
+    return "Means are over seeds with 95% bootstrap intervals (none for an arm with one seed)."
 
 
 def _source_line(paper) -> str:

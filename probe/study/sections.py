@@ -12,7 +12,7 @@ from probe.report.report import MarkdownReport
 from probe.study import summary
 from probe.study.published import ALPHA, MIN_ARMS, Comparison, compare_ranking, seed_resamples
 from probe.study.spec import Reference
-from probe.study.stats import fmt_vs, row_ci
+from probe.study.stats import band_words, fmt_vs, row_ci, seed_counts
 
 FIT = summary.FIT
 FIT_AT = summary.FIT - summary.FIT_TOLERANCE  # what summary.fitted compares means with
@@ -32,8 +32,13 @@ def _wide(table: pd.DataFrame, order: list[str], extra: dict[str, pd.Series] | N
 
 def _seed_note(table: pd.DataFrame) -> str:
     n = int(table["n_seeds"].min()) if len(table) else 0
-    if n < 2:
+    most = int(table["n_seeds"].max()) if len(table) else 0
+    if most < 2:
         return "One seed per cell, so the numbers are single runs with no confidence interval."
+    if n < 2:
+        return (f"Each entry is the mean over 1 to {most} seeds, with a 95% bootstrap confidence "
+                "interval (scipy.stats.bootstrap, percentile) where there are two or more; "
+                "per-seed values are in the CSV.")  # fmt: skip
     return (f"Each entry is the mean over {n} seeds with a 95% bootstrap confidence interval "
             "(scipy.stats.bootstrap, percentile); per-seed values are in the CSV.")  # fmt: skip
 
@@ -66,9 +71,10 @@ def accuracy(rep: MarkdownReport, eval_table: pd.DataFrame, order: list[str]) ->
     rep.paragraph(findings[-1])
 
     rep.heading("Accuracy against length")
+    drawn = seed_counts(rows, ["metric", "arm", "task", "length"], rows=True)  # per point
     rep.paragraph(
-        "Lines are means over seeds, bands 95% bootstrap intervals; the grey band is the "
-        "training range and the dashed line marks L, the longest training length."
+        f"{band_words(drawn)}; the grey band is the training range and the dashed line marks L, "
+        "the longest training length."
     )
     for metric, label in (("exact_match", "exact match"), ("token_accuracy", "token accuracy")):
         fig = plots.length_curves(rows[rows["metric"] == metric], label, order=order)
@@ -202,10 +208,12 @@ def training(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list
     stats = summary.attention_over_training(table)
     if not stats.empty:
         shown = [m for m in ("normalized_entropy", "max_logit", "p_max") if m in set(stats.metric)]
+        drawn = stats[stats["metric"].isin(shown)]
+        counts = seed_counts(drawn, ["metric", "arm", "step"], rows=True)
         rep.figure(plots.attention_training_curves(stats, shown, order=order),
                    "attention_during_training.png",
-                   "Attention statistics during training, averaged over every head (mean over "
-                   "seeds, 95% band)")  # fmt: skip
+                   "Attention statistics during training, averaged over every head "
+                   f"({band_words(counts, short=True)})")  # fmt: skip
         rep.data(stats, "attention_during_training.csv",
                  "Per-cell attention statistics by step (mean over heads).")  # fmt: skip
     final = summary.final_loss(table)
