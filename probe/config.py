@@ -53,7 +53,7 @@ def check_device_name(name: Any, field: str = "device") -> str:
     """A device name by probe.runtime's rules (auto, cpu, cuda, cuda:N; mps where torch has it),
     checked as a name only: whether this machine has the device is asked when it is used."""
     if not isinstance(name, str) or not DEVICE_NAME.fullmatch(name.strip().lower()):
-        raise ProbeError(f"{field}: unknown device {name!r}; use auto, cpu, cuda or cuda:N.")
+        raise ProbeError(f"Unknown {field} '{name!s:.60}'; use auto, cpu, cuda or cuda:N.")
     return name
 
 

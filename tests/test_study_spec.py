@@ -225,7 +225,7 @@ def test_binary_and_unreadable_study_files(tmp_path):
 def test_unknown_device_is_refused_at_load(where, text):
     message = error(text)
     assert message.startswith("x.toml") and where in message, message
-    assert "unknown device 'tpu'; use auto, cpu, cuda or cuda:N." in message
+    assert "Unknown device 'tpu'; use auto, cpu, cuda or cuda:N." in message
 
 
 @pytest.mark.parametrize("name", ["auto", "cpu", "cuda", "cuda:3", "CUDA:0"])

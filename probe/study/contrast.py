@@ -43,6 +43,7 @@ from probe.references import published
 from probe.study import summary
 from probe.study.expect import Condition, parse_conditions, select_rows
 from probe.study.stats import fmt_ci, fmt_vs, mean_ci
+from probe.words import counted
 
 KEYS = (
     "claim",
@@ -209,15 +210,15 @@ def _verdict(expect: str, p_claim: float, p_other: float, n: int, m: int,
         if p_two <= ALPHA:
             return "contradicted: a difference was detected"
         if smallest_p(n, m, two_sided=True) > ALPHA:
-            return (f"no difference detected: {n} against {m} seeds cannot reach a two-sided "
-                    f"p <= {ALPHA:g} (which does not show equality)")  # fmt: skip
+            return (f"no difference detected: {n} against {counted(m, 'seed')} cannot reach a "
+                    f"two-sided p <= {ALPHA:g} (which does not show equality)")  # fmt: skip
         return "no difference detected (which does not show equality)"
     if p_claim <= ALPHA:
         return "supported"
     if p_other <= ALPHA:
         return "contradicted: the opposite direction"
     if floor > ALPHA:
-        return f"not testable: {n} against {m} seeds cannot reach p <= {ALPHA:g}"
+        return f"not testable: {n} against {counted(m, 'seed')} cannot reach p <= {ALPHA:g}"
     return "not shown"
 
 
@@ -250,7 +251,8 @@ def sentence(row: pd.Series, per: tuple[str, ...], digits: int = 2) -> str:
     metric = ("change in " if row["change"] else "") + row["metric"]
     return (
         f"{row['claim']} ({group}{metric} {row['a']} {row['mean_a']:.{digits}f} vs "
-        f"{row['b']} {row['mean_b']:.{digits}f}, {row['n_a']} vs {row['n_b']} seeds, "
+        f"{row['b']} {row['mean_b']:.{digits}f}, {row['n_a']} vs "
+        f"{counted(int(row['n_b']), 'seed')}, "
         f"p = {_p(row)}, {row['verdict']})"
     )
 

@@ -11,6 +11,7 @@ from probe.report import study_plots as plots
 from probe.report.report import MarkdownReport
 from probe.study.stats import interval_words, over_seeds, row_ci, seed_counts
 from probe.study.summary import arm_sorted
+from probe.words import counted
 
 
 def position_probe(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list[str]:
@@ -166,7 +167,8 @@ def attention_cost(rep: MarkdownReport, table: pd.DataFrame) -> list[str]:
     shape = first.iloc[0]
     rep.heading("Cost of one attention layer against sequence length")
     rep.paragraph(
-        f"Random q, k, v of batch {shape['batch']}, {shape['n_head']} heads of width "
+        f"Random q, k, v of batch {shape['batch']}, {counted(int(shape['n_head']), 'head')} "
+        "of width "
         f"{shape['d_head']} ({'causal' if shape['causal'] else 'bidirectional'}), on "
         f"{shape['device']}. explicit: softmax(QK^T / sqrt(d)) V with the n x n scores in "
         "memory; sdpa: torch's fused scaled_dot_product_attention; streaming_entropy: probe's "

@@ -13,6 +13,7 @@ from probe.study import summary
 from probe.study.published import ALPHA, MIN_ARMS, Comparison, compare_ranking, seed_resamples
 from probe.study.spec import Reference
 from probe.study.stats import band_words, fmt_vs, row_ci, seed_counts
+from probe.words import counted
 
 FIT = summary.FIT
 FIT_AT = summary.FIT - summary.FIT_TOLERANCE  # what summary.fitted compares means with
@@ -329,8 +330,9 @@ def _plain_finding(per_seed: pd.DataFrame, seen: pd.DataFrame, paper: Published)
         )
     return (
         f"At this size on a CPU, {best} generalizes best to unseen lengths among the "
-        f"{len(everywhere)} arms that fit every task some arm fits ({', '.join(everywhere)}): "
-        f"first on {firsts} of {len(tasks)} tasks and first by mean reciprocal rank in "
+        f"{counted(len(everywhere), 'arm')} that fit every task some arm fits "
+        f"({', '.join(everywhere)}): "
+        f"first on {firsts} of {counted(len(tasks), 'task')} and first by mean reciprocal rank in "
         f"{share:.0%} of bootstrap resamples of the seeds, {verdict}{extra}."
     )
 
@@ -371,7 +373,8 @@ def init_scaling(rep: MarkdownReport, table: pd.DataFrame) -> list[str]:
     at = first[(first["n"] == n) & (first["d_k"] == d_k) & first["statistic"].isin(wanted)]
     wide = at.pivot_table(index="scale", columns="statistic", values="value").reset_index()
     rep.table(wide, "init_scaling.csv", data=first, digits=3,
-              caption=f"At d_k = {d_k} and n = {n} keys per query.")  # fmt: skip
+              caption=f"At d_k = {d_k} and n = {counted(n, 'key', grouped=False)} per "
+              "query.")  # fmt: skip
     rows = wide.set_index("scale")
     if {"sqrt", "none"} <= set(rows.index) and "p_max_gt_0.9" in rows:
         var, hot = rows["score_var"], 100 * rows["p_max_gt_0.9"]
