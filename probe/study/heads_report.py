@@ -170,13 +170,14 @@ class HeadReport:
         rep.bullets([
             f"Model: `{s['source']}` ({f.model_type}), {counted(int(f.n_layer), 'layer')} x "
             f"{int(f.n_head)} query heads ({counted(int(f.n_kv_head), 'key/value head')} "
-            "per layer), d_model {f.d_model}, "
+            f"per layer), d_model {f.d_model}, "
             f"{int(f.parameters):,} parameters ({int(f.attention_parameters):,} in attention). "
             f"Weights sha256 `{self.manifest['source_sha256'][:16]}`.",
             f"Text: {'`' + t['file'] + '`' if t['file'] else 'the shipped corpus'} "
             f"({counted(int(f.documents), 'document')}), rows of "
             f"{counted(int(f.tokens_per_row), 'token')}; "
-            f"{t['seeds']} disjoint importance splits (one per seed) and one scoring split of "
+            f"{counted(int(t['seeds']), 'disjoint importance split')} (one per seed) and one "
+            "scoring split of "
             f"{counted(int(f.rows_per_split), 'row')} ({t['batches']} x {t['batch_size']}).",
             f"Objective: {self.objective}; curves are read by {self.metric}. Unpruned model on "
             f"the scoring split: " + ", ".join(
