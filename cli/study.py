@@ -190,7 +190,9 @@ def run_heads(study: HeadStudy, file: Path, smoke: bool, out: Path | None, threa
             raise ProbeError(f"{file} has no [smoke] section; run it without --smoke.")
         study = smoke_head_study(study)
     out = out or default_out(study)
-    check_output_dir(out, inputs=[file, resolve(study.source)], inside_ok=True)
+    text = study.text_file()  # a given [text] file is read too: never under --out
+    inputs = [file, resolve(study.source), *([text] if text is not None else [])]
+    check_output_dir(out, inputs=inputs, inside_ok=True)
     console.print(f"study [bold]{shown(study.name)}[/]{' (smoke)' if smoke else ''}: "
                   f"{shown(study.source)} -> {shown(out)}")  # fmt: skip
     columns = (

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import typing
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -43,6 +44,17 @@ def choice(enum: type[E], value: Any, what: str, field: str = "") -> E:
             f"Unknown {what} '{value}'{named}.{did_you_mean(str(value), valid)} "
             f"Available: {', '.join(valid)}."
         ) from None
+
+
+DEVICE_NAME = re.compile(r"auto|cpu|mps|cuda(:\d+)?")  # what probe.runtime.resolve_device runs on
+
+
+def check_device_name(name: Any, field: str = "device") -> str:
+    """A device name by probe.runtime's rules (auto, cpu, cuda, cuda:N; mps where torch has it),
+    checked as a name only: whether this machine has the device is asked when it is used."""
+    if not isinstance(name, str) or not DEVICE_NAME.fullmatch(name.strip().lower()):
+        raise ProbeError(f"Unknown {field} '{name!s:.60}'; use auto, cpu, cuda or cuda:N.")
+    return name
 
 
 def check_keys(table: Any, allowed: tuple[str, ...], where: str) -> dict[str, Any]:
@@ -390,6 +402,7 @@ class TrainConfig:
             raise ProbeError(f"adam_eps must be positive, got {self.adam_eps}.")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ProbeError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}.")
+        check_device_name(self.device)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:

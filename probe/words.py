@@ -14,7 +14,9 @@ def plural(noun: str) -> str:
     return noun + "s"
 
 
-def counted(n: int, noun: str, many: str | None = None) -> str:
+def counted(n: int, noun: str, many: str | None = None, *, grouped: bool = True) -> str:
     """`n` and the noun in the number it takes: counted(1, "head") -> "1 head",
-    counted(1200, "token") -> "1,200 tokens"; `many` gives an irregular plural."""
-    return f"{n:,} {noun if n == 1 else (many or plural(noun))}"
+    counted(1200, "token") -> "1,200 tokens" ("1200 tokens" unless `grouped`); `many` gives an
+    irregular plural."""
+    number = f"{n:,}" if grouped else f"{n}"
+    return f"{number} {noun if n == 1 else (many or plural(noun))}"

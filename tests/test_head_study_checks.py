@@ -205,7 +205,7 @@ MODEL_CASES = [
         "rows",
         "llama",
         {"text": {"file": "@text", "max_tokens": "64"}},
-        ["[text]", "rows of 64 tokens"],
+        ["[text]", "gives 1 row of 64 tokens"],
     ),
     (
         "needles-text",

@@ -209,3 +209,27 @@ def test_binary_and_unreadable_study_files(tmp_path):
     with pytest.raises(ProbeError, match="is not a text file") as info:
         load_study(binary)
     assert str(binary) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("where", "text"),
+    [
+        ("[base.train]", TINY.replace("steps = 4\n", 'steps = 4\ndevice = "tpu"\n', 1)),
+        ("cell {'train.device': 'tpu'",  # grid values are checked as the cells are built
+         TINY.replace("[grid]\n", '[grid]\ntrain.device = ["cpu", "tpu"]\n', 1)),
+        ("cell t{", TINY + '\n[[variant]]\nname = "t"\ntrain.device = "tpu"\n'),
+        ("cell {",
+         TINY + '\n[[override]]\nwhere = { "task.name" = "copy" }\ntrain.device = "tpu"\n'),
+    ],
+)  # fmt: skip
+def test_unknown_device_is_refused_at_load(where, text):
+    message = error(text)
+    assert message.startswith("x.toml") and where in message, message
+    assert "Unknown device 'tpu'; use auto, cpu, cuda or cuda:N." in message
+
+
+@pytest.mark.parametrize("name", ["auto", "cpu", "cuda", "cuda:3", "CUDA:0"])
+def test_device_names_are_checked_as_names_not_hardware(name):
+    """A study for a GPU validates on a machine without one (the device is asked at run time)."""
+    text = TINY.replace("steps = 4\n", f'steps = 4\ndevice = "{name}"\n', 1)
+    assert parse(text).base["train"]["device"] == name

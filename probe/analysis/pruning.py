@@ -30,6 +30,7 @@ from probe.config import choice
 from probe.errors import ProbeError
 from probe.model import Transformer
 from probe.tasks import Batch
+from probe.words import counted
 
 Progress = Callable[[int, int], None]  # (done, total)
 Heads = Iterable[tuple[int, int]]  # (layer, original head id) pairs
@@ -65,8 +66,9 @@ def check_heads(model: Transformer, heads: Heads) -> dict[int, set[int]]:
         layer, head = int(layer), int(head)
         if not 0 <= layer < len(mods):
             raise ProbeError(
-                f"Layer {layer} does not exist: the model has {len(mods)} attention sites "
-                f"({_sites_text(model)}). Use a layer index from that list."
+                f"Layer {layer} does not exist: the model has "
+                f"{counted(len(mods), 'attention site')} ({_sites_text(model)}). Use a layer "
+                "index from that list."
             )
         if head not in mods[layer].kept_heads:
             have = ", ".join(map(str, mods[layer].kept_heads)) or "none"
@@ -165,24 +167,28 @@ def check_counts(
     n_remove = _total(counts)
     if n_remove > total:
         raise ProbeError(
-            f"Cannot prune {n_remove} heads: the model has only {total} heads "
-            f"in {len(present)} attention sites. Ask for at most {total}."
+            f"Cannot prune {counted(n_remove, 'head')}: the model has only "
+            f"{counted(total, 'head')} in {counted(len(present), 'attention site')}. Ask for at "
+            f"most {total}."
         )
     if isinstance(counts, int):
         removable = sum(max(0, len(h) - min_heads_per_layer) for h in present)
         if n_remove > removable:
             raise ProbeError(
-                f"Cannot prune {n_remove} of {total} heads while keeping at least "
+                f"Cannot prune {n_remove} of {counted(total, 'head')} while keeping at least "
                 f"{min_heads_per_layer} per layer: at most {removable} can go. Lower the "
                 "fraction or --min-heads-per-layer."
             )
         return
     if len(counts) != len(present):
-        raise ProbeError(f"Per-layer counts for {len(counts)} sites; the model has {len(present)}.")
+        raise ProbeError(
+            f"Per-layer counts for {counted(len(counts), 'site')}; the model has {len(present)}."
+        )
     for layer, (heads, count) in enumerate(zip(present, counts, strict=True)):
         if len(heads) - count < min_heads_per_layer:
             raise ProbeError(
-                f"Layer {layer} has {len(heads)} heads: removing {count} leaves fewer than "
+                f"Layer {layer} has {counted(len(heads), 'head')}: removing {count} leaves "
+                "fewer than "
                 f"--min-heads-per-layer {min_heads_per_layer}. Lower the fraction or the minimum."
             )
 

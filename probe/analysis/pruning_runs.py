@@ -37,6 +37,7 @@ from probe.errors import ProbeError
 from probe.evaluate import batch_loss, forward_batch, text_metrics
 from probe.model import Transformer
 from probe.tasks import Batch, score
+from probe.words import counted
 
 Progress = Callable[[int, int], None]
 COLUMNS = ["fraction", "method", "seed", "metric", "value"]
@@ -180,7 +181,10 @@ def pruning_curve(
         check_counts(present, c, min_heads_per_layer)
     seeds = list(range(len(importance_splits))) if seeds is None else list(seeds)
     if len(seeds) != len(importance_splits):
-        raise ProbeError(f"{len(importance_splits)} importance splits but {len(seeds)} seeds.")
+        raise ProbeError(
+            f"{counted(len(importance_splits), 'importance split')} but "
+            f"{counted(len(seeds), 'seed')}."
+        )
     rows = []
     total, done = len(methods) * len(importance_splits) * len(counts), 0
     before = [g.detach().clone() for g in model.gates()]

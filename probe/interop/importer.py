@@ -247,7 +247,7 @@ def import_model(path: str | Path, allow_nonfinite: bool = False) -> Imported:
         gguf = read_gguf(path)
         label = f"GGUF file '{path}': metadata (read as a Llama config)"
         model, model_type = build(gguf.config, gguf.tensors, str(path), label, allow_nonfinite)
-        tokenizer = tokenizer_from_gguf(gguf.metadata)
+        tokenizer = tokenizer_from_gguf(gguf.metadata, path)
         fmt = "gguf"
     else:
         hf = read_hf_config(path)

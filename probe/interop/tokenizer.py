@@ -16,6 +16,7 @@ vocabulary (`tokenizer.ggml.model == "gpt2"`) we rebuild the tokenizer as llama.
 from __future__ import annotations
 
 import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from probe.errors import ProbeError
-from probe.fields import shown
+from probe.interop.fields import Fields
 
 # GGUF token types (llama.cpp `llama_token_type`)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -145,39 +146,44 @@ def bytes_to_unicode() -> dict[int, str]:
     return chars
 
 
-def tokenizer_from_gguf(metadata: dict[str, Any]) -> Tokenizer:
+def tokenizer_from_gguf(metadata: Mapping[str, Any] | Fields, path: str | Path | None = None
+                        ) -> Tokenizer:  # fmt: skip
     """Rebuild the tokenizer a GGUF file describes from its metadata (`tokenizer.ggml.*` keys).
 
-    `metadata` is a plain dict, as `gguf_metadata(path)` returns it.
+    `metadata` is a plain dict, as `gguf_metadata(path)` returns it, or `Fields` over one; every
+    value is read through `Fields`, so a message names the file (`path`) and the key.
     """
-    model = _get(metadata, "model", str)
+    meta = (
+        metadata
+        if isinstance(metadata, Fields)
+        else Fields(
+            metadata, f"GGUF file '{path}': metadata" if path is not None else "GGUF metadata"
+        )
+    )
+    model = meta.name(_required(meta, "model"))
     if model not in SUPPORTED_MODELS:
         raise ProbeError(
-            f"GGUF tokenizer model {model!r} is not supported; supported: "
+            f"{meta.label}: {KEY}model {model!r:.60} is not supported; supported: "
             f"{', '.join(SUPPORTED_MODELS)} (byte-level BPE). Use the model's tokenizer.json."
         )
-    pre_name = _get(metadata, "pre", str)
+    pre_name = meta.name(_required(meta, "pre"))
     if pre_name not in PRE_TOKENIZERS:
         raise ProbeError(
-            f"GGUF pre-tokenizer {pre_name!r} is not supported; supported: "
+            f"{meta.label}: {KEY}pre {pre_name!r:.60} is not supported; supported: "
             f"{', '.join(sorted(PRE_TOKENIZERS))}. Use the model's tokenizer.json instead."
         )
     pre = PRE_TOKENIZERS[pre_name]
-    tokens = [str(t) for t in _get(metadata, "tokens", list)]
-    types = metadata.get("tokenizer.ggml.token_type", [NORMAL] * len(tokens))
+    tokens = _strings(meta, _required(meta, "tokens"))
+    types = meta.raw(KEY + "token_type", [NORMAL] * len(tokens))
     if not isinstance(types, list) or not all(_is_int(t) for t in types):
-        raise ProbeError(
-            f"GGUF metadata 'tokenizer.ggml.token_type' must be a list of integers, got "
-            f"{shown(types)}; the file is damaged: download it again."
-        )
+        meta.fail(KEY + "token_type", "a list of integers", types)
     if len(types) != len(tokens):
         raise ProbeError(
-            f"GGUF metadata lists {len(tokens)} tokens but {len(types)} token types; "
-            "the file is damaged: download it again."
+            f"{meta.label}: {KEY}token_type lists {len(types)} token types but {KEY}tokens "
+            f"{len(tokens)} tokens; the file is damaged: download it again."
         )
-
     vocab = _vocab(tokens, types)
-    merges = _merges(_get(metadata, "merges", list), vocab)
+    merges = _merges(meta, _strings(meta, _required(meta, "merges")), vocab)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre.ignore_merges))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pre.regexes]
@@ -189,29 +195,30 @@ def tokenizer_from_gguf(metadata: dict[str, Any]) -> Tokenizer:
         [AddedToken(t, special=True, normalized=False) for t, k in pairs if k == CONTROL]
     )
     tok.add_tokens([AddedToken(t, normalized=False) for t, k in pairs if k == USER_DEFINED])
-    tok.post_processor = _post_processor(metadata, tokens)
+    tok.post_processor = _post_processor(meta, tokens)
     return tok
 
 
-def _get(metadata: dict[str, Any], name: str, kind: type) -> Any:
-    """`tokenizer.ggml.<name>` as a `kind` (str, list or int); a ProbeError if absent or wrong."""
-    key = f"tokenizer.ggml.{name}"
-    if key not in metadata:
+KEY = "tokenizer.ggml."
+
+
+def _required(meta: Fields, name: str) -> str:
+    """The key `tokenizer.ggml.<name>`, refused when the file lacks it."""
+    key = KEY + name
+    if not meta.has(key):
         raise ProbeError(
-            f"GGUF metadata has no {key!r}: the file carries no tokenizer we can rebuild; "
+            f"{meta.label} has no '{key}': the file carries no tokenizer probe can rebuild; "
             "use the model's tokenizer.json instead."
         )
-    value = metadata[key]
-    try:
-        if kind is list and not isinstance(value, str | bytes):
-            return list(value)
-        if kind is int and not isinstance(value, str | bytes | bool):
-            return int(value)
-    except (TypeError, ValueError):
-        pass
-    if kind is str and isinstance(value, str):
-        return value
-    raise ProbeError(f"GGUF metadata {key!r} should be a {kind.__name__}, not {value!r:.60}.")
+    return key
+
+
+def _strings(meta: Fields, key: str) -> list[str]:
+    """An array of strings (the tokens, the merges)."""
+    value = meta.raw(key)
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        meta.fail(key, "a list of strings", value)
+    return value
 
 
 def _is_int(value: Any) -> bool:
@@ -232,31 +239,32 @@ def _vocab(tokens: list[str], types: list[int]) -> dict[str, int]:
     return vocab
 
 
-def _merges(merges: list[Any], vocab: dict[str, int]) -> list[tuple[str, str]]:
+def _merges(meta: Fields, merges: list[str], vocab: dict[str, int]) -> list[tuple[str, str]]:
     """The merges as pairs; each must join two tokens of the vocabulary into a third (the
     tokenizers package panics on one that does not)."""
     pairs = []
     for merge in merges:
-        parts = str(merge).split(" ")
+        parts = merge.split(" ")
         if len(parts) != 2:
             raise ProbeError(
-                f"GGUF merge {merge!r} is not two tokens separated by one space; "
-                "the file is damaged: download it again."
+                f"{meta.label}: {KEY}merges: GGUF merge {merge!r:.60} is not two tokens "
+                "separated by one space; the file is damaged: download it again."
             )
         missing = [t for t in (*parts, "".join(parts)) if t not in vocab]
         if missing:
             raise ProbeError(
-                f"GGUF merge {merge!r:.60} needs the token {missing[0]!r:.40}, which is not in "
-                "the vocabulary (tokenizer.ggml.tokens); the file is damaged: download it again."
+                f"{meta.label}: {KEY}merges: GGUF merge {merge!r:.60} needs the token "
+                f"{missing[0]!r:.40}, which is not in the vocabulary ({KEY}tokens); the file is "
+                "damaged: download it again."
             )
         pairs.append((parts[0], parts[1]))
     return pairs
 
 
-def _post_processor(metadata: dict[str, Any], tokens: list[str]) -> processors.PostProcessor:
+def _post_processor(meta: Fields, tokens: list[str]) -> processors.PostProcessor:
     """Byte-level offsets, plus BOS/EOS where the file's `add_bos_token`/`add_eos_token` say so."""
     offsets = processors.ByteLevel(trim_offsets=False)
-    ends = {end: _end_token(metadata, end, tokens) for end in ("bos", "eos")}
+    ends = {end: _end_token(meta, end, tokens) for end in ("bos", "eos")}
     ends = {end: token for end, token in ends.items() if token is not None}
     if not ends:
         return offsets
@@ -270,14 +278,15 @@ def _post_processor(metadata: dict[str, Any], tokens: list[str]) -> processors.P
     return processors.Sequence([offsets, template])
 
 
-def _end_token(metadata: dict[str, Any], end: str, tokens: list[str]) -> tuple[str, int] | None:
+def _end_token(meta: Fields, end: str, tokens: list[str]) -> tuple[str, int] | None:
     """(token, id) of BOS or EOS when the file asks for it to be added, else None."""
-    if not bool(metadata.get(f"tokenizer.ggml.add_{end}_token", False)):
+    if not meta.flag(f"{KEY}add_{end}_token", False):
         return None
-    index = _get(metadata, f"{end}_token_id", int)
-    if not 0 <= index < len(tokens):
+    key = _required(meta, f"{end}_token_id")
+    index = meta.integer(key, lo=0)
+    if index >= len(tokens):
         raise ProbeError(
-            f"GGUF {end.upper()} token id {index} is outside the vocabulary of {len(tokens)} "
-            "tokens; the file is damaged: download it again."
+            f"{meta.label}: {key} = {index} is outside the vocabulary of {len(tokens)} tokens; "
+            "the file is damaged: download it again."
         )
     return tokens[index], index

@@ -1,6 +1,7 @@
 """Figures of a study report: DataFrame in, matplotlib figure out (nothing is computed here that
 the table beside the figure does not hold). Lines are means over seeds; bands are seaborn's 95%
-bootstrap intervals over the per-seed rows."""
+bootstrap intervals over the per-seed rows, which stay within the values' range (none is drawn
+at a point with one row, and the report's captions say so)."""
 
 from __future__ import annotations
 

@@ -43,6 +43,7 @@ from probe.references import published
 from probe.study import summary
 from probe.study.expect import Condition, parse_conditions, select_rows
 from probe.study.stats import fmt_ci, fmt_vs, mean_ci
+from probe.words import counted
 
 KEYS = (
     "claim",
@@ -209,26 +210,31 @@ def _verdict(expect: str, p_claim: float, p_other: float, n: int, m: int,
         if p_two <= ALPHA:
             return "contradicted: a difference was detected"
         if smallest_p(n, m, two_sided=True) > ALPHA:
-            return (f"no difference detected: {n} against {m} seeds cannot reach a two-sided "
-                    f"p <= {ALPHA:g} (which does not show equality)")  # fmt: skip
+            return (f"no difference detected: {n} against {counted(m, 'seed')} cannot reach a "
+                    f"two-sided p <= {ALPHA:g} (which does not show equality)")  # fmt: skip
         return "no difference detected (which does not show equality)"
     if p_claim <= ALPHA:
         return "supported"
     if p_other <= ALPHA:
         return "contradicted: the opposite direction"
     if floor > ALPHA:
-        return f"not testable: {n} against {m} seeds cannot reach p <= {ALPHA:g}"
+        return f"not testable: {n} against {counted(m, 'seed')} cannot reach p <= {ALPHA:g}"
     return "not shown"
 
 
-def verdict_table(contrasts: tuple[Contrast, ...], tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    """Every contrast's verdicts, one row per contrast and group (absent tables skipped)."""
+def verdict_table(contrasts: tuple[Contrast, ...], tables: dict[str, pd.DataFrame],
+                  where: str = "") -> pd.DataFrame:  # fmt: skip
+    """Every contrast's verdicts, one row per contrast and group (absent tables skipped); a
+    column or metric a table lacks is one line naming `where` (the study file) and the contrast."""
     misfit = unfitted(tables)
     parts = []
-    for c in contrasts:
+    for i, c in enumerate(contrasts):
         if c.table not in tables:
             continue
-        part = evaluate(c, tables[c.table])
+        try:
+            part = evaluate(c, tables[c.table])
+        except ProbeError as exc:
+            raise ProbeError(f"{where} [[contrast]] #{i + 1}, {exc}".lstrip(" ,")) from None
         bad = [f"{arm} ({fmt_vs(misfit[arm], FIT_AT)})" for arm in (c.a, c.b) if arm in misfit]
         if c.fitted and bad and not part.empty:
             verb = "does not fit its" if len(bad) == 1 else "do not fit their"
@@ -245,7 +251,8 @@ def sentence(row: pd.Series, per: tuple[str, ...], digits: int = 2) -> str:
     metric = ("change in " if row["change"] else "") + row["metric"]
     return (
         f"{row['claim']} ({group}{metric} {row['a']} {row['mean_a']:.{digits}f} vs "
-        f"{row['b']} {row['mean_b']:.{digits}f}, {row['n_a']} vs {row['n_b']} seeds, "
+        f"{row['b']} {row['mean_b']:.{digits}f}, {row['n_a']} vs "
+        f"{counted(int(row['n_b']), 'seed')}, "
         f"p = {_p(row)}, {row['verdict']})"
     )
 
@@ -267,11 +274,12 @@ def ci_text(row: pd.Series, arm: str, digits: int = 2) -> str:
     return fmt_ci(row[f"mean_{arm}"], row[f"low_{arm}"], row[f"high_{arm}"], digits)
 
 
-def section(rep, contrasts: tuple[Contrast, ...], tables: dict[str, pd.DataFrame]) -> list[str]:
+def section(rep, contrasts: tuple[Contrast, ...], tables: dict[str, pd.DataFrame],
+            where: str = "") -> list[str]:  # fmt: skip
     """The report's Verdicts section: one row per claim (and group) with both arms' means and
     95% bootstrap intervals over seeds, the exact p and the verdict; the papers the claims come
     from, quoted from the references file. Returns one sentence per verdict (the answer)."""
-    table = verdict_table(contrasts, tables)
+    table = verdict_table(contrasts, tables, where)
     if table.empty:
         return []
     rep.heading("Verdicts")
@@ -283,7 +291,7 @@ def section(rep, contrasts: tuple[Contrast, ...], tables: dict[str, pd.DataFrame
         f"{smallest_p(3, 3):.2g}, so 'not shown' can mean too few seeds as well as no effect. "
         "A claim of no difference ('similar') is read from the exact two-sided test (3 against "
         f"3 seeds: at least {smallest_p(3, 3, two_sided=True):.2g}). "
-        "Means are over seeds with 95% bootstrap intervals."
+        + _interval_note([*table["n_a"], *table["n_b"]])
     )
     shown = []
     for c in contrasts:
@@ -304,6 +312,15 @@ def section(rep, contrasts: tuple[Contrast, ...], tables: dict[str, pd.DataFrame
         rep.bullets([_source_line(published(ref)) for ref in sources])
     return [sentence(row, next(c.per for c in contrasts if c.claim == row["claim"]))
             for _, row in table.iterrows() if row["verdict"] != "no data"]  # fmt: skip
+
+
+def _interval_note(counts) -> str:
+    """What the intervals beside the means are, for arms of `counts` seeds."""
+    if min(counts, default=2) >= 2:
+        return "Means are over seeds with 95% bootstrap intervals."
+    if max(counts) < 2:
+        return "Each arm has one seed here, so no interval is shown."
+    return "Means are over seeds with 95% bootstrap intervals (none for an arm with one seed)."
 
 
 def _source_line(paper) -> str:

@@ -209,11 +209,20 @@ def select_rows(
             )
     for key in ("metric", "statistic"):
         if key in df.columns:
+            names = sorted(str(v) for v in df[key].dropna().unique())
+            if metric not in names:
+                raise ProbeError(
+                    f"{owner}table '{table}' has no {key} '{metric}'.{did_you_mean(metric, names)}"
+                    f" Its {key} values: {', '.join(names) or 'none'}."
+                )
             df = df[df[key] == metric]
             break
     else:
         if metric not in df.columns:
-            raise ProbeError(f"{owner}table '{table}' has no metric or column '{metric}'.")
+            raise ProbeError(
+                f"{owner}table '{table}' has no metric or column '{metric}'."
+                f"{did_you_mean(metric, list(df.columns))} Columns: {', '.join(df.columns)}."
+            )
         df = df.assign(value=df[metric])
     for condition in conditions:
         df = df[condition.mask(df)]
@@ -228,16 +237,19 @@ def _reduced(df: pd.DataFrame, exp: Expectation) -> pd.Series:
     return pd.Series([df["value"].agg(exp.reduce)], index=[None])
 
 
-def check(exp: Expectation, tables: dict[str, pd.DataFrame]) -> list[Outcome]:
-    """One outcome per group of `exp.per` (one in all without it)."""
+def check(exp: Expectation, tables: dict[str, pd.DataFrame], owner: str = "") -> list[Outcome]:
+    """One outcome per group of `exp.per` (one in all without it); `owner` (the study file and
+    the expectation) prefixes the line that says why an expectation cannot be checked."""
     if exp.table not in tables:
         detail = f"the study wrote no table '{exp.table}' (it wrote: {', '.join(sorted(tables))})"
         return [Outcome(exp.name, False, None, exp.bound_text, detail)]
     try:
         df = tables[exp.table]
-        observed = _reduced(select_rows(df, exp.table, exp.metric, exp.where, exp.per), exp)
+        rows = select_rows(df, exp.table, exp.metric, exp.where, exp.per, owner)
+        observed = _reduced(rows, exp)
         if exp.baseline is not None:
-            base = _reduced(select_rows(df, exp.table, exp.metric, exp.baseline, exp.per), exp)
+            base = _reduced(select_rows(df, exp.table, exp.metric, exp.baseline, exp.per, owner),
+                            exp)  # fmt: skip
             observed = (observed - base).dropna()
     except ProbeError as exc:
         return [Outcome(exp.name, False, None, exp.bound_text, str(exc))]
@@ -253,10 +265,11 @@ def check(exp: Expectation, tables: dict[str, pd.DataFrame]) -> list[Outcome]:
     return outcomes
 
 
-def check_all(
-    expectations: tuple[Expectation, ...], tables: dict[str, pd.DataFrame], smoke: bool
-) -> list[Outcome]:
-    return [o for e in expectations if e.applies(smoke) for o in check(e, tables)]
+def check_all(expectations: tuple[Expectation, ...], tables: dict[str, pd.DataFrame],
+              smoke: bool, where: str = "") -> list[Outcome]:  # fmt: skip
+    """Every outcome; `where` (the study file) names an expectation that cannot be checked."""
+    return [o for i, e in enumerate(expectations) if e.applies(smoke)
+            for o in check(e, tables, f"{where} [[expect]] #{i + 1}: ".lstrip())]  # fmt: skip
 
 
 def write_junit(

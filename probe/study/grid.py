@@ -21,6 +21,7 @@ from probe.evaluate import form_for
 from probe.study.spec import Study
 from probe.study.steps import options_dict, resolve_lengths
 from probe.tasks import TaskConfig, sequence_length
+from probe.words import counted
 
 CELL_FORMAT = 1  # bump when a cell's results change meaning, to invalidate every cache
 # fields added to the configs after cells of this format were first computed: left out of the key
@@ -166,7 +167,8 @@ def _check_lengths(study: Study, model: ModelConfig, task: TaskConfig, train: Tr
     if need > model.max_len:
         why = "randomized positions" if train.random_positions else "learned table"
         raise ProbeError(
-            f"{where}: task length {longest} of '{task.name}' needs {need} positions but "
+            f"{where}: task length {longest} of '{task.name}' needs "
+            f"{counted(need, 'position')} but "
             f"model.max_len is {model.max_len} ({why}); raise model.max_len to at least {need} "
             "or evaluate at shorter lengths."
         )

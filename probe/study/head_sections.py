@@ -10,7 +10,7 @@ from scipy import stats
 from probe.report import study_plots as plots
 from probe.report.report import MarkdownReport
 from probe.study.question_sections import SPECIALISED
-from probe.study.stats import over_seeds, row_ci
+from probe.study.stats import interval_words, over_seeds, row_ci
 from probe.study.summary import arm_sorted
 
 KEEP = 0.5  # the survivors: the most important half of the heads
@@ -47,8 +47,8 @@ def agreement(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> lis
     wide = by_arm.assign(text=by_arm.apply(row_ci, axis=1))
     wide = wide.pivot_table(index="arm", columns="method", values="text", aggfunc="first")
     rep.table(arm_sorted(wide.reset_index(), order), "importance_agreement.csv", data=rho,
-              caption="Spearman rho with the gradient ranking, per arm: mean over seeds "
-              "[95% bootstrap interval].")  # fmt: skip
+              caption="Spearman rho with the gradient ranking, per arm: "
+              f"{interval_words(by_arm['n_seeds'])}.")  # fmt: skip
     with_gradient = mean[mean["other"] == "gradient"].set_index("method")["value"]
     text = ", ".join(f"{m} {v:.2f}" for m, v in with_gradient.items())
     finding = f"Rank agreement with gradient importance (mean Spearman rho): {text}."

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from probe.errors import ProbeError
+from probe.words import counted
 
 if TYPE_CHECKING:
     from probe.study.heads_spec import HeadStudy
@@ -216,10 +217,11 @@ def check_text(study: HeadStudy) -> None:
     if tokens > size:
         named = f"'{path}'" if path is not None else "the shipped corpus"
         raise ProbeError(
-            f"{study.where} [text]: {rows} rows of {t.max_tokens} tokens ((seeds + 1) x batches "
+            f"{study.where} [text]: {counted(rows, 'row')} of {counted(t.max_tokens, 'token')} "
+            "((seeds + 1) x batches "
             f"x batch_size = {t.seeds + 1} x {t.batches} x {t.batch_size}) need more text than "
-            f"{named} holds ({size:,} bytes); lower seeds, batches, batch_size or max_tokens, "
-            "or give a longer file."
+            f"{named} holds ({counted(size, 'byte')}); lower seeds, batches, batch_size or "
+            "max_tokens, or give a longer file."
         )
 
 
@@ -259,8 +261,8 @@ def check_model_fit(subject: Any) -> None:
     for section, name, value, tokens in fits:
         if limit is not None and tokens > limit:
             raise ProbeError(
-                f"{where} [{section}] {name} = {value} makes inputs of {tokens} tokens, longer "
-                f"than this model's position table ({limit} positions)."
+                f"{where} [{section}] {name} = {value} makes inputs of {counted(tokens, 'token')}, "
+                f"longer than this model's position table ({counted(limit, 'position')})."
             )
     need = t.batch_size * t.batches * (t.seeds + 1)
     try:
@@ -269,7 +271,8 @@ def check_model_fit(subject: Any) -> None:
         raise ProbeError(f"{where} [text]: {exc}") from None
     if rows.shape[0] < need:
         raise ProbeError(
-            f"{where} [text]: the text gives {rows.shape[0]} rows of {t.max_tokens} tokens but "
+            f"{where} [text]: the text gives {counted(rows.shape[0], 'row')} of "
+            f"{counted(t.max_tokens, 'token')} but "
             f"the study needs {need} ((seeds + 1) x batches x batch_size = {t.seeds + 1} x "
             f"{t.batches} x {t.batch_size}); lower seeds, batches, batch_size or max_tokens, or "
             "give a longer [text] file."
@@ -293,5 +296,6 @@ def check_model_fit(subject: Any) -> None:
         if 2 * k > n_heads:
             raise ProbeError(
                 f"{where} [knockout] heads: {k} would leave fewer than {k} of the model's "
-                f"{n_heads} heads to draw the random ones from; use at most {n_heads // 2}."
+                f"{counted(n_heads, 'head')} to draw the random ones from; use at most "
+                f"{n_heads // 2}."
             )

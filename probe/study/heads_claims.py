@@ -16,6 +16,7 @@ from probe.references import published
 from probe.study import heads_evidence as ev
 from probe.study.contrast import smallest_p
 from probe.study.stats import fmt_vs
+from probe.words import counted
 
 if TYPE_CHECKING:
     from probe.report.report import MarkdownReport
@@ -46,7 +47,7 @@ def michel(report: HeadReport) -> str | None:
                 f"{r.random_mean:.4g} over the first half of the curve, one-sided p = "
                 f"{fmt_vs(r.p_value, ALPHA, 3)} ({'a' if r.p_value <= ALPHA else 'no'} "
                 f"significant difference at {ALPHA}; the smallest p {int(r.n)} against "
-                f"{int(r.n_random)} seeds allow is "
+                f"{counted(int(r.n_random), 'seed')} allow is "
                 f"{smallest_p(int(r.n), int(r.n_random)):.3f}).")  # fmt: skip
     loose = ev.operating_summary(report.curves, report.objective, 10 * report.tolerance,
                                  report.n_heads)  # fmt: skip
@@ -141,8 +142,8 @@ def wu(report: HeadReport) -> list[str]:
             f"heads score above 0.1 in models of 6B to 46B parameters). Here {n} of "
             f"{report.n_heads} heads ({100 * n / report.n_heads:.1f}%) score above "
             f"{threshold:g} {basis}, on {needles} needle prompts of "
-            f"{int(report.study['roles']['context'])} tokens (the paper: about 600 prompts of 1K "
-            "to 50K tokens); a count, not a test."
+            f"{counted(int(report.study['roles']['context']), 'token')} (the paper: about "
+            "600 prompts of 1K to 50K tokens); a count, not a test."
         )
     knockout = report.tables.get("knockout")
     if knockout is not None and len(knockout):
@@ -159,7 +160,8 @@ def wu(report: HeadReport) -> list[str]:
             f"**{ref.short}**: masking the retrieval heads breaks retrieval while masking random "
             f"heads does not. Here masking the top {int(top.k)} retrieval heads moves the "
             f"{what} from {top.unmasked:.2f} to {top.retrieval_heads:.2f}, against "
-            f"{top.random_min:.2f} to {top.random_max:.2f} for {int(top.draws)} draws of as many "
+            f"{top.random_min:.2f} to {top.random_max:.2f} for "
+            f"{counted(int(top.draws), 'draw')} of as many "
             f"random heads (p = {fmt_vs(top.p_value, ALPHA, 3)}); over k = "
             f"{', '.join(str(int(k)) for k in test.k)}: **{verdict}** (p <= {ALPHA} at every k "
             "is required to agree; retrieval heads no worse than the median random draw at every "

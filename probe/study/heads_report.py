@@ -29,6 +29,7 @@ from probe.study.documents import read_json
 from probe.study.heads_runner import read_head_tables
 from probe.study.reproduce import head_reproduction, reference_for
 from probe.study.runner import MANIFEST
+from probe.words import counted
 
 
 class HeadReport:
@@ -84,8 +85,9 @@ class HeadReport:
         ratios = ", ".join(f"{r.speedup:.2f}x tokens/s at batch {r.batch_size}"
                            for r in part.itertuples())  # fmt: skip
         signs = self.signs.set_index("n_pruned").loc[n]
-        return (f"{ratios} of the original (of all {int(signs.timings)} timings of models "
-                f"with {n} heads removed, {int(signs.faster)} ran faster than the original "
+        return (f"{ratios} of the original (of all {counted(int(signs.timings), 'timing')} of "
+                f"models with {counted(n, 'head')} removed, {int(signs.faster)} ran faster "
+                "than the original "
                 "beside them, "
                 f"median {signs['median']:.2f}x, sign test p = {signs.p_sign:.2g})")  # fmt: skip
 
@@ -101,7 +103,7 @@ class HeadReport:
     def _noise_text(self) -> str:
         n = int(self.speed.groupby("batch_size").size().min())
         ranges = ", ".join(f"{v:.0%} at batch {b}" for b, v in self.timing_noise().items())
-        return f"the original's own speed varied by up to {ranges} over its {n} timings"
+        return f"the original's own speed varied by up to {ranges} over its {counted(n, 'timing')}"
 
     def answer(self) -> str:
         best = self.best()
@@ -120,7 +122,8 @@ class HeadReport:
         else:
             which = ""
         text = (
-            f"with {self.criterion()} in every one of {seeds} seeds, {best.method} importance "
+            f"with {self.criterion()} in every one of {counted(seeds, 'seed')}, "
+            f"{best.method} importance "
             f"removes {ev.share_range(best.min_fraction, best.max_fraction)} of the "
             f"{self.n_heads} heads ({n}{which})"
         )
@@ -157,7 +160,7 @@ class HeadReport:
         return (f"; masking the top {int(t.k)} retrieval heads moves copy accuracy on needle "
                 f"prompts from {t.unmasked:.2f} to {t.retrieval_heads:.2f}, against "
                 f"{t.random_min:.2f} to {t.random_max:.2f} for {int(t.k)} random heads "
-                f"(p = {t.p_value:.2f}, {int(t.draws)} draws)")  # fmt: skip
+                f"(p = {t.p_value:.2f}, {counted(int(t.draws), 'draw')})")  # fmt: skip
 
     # ------------------------------------------------------------------ sections
     def setup(self, rep: MarkdownReport) -> None:
@@ -165,14 +168,17 @@ class HeadReport:
         t = s["text"]
         rep.heading("Set-up")
         rep.bullets([
-            f"Model: `{s['source']}` ({f.model_type}), {f.n_layer} layers x {f.n_head} query "
-            f"heads ({f.n_kv_head} key/value heads per layer), d_model {f.d_model}, "
+            f"Model: `{s['source']}` ({f.model_type}), {counted(int(f.n_layer), 'layer')} x "
+            f"{int(f.n_head)} query heads ({counted(int(f.n_kv_head), 'key/value head')} "
+            f"per layer), d_model {f.d_model}, "
             f"{int(f.parameters):,} parameters ({int(f.attention_parameters):,} in attention). "
             f"Weights sha256 `{self.manifest['source_sha256'][:16]}`.",
             f"Text: {'`' + t['file'] + '`' if t['file'] else 'the shipped corpus'} "
-            f"({int(f.documents)} documents), rows of {int(f.tokens_per_row)} tokens; "
-            f"{t['seeds']} disjoint importance splits (one per seed) and one scoring split of "
-            f"{int(f.rows_per_split)} rows ({t['batches']} x {t['batch_size']}).",
+            f"({counted(int(f.documents), 'document')}), rows of "
+            f"{counted(int(f.tokens_per_row), 'token')}; "
+            f"{counted(int(t['seeds']), 'disjoint importance split')} (one per seed) and one "
+            "scoring split of "
+            f"{counted(int(f.rows_per_split), 'row')} ({t['batches']} x {t['batch_size']}).",
             f"Objective: {self.objective}; curves are read by {self.metric}. Unpruned model on "
             f"the scoring split: " + ", ".join(
                 f"{k} {f[k]:.4g}" for k in ("similarity", "neighbours", "loss", "perplexity",
@@ -181,7 +187,7 @@ class HeadReport:
             f"Seed r estimates importance on split r and seeds the random ranking; heads are "
             "removed one-shot by the ranking (masked, which gives the same outputs as physical "
             "pruning); speed is measured on physically pruned copies, one thread, "
-            f"{s['timing']['repeats']} repeats, median.",
+            f"{counted(int(s['timing']['repeats']), 'repeat')}, median.",
         ])  # fmt: skip
 
     def pruning(self, rep: MarkdownReport) -> None:
@@ -331,7 +337,8 @@ class HeadReport:
             "seconds and git commit); "
             f"`probe study report {self.out}` rebuilds this page.",
             f"git commit {m.get('git_commit')}, torch {m.get('versions', {}).get('torch')}, "
-            f"{m.get('device')}, packages {m.get('packages')}; {len(m['steps'])} steps, this "
+            f"{m.get('device')}, packages {m.get('packages')}; "
+            f"{counted(len(m['steps']), 'step')}, this "
             f"run {m['wall_s']:.0f} s.",
         ])  # fmt: skip
 

@@ -29,6 +29,7 @@ from probe.study.documents import read_json
 from probe.study.heads_checks import check_model_fit, check_source, check_threads
 from probe.study.heads_spec import HeadStudy, check_head_study, head_study_dict
 from probe.study.runner import MANIFEST, check_results_dir, clean_temporaries, locked
+from probe.words import counted
 
 KINDS = ("model", "importance", "layers", "curves", "roles", "retrieval", "knockout", "timing")
 
@@ -219,7 +220,8 @@ def run_head_study(
                     run(last)
             except (KeyboardInterrupt, Interrupted):
                 raise Interrupted(
-                    f"{len(record)} steps are finished and kept in {out}; run the study again to "
+                    f"{counted(len(record), 'step')} {'is' if len(record) == 1 else 'are'} "
+                    f"finished and kept in {out}; run the study again to "
                     "finish the rest"
                 ) from None
             gathered = {k: _concat(v) for k, v in tables.items() if v}

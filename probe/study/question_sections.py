@@ -9,8 +9,9 @@ import pandas as pd
 from probe.references import published
 from probe.report import study_plots as plots
 from probe.report.report import MarkdownReport
-from probe.study.stats import over_seeds, row_ci
+from probe.study.stats import interval_words, over_seeds, row_ci, seed_counts
 from probe.study.summary import arm_sorted
+from probe.words import counted
 
 
 def position_probe(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list[str]:
@@ -34,7 +35,7 @@ def position_probe(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -
         .reset_index()
     )
     rep.table(arm_sorted(wide, order), "position_probe.csv", data=table,
-              caption="R^2 per depth: mean over seeds [95% bootstrap interval].")  # fmt: skip
+              caption=f"R^2 per depth: {interval_words(stats['n_seeds'])}.")  # fmt: skip
     findings = []
     deepest = int(r2["depth"].max())
     for n, part in stats[stats["depth"] >= 1].groupby("length"):
@@ -66,12 +67,13 @@ def roles(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list[st
     if table.empty:
         return []
     rep.heading("Head roles")
+    seeds = seed_counts(table, ["arm"])
     rep.paragraph(
         "Each head's role scores are mean attention probabilities: on the previous token, on a "
         "fixed relative offset (positional), on the first token (sink), and on the token after "
         "the previous occurrence of the current one in a repeated random sequence (induction). "
         f"A head has a role when its score reaches {SPECIALISED}. Shares are of all heads of "
-        "the model, mean over seeds [95% bootstrap interval]."
+        f"the model, {interval_words(seeds)}."
     )
     keys = ["cell", "arm", "seed", "layer", "head"]
     heads = table.pivot_table(index=keys, columns="statistic", values="value").reset_index()
@@ -113,7 +115,7 @@ def head_spread(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> l
     rep.paragraph(
         "Normalized attention entropy (H / log n) of each head at the recorded lengths; its "
         "standard deviation over all heads of a model says how differently the heads attend "
-        "(0: every head alike). Mean over seeds [95% bootstrap interval]."
+        f"(0: every head alike). {interval_words(stats['n_seeds']).capitalize()}."
     )
     wide = stats.assign(text=stats.apply(row_ci, axis=1)).pivot_table(
         index="arm", columns="kind", values="text", aggfunc="first"
@@ -165,7 +167,8 @@ def attention_cost(rep: MarkdownReport, table: pd.DataFrame) -> list[str]:
     shape = first.iloc[0]
     rep.heading("Cost of one attention layer against sequence length")
     rep.paragraph(
-        f"Random q, k, v of batch {shape['batch']}, {shape['n_head']} heads of width "
+        f"Random q, k, v of batch {shape['batch']}, {counted(int(shape['n_head']), 'head')} "
+        "of width "
         f"{shape['d_head']} ({'causal' if shape['causal'] else 'bidirectional'}), on "
         f"{shape['device']}. explicit: softmax(QK^T / sqrt(d)) V with the n x n scores in "
         "memory; sdpa: torch's fused scaled_dot_product_attention; streaming_entropy: probe's "

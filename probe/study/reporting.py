@@ -25,6 +25,7 @@ from probe.study.reproduce import reference_for, reproduction
 from probe.study.runner import MANIFEST, finished_tables, load_tables
 from probe.study.spec import Study, load_study, smoke_version
 from probe.study.steps import options_dict
+from probe.words import counted
 
 
 def arm_order(study: Study) -> list[str]:
@@ -49,12 +50,14 @@ def _setup(rep: MarkdownReport, study: Study, manifest: dict[str, Any]) -> None:
     rep.heading("Set-up")
     model, train = first.model, first.train
     items = [
-        f"Model: {model.arch} with {model.n_layer} layer(s), {model.n_head} heads, d_model "
-        f"{model.d_model}, {model.norm}-LN, positions {model.pe}, {params:,} parameters "
+        f"Model: {model.arch} with {model.n_layer} layer(s), {counted(model.n_head, 'head')}, "
+        "d_model "
+        f"{model.d_model}, {model.norm}-LN, positions {model.pe}, {counted(params, 'parameter')} "
         f"(for {first.task.name}; the vocabulary follows the task). Base settings: "
         f"{_settings(study.base['model'])}.",
         f"Task: {_settings(study.base['task'])}.",
-        f"Training: {train.steps} steps, batch {train.batch_size}, lr {train.lr}, lengths "
+        f"Training: {counted(train.steps, 'step', grouped=False)}, batch {train.batch_size}, "
+        f"lr {train.lr}, lengths "
         f"{train.train_len[0]} to {train.train_len[1]} (L = {train.train_len[1]}). Base "
         f"settings: {_settings(study.base['train'])}.",
     ]
@@ -76,7 +79,8 @@ def _setup(rep: MarkdownReport, study: Study, manifest: dict[str, Any]) -> None:
     for name, options in study.analysis.items():
         items.append(f"Analysis `{name}`: {_settings(options_dict(options))}.")
     seeds = ", ".join(str(s) for s in manifest.get("seeds", []))
-    items.append(f"{len(cells)} cells (models), seeds {seeds}; {_run_line(manifest)}.")
+    models = "model" if len(cells) == 1 else "models"
+    items.append(f"{counted(len(cells), 'cell')} ({models}), seeds {seeds}; {_run_line(manifest)}.")
     rep.bullets(items)
 
 
@@ -98,8 +102,12 @@ def _expectations(rep: MarkdownReport, outcomes: list[Outcome]) -> list[str]:
     rep.table(table, "expectations.csv")
     failed = sum(not o.passed for o in outcomes)
     if failed:
-        return [f"{failed} of {len(outcomes)} expectations FAILED (see Expectations)."]
-    return [f"All {len(outcomes)} expectations pass."]
+        return [f"{failed} of {counted(len(outcomes), 'expectation')} FAILED (see Expectations)."]
+    return [
+        f"All {len(outcomes)} expectations pass."
+        if len(outcomes) > 1
+        else "The expectation passes."
+    ]
 
 
 def write_report(
@@ -124,7 +132,8 @@ def write_report(
     if missing:
         n = len(expand(study))
         rep.paragraph(
-            f"> **Partial report**: {n - len(missing)} of {n} cells are finished; not yet: "
+            f"> **Partial report**: {n - len(missing)} of {counted(n, 'cell')} "
+            f"{'is' if n - len(missing) == 1 else 'are'} finished; not yet: "
             f"{'; '.join(missing)}. Their numbers are absent and the expectations cover only "
             f"the finished cells. `probe study run {manifest.get('file', study.where)}` "
             "finishes the run and rewrites this report."
@@ -161,11 +170,11 @@ def write_report(
         findings += sections.reference(rep, tables["eval"], study.reference)
     if "train" in tables:
         sections.training(rep, tables["train"], order)
-    answers += contrast.section(rep, study.contrasts, tables)
+    answers += contrast.section(rep, study.contrasts, tables, study.where)
     if answers:
         rep.blocks.insert(question_at, "**Answer.** " + "; ".join(answers) + ".")
         findings_at += 1
-    outcomes = check_all(study.expectations, tables, study.is_smoke)
+    outcomes = check_all(study.expectations, tables, study.is_smoke, study.where)
     findings += _expectations(rep, outcomes)
     rep.heading("Files")
     rep.bullets([

@@ -40,6 +40,7 @@ from probe.study.documents import read_json
 from probe.study.grid import Cell, expand
 from probe.study.spec import Study, study_dict
 from probe.train import resolve_device
+from probe.words import counted
 
 MANIFEST = "manifest.json"
 
@@ -284,7 +285,9 @@ def run_study(
                 _run_parallel(todo, cells, out, device, jobs, threads, begun, relay, finished)
         except (KeyboardInterrupt, Interrupted):
             raise Interrupted(
-                f"{len(records)} of {len(cells)} cells are finished and kept in {out}; run the "
+                f"{len(records)} of {counted(len(cells), 'cell')} "
+                f"{'is' if len(records) == 1 else 'are'} "
+                f"finished and kept in {out}; run the "
                 "study again to finish the rest"
             ) from None
         tables = _gather(out, cells, records)

@@ -12,7 +12,8 @@ from probe.report.report import MarkdownReport
 from probe.study import summary
 from probe.study.published import ALPHA, MIN_ARMS, Comparison, compare_ranking, seed_resamples
 from probe.study.spec import Reference
-from probe.study.stats import fmt_vs, row_ci
+from probe.study.stats import band_words, fmt_vs, row_ci, seed_counts
+from probe.words import counted
 
 FIT = summary.FIT
 FIT_AT = summary.FIT - summary.FIT_TOLERANCE  # what summary.fitted compares means with
@@ -32,8 +33,13 @@ def _wide(table: pd.DataFrame, order: list[str], extra: dict[str, pd.Series] | N
 
 def _seed_note(table: pd.DataFrame) -> str:
     n = int(table["n_seeds"].min()) if len(table) else 0
-    if n < 2:
+    most = int(table["n_seeds"].max()) if len(table) else 0
+    if most < 2:
         return "One seed per cell, so the numbers are single runs with no confidence interval."
+    if n < 2:
+        return (f"Each entry is the mean over 1 to {most} seeds, with a 95% bootstrap confidence "
+                "interval (scipy.stats.bootstrap, percentile) where there are two or more; "
+                "per-seed values are in the CSV.")  # fmt: skip
     return (f"Each entry is the mean over {n} seeds with a 95% bootstrap confidence interval "
             "(scipy.stats.bootstrap, percentile); per-seed values are in the CSV.")  # fmt: skip
 
@@ -66,9 +72,10 @@ def accuracy(rep: MarkdownReport, eval_table: pd.DataFrame, order: list[str]) ->
     rep.paragraph(findings[-1])
 
     rep.heading("Accuracy against length")
+    drawn = seed_counts(rows, ["metric", "arm", "task", "length"], rows=True)  # per point
     rep.paragraph(
-        "Lines are means over seeds, bands 95% bootstrap intervals; the grey band is the "
-        "training range and the dashed line marks L, the longest training length."
+        f"{band_words(drawn)}; the grey band is the training range and the dashed line marks L, "
+        "the longest training length."
     )
     for metric, label in (("exact_match", "exact match"), ("token_accuracy", "token accuracy")):
         fig = plots.length_curves(rows[rows["metric"] == metric], label, order=order)
@@ -202,10 +209,12 @@ def training(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list
     stats = summary.attention_over_training(table)
     if not stats.empty:
         shown = [m for m in ("normalized_entropy", "max_logit", "p_max") if m in set(stats.metric)]
+        drawn = stats[stats["metric"].isin(shown)]
+        counts = seed_counts(drawn, ["metric", "arm", "step"], rows=True)
         rep.figure(plots.attention_training_curves(stats, shown, order=order),
                    "attention_during_training.png",
-                   "Attention statistics during training, averaged over every head (mean over "
-                   "seeds, 95% band)")  # fmt: skip
+                   "Attention statistics during training, averaged over every head "
+                   f"({band_words(counts, short=True)})")  # fmt: skip
         rep.data(stats, "attention_during_training.csv",
                  "Per-cell attention statistics by step (mean over heads).")  # fmt: skip
     final = summary.final_loss(table)
@@ -321,8 +330,9 @@ def _plain_finding(per_seed: pd.DataFrame, seen: pd.DataFrame, paper: Published)
         )
     return (
         f"At this size on a CPU, {best} generalizes best to unseen lengths among the "
-        f"{len(everywhere)} arms that fit every task some arm fits ({', '.join(everywhere)}): "
-        f"first on {firsts} of {len(tasks)} tasks and first by mean reciprocal rank in "
+        f"{counted(len(everywhere), 'arm')} that fit every task some arm fits "
+        f"({', '.join(everywhere)}): "
+        f"first on {firsts} of {counted(len(tasks), 'task')} and first by mean reciprocal rank in "
         f"{share:.0%} of bootstrap resamples of the seeds, {verdict}{extra}."
     )
 
@@ -363,7 +373,8 @@ def init_scaling(rep: MarkdownReport, table: pd.DataFrame) -> list[str]:
     at = first[(first["n"] == n) & (first["d_k"] == d_k) & first["statistic"].isin(wanted)]
     wide = at.pivot_table(index="scale", columns="statistic", values="value").reset_index()
     rep.table(wide, "init_scaling.csv", data=first, digits=3,
-              caption=f"At d_k = {d_k} and n = {n} keys per query.")  # fmt: skip
+              caption=f"At d_k = {d_k} and n = {counted(n, 'key', grouped=False)} per "
+              "query.")  # fmt: skip
     rows = wide.set_index("scale")
     if {"sqrt", "none"} <= set(rows.index) and "p_max_gt_0.9" in rows:
         var, hot = rows["score_var"], 100 * rows["p_max_gt_0.9"]

@@ -85,3 +85,48 @@ def fmt_ci(mean: float, low: float, high: float, digits: int = 2,
     if np.isnan(low) or np.isnan(high):
         return text
     return f"{text} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def seed_counts(df: pd.DataFrame, by: list[str], rows: bool = False) -> list[int]:
+    """The number of seeds behind each group of `by` (a table's cell); with `rows`, the number
+    of rows (a plotted point: what seaborn's bootstrap resamples, one per cell)."""
+    if not len(df):
+        return []
+    groups = df.groupby(by, dropna=False)
+    return (groups.size() if rows else groups["seed"].nunique()).tolist()
+
+
+def _spread(counts) -> str:
+    """'many' when every group has two or more seeds (or there are none), 'one' when every
+    group has one, 'some' in between: what an interval over seeds can be drawn for."""
+    counts = [int(n) for n in counts]
+    if not counts or min(counts) >= 2:
+        return "many"
+    return "one" if max(counts) < 2 else "some"
+
+
+def interval_words(counts) -> str:
+    """What a 'mean [low, high]' entry is, for groups of `counts` seeds (lower case)."""
+    return {
+        "many": "mean over seeds [95% bootstrap interval]",
+        "one": "one seed, so no interval",
+        "some": "mean over seeds [95% bootstrap interval where there are two or more seeds]",
+    }[_spread(counts)]
+
+
+def band_words(counts, short: bool = False) -> str:
+    """What the lines and bands of a seaborn plot over seeds are, for points of `counts` seeds
+    (seaborn draws no band at a point with one seed); `short` for a figure's caption."""
+    spread = _spread(counts)
+    if short:
+        return {
+            "many": "mean over seeds, 95% band",
+            "one": "one seed: no band",
+            "some": "mean over seeds, 95% band where there are two or more seeds",
+        }[spread]
+    return {
+        "many": "Lines are means over seeds, bands 95% bootstrap intervals",
+        "one": "Lines are single runs (one seed: no band)",
+        "some": "Lines are means over seeds, bands 95% bootstrap intervals (no band where a "
+        "point has one seed)",
+    }[spread]  # fmt: skip

@@ -54,6 +54,7 @@ import numpy as np
 from probe.errors import ProbeError
 from probe.report.html.viewer_page import PAGE, STYLE
 from probe.report.html.viewer_script import SCRIPT
+from probe.words import counted
 
 __all__ = ["validate_viewer_data", "viewer_html", "write_viewer"]
 
@@ -150,7 +151,7 @@ def _statistics(raw: Any, layers: list[dict]) -> dict[str, dict]:
         if len(rows) != len(layers):
             _fail(
                 f"{where}.values",
-                f"has {len(rows)} rows but there are {len(layers)} layers; "
+                f"has {counted(len(rows), 'row')} but there are {counted(len(layers), 'layer')}; "
                 "give one row per layer, in the order of 'layers'.",
             )
         values = []
@@ -163,8 +164,9 @@ def _statistics(raw: Any, layers: list[dict]) -> dict[str, dict]:
             if len(row) != len(layer["heads"]):
                 _fail(
                     f"{where}.values[{i}]",
-                    f"has {len(row)} values but {layer['name']} has "
-                    f"{len(layer['heads'])} heads; give one per id in layers[{i}].heads, in order.",
+                    f"has {counted(len(row), 'value')} but {layer['name']} has "
+                    f"{counted(len(layer['heads']), 'head')}; give one per id in "
+                    f"layers[{i}].heads, in order.",
                 )
             values.append([_value(v, f"{where}.values[{i}][{j}]") for j, v in enumerate(row)])
         out[name] = {"label": label, "values": values}
@@ -182,7 +184,8 @@ def _pruned(raw: Any, layers: list[dict]) -> list[list[int]]:
         if not 0 <= layer < len(layers):
             _fail(
                 where,
-                f"names layer {layer}, but there are {len(layers)} layers (0..{len(layers) - 1}).",
+                f"names layer {layer}, but there {'is' if len(layers) == 1 else 'are'} "
+                f"{counted(len(layers), 'layer')} (0..{len(layers) - 1}).",
             )
         if head not in layers[layer]["heads"]:
             _fail(
@@ -236,7 +239,9 @@ def _examples(raw: Any, layers: list[dict], decimals: int) -> list[dict]:
             layer = _int(layer_key, f"a layer key of {where}.patterns")
             if not 0 <= layer < len(layers):
                 _fail(
-                    f"{where}.patterns", f"names layer {layer}, but there are {len(layers)} layers."
+                    f"{where}.patterns",
+                    f"names layer {layer}, but there {'is' if len(layers) == 1 else 'are'} "
+                    f"{counted(len(layers), 'layer')}.",
                 )
             if not isinstance(heads, Mapping):
                 _fail(
