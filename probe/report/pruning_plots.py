@@ -202,26 +202,31 @@ def pruning_curve_plot(
     return fig
 
 
-def knockout_plot(knockout: pd.DataFrame) -> plt.Figure:
-    """Copy accuracy with the top-k retrieval heads masked (red) against k random heads (grey
-    dots, one per draw), for each k; the unmasked model dashed."""
-    _need(knockout, ["k", "selection", "copy_accuracy"], "knock-out")
+def knockout_plot(knockout: pd.DataFrame, metric: str = "copy_accuracy") -> plt.Figure:
+    """`metric` (copy_accuracy, teacher-forced, or recall, the greedy output's needle recall)
+    with the top-k retrieval heads masked (red) against k random heads (grey dots, one per draw),
+    for each k; the unmasked model dashed."""
+    _need(knockout, ["k", "selection", metric], "knock-out")
     fig, ax = plt.subplots(figsize=(5.6, 3.8))
     ks = sorted(k for k in knockout.k.unique() if k > 0)
     gen = np.random.default_rng(0)  # horizontal jitter only
     for i, k in enumerate(ks):
-        rand = knockout[(knockout.k == k) & (knockout.selection == "random")].copy_accuracy
+        rand = knockout[(knockout.k == k) & (knockout.selection == "random")][metric]
         ax.scatter(i + gen.uniform(-0.12, 0.12, len(rand)), rand, s=14, color="0.5",
                    label="random heads" if i == 0 else None)  # fmt: skip
-        top = knockout[(knockout.k == k) & (knockout.selection == "retrieval")].copy_accuracy
+        top = knockout[(knockout.k == k) & (knockout.selection == "retrieval")][metric]
         ax.scatter([i] * len(top), top, s=70, marker="D", color="tab:red",
                    label="top retrieval heads" if i == 0 else None, zorder=3)  # fmt: skip
-    base = knockout[knockout.selection == "none"].copy_accuracy
+    base = knockout[knockout.selection == "none"][metric]
     if len(base):
         ax.axhline(float(base.iloc[0]), ls="--", color="k", lw=1, label="no head masked")
     ax.set_xticks(range(len(ks)), [str(k) for k in ks])
     ax.set_xlabel("heads masked (k)")
-    ax.set_ylabel("copy accuracy on needle prompts")
+    ax.set_ylabel(
+        {"recall": "needle recall of the greedy output"}.get(
+            metric, "copy accuracy on needle prompts (teacher-forced)"
+        )
+    )
     ax.set_ylim(-0.03, 1.03)
     ax.grid(alpha=0.3)
     ax.legend(frameon=False, fontsize=8)
