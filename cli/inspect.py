@@ -133,6 +133,10 @@ def inspect_cli(
         check_data_options(ckpt, text, None)
     wanted = parse_lengths(lengths or ("128" if ckpt.imported else "8,16,32"))
     check_data_fits(ckpt, wanted, batch_size, batches)
+    if period is not None:  # the induction score runs sequences of two periods
+        from probe.memory import check_batches
+
+        check_batches(ckpt.model_cfg, 1, batch_size, 2 * period, smaller="a smaller --period")
     data = None
     if ckpt.imported:
         note_text(text)

@@ -20,7 +20,12 @@ import torch
 
 from probe.config import ModelConfig, TrainConfig
 from probe.errors import ProbeError
-from probe.files import claim_output, open_output  # noqa: F401  (re-exported: their old home)
+from probe.files import (  # claim_output, open_output: re-exported (their old home)
+    check_input_file,
+    claim_output,  # noqa: F401
+    load_safetensors,
+    open_output,  # noqa: F401
+)
 from probe.memory import check_model
 from probe.model import Transformer
 from probe.tasks import TaskConfig
@@ -160,12 +165,20 @@ def read_config(path: str | Path) -> dict[str, Any]:
     config_file = path / CONFIG
     if not config_file.exists():
         raise ProbeError(f"'{path}' is not a probe checkpoint: {CONFIG} is missing.")
+    check_input_file(config_file, f"the checkpoint's {CONFIG} (a JSON file)")
     try:
         document = json.loads(config_file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ProbeError(
             f"{config_file} is not valid JSON ({exc}); the checkpoint is corrupt."
         ) from None
+    except RecursionError:
+        raise ProbeError(
+            f"{config_file} nests JSON arrays or objects too deeply to read; the checkpoint is "
+            "corrupt."
+        ) from None
+    except OSError as exc:
+        raise ProbeError(f"{config_file} cannot be read: {exc.strerror or exc}.") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise ProbeError(f"{config_file} is not a probe checkpoint config (no format '{FORMAT}').")
     imported = isinstance(document.get("source"), dict)
@@ -183,19 +196,9 @@ def read_config(path: str | Path) -> dict[str, Any]:
 
 def _load_weights(path: Path, allow_pickle: bool) -> dict[str, torch.Tensor]:
     weights = path / WEIGHTS
-    if weights.is_dir():
-        raise ProbeError(f"{weights} is a directory; it should be the safetensors weights file.")
+    check_input_file(weights, "the safetensors weights file")
     if weights.exists():
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
-        try:
-            return load_file(str(weights))
-        except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-            raise ProbeError(
-                f"{weights} cannot be read ({str(exc).splitlines()[0]}); the file is truncated "
-                "or corrupt. Re-train or restore it."
-            ) from exc
+        return load_safetensors(weights, "re-train or restore it.")
     pickles = sorted(p for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if not pickles:
         raise ProbeError(f"'{path}' is not a complete checkpoint: {WEIGHTS} is missing.")

@@ -226,8 +226,8 @@ class ModelConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ProbeError(f"dropout must be in [0, 1), got {self.dropout}.")
-        if self.ffn_mult <= 0:
-            raise ProbeError(f"ffn_mult must be positive, got {self.ffn_mult}.")
+        if not 0 < self.ffn_mult < math.inf:  # NaN too
+            raise ProbeError(f"ffn_mult must be a positive finite number, got {self.ffn_mult}.")
         if not self.rope_base > 1:
             raise ProbeError(
                 f"rope_base must be greater than 1 (usually 10000), got {self.rope_base}."

@@ -8,6 +8,8 @@ so a bad `--out` fails in one line at once, and no output is ever an input.
 
 from __future__ import annotations
 
+import os
+import stat
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -135,3 +137,44 @@ def open_output(path: str | Path, earlier: list[str]) -> Path:
     for name in earlier:
         (path / name).unlink(missing_ok=True)
     return path
+
+
+_SPECIAL = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+            (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
+
+
+def check_input_file(path: str | Path, what: str) -> None:
+    """`path`, an input about to be opened, is a regular file (links followed) when it exists:
+    a folder, a named pipe, a device or a socket is one line naming it and `what` it should be
+    ("the model's config.json"), before anything opens it (a FIFO blocks forever, /dev/zero
+    never ends). A missing path is the caller's to report, in its own words."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:  # a symbolic-link loop, a path under a file, no permission
+        raise ProbeError(f"{path} cannot be read: {exc.strerror or exc}.") from None
+    if stat.S_ISDIR(mode):
+        raise ProbeError(f"{path} is a directory; it should be {what}.")
+    for test, kind in _SPECIAL:
+        if test(mode):
+            raise ProbeError(f"{path} is {kind}, not a regular file; it should be {what}.")
+
+
+def load_safetensors(file: str | Path, advice: str) -> dict:
+    """Every tensor of a safetensors file; a file that is not one (empty, cut short, a header
+    whose sizes or offsets lie) is one line naming it, what is wrong in the header's words,
+    and `advice` ("download it again")."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    check_input_file(file, "a safetensors weights file")
+    try:
+        return load_file(str(file))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        reason = reason.removeprefix("Error while deserializing header: ")
+        raise ProbeError(
+            f"{file} is not a readable safetensors file ({reason}): it is truncated or "
+            f"corrupt; {advice}"
+        ) from None

@@ -320,6 +320,9 @@ _LENGTHS_HELP = (
 )
 
 
+MAX_LENGTHS = 4096  # lengths one spec may name
+
+
 def parse_lengths(spec: str) -> list[int]:
     """Task lengths from a spec like ``"4:16"``, ``"8:64:8"`` or ``"8,16,32"``.
 
@@ -348,6 +351,9 @@ def parse_lengths(spec: str) -> list[int]:
             raise fail(f"range {item.strip()!r} is empty because {lo} > {hi}")
         if step < 1:
             raise fail("a range step must be at least 1")
+        count = (hi - lo) // step + 1
+        if len(lengths) + count > MAX_LENGTHS:  # checked before the set is built: 1:10**9 hung
+            raise fail(f"it names {count:,} lengths; at most {MAX_LENGTHS:,} can be measured")
         lengths.update(range(lo, hi + 1, step))
     return sorted(lengths)
 

@@ -22,6 +22,7 @@ import torch
 from tokenizers import Encoding, Tokenizer
 
 from probe.errors import ProbeError
+from probe.files import check_input_file
 from probe.tasks import Batch
 from probe.words import counted
 
@@ -62,6 +63,8 @@ def read_documents(path: Path | str | None = None, *, whole: bool = False,
     read, cut at the end of a line (`read_note` says so in words).
     """
     path = default_corpus() if path is None else Path(path)
+    if not path.is_dir():  # a folder is "No text file" below
+        check_input_file(path, "a UTF-8 text file")
     if not path.is_file():
         raise ProbeError(f"No text file at {path}: give the path of a UTF-8 text file.")
     try:

@@ -150,6 +150,16 @@ def _float32_value(value: float) -> float:
     return float(str(np.float32(value)))
 
 
+# Metadata that llama.cpp reads for a Llama and that changes the function computed -> (the values
+# that compute what probe computes, the feature): set otherwise, the file is refused.
+_UNIMPLEMENTED = {
+    "llama.rope.scaling.factor": ((0, 0.0, 1, 1.0), "rotary scaling (a scaling factor)"),
+    "llama.rope.scale_linear": ((0, 0.0, 1, 1.0), "linear rotary scaling"),
+    "llama.expert_count": ((0,), "mixture-of-experts layers"),
+    "llama.expert_used_count": ((0,), "mixture-of-experts layers"),
+}
+
+
 def _llama_config(metadata: dict[str, Any], gguf_names: list[str], path: Path) -> dict[str, Any]:
     meta = Fields(metadata, f"GGUF file '{path}': metadata")
 
@@ -176,6 +186,9 @@ def _llama_config(metadata: dict[str, Any], gguf_names: list[str], path: Path) -
     if scaling != "none":
         meta.refuse("llama.rope.scaling.type", scaling, "rotary scaling is not implemented in "
                     "probe, which computes the plain rotary embedding.")  # fmt: skip
+    for key, (neutral, feature) in _UNIMPLEMENTED.items():
+        if meta.has(key) and meta.raw(key) not in neutral:
+            meta.refuse(key, meta.raw(key), f"{feature} is not implemented in probe.")
     freq_base = meta.number("llama.rope.freq_base", 10000.0)
     if not freq_base > 1:
         meta.fail("llama.rope.freq_base", "a number greater than 1 (usually 10000)", freq_base)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from probe.config import FFN, PE, Arch, ModelConfig, Norm
+from probe.errors import ProbeError
 from probe.interop.families import refuse_unimplemented, rename, require_unpruned
 from probe.interop.fields import Fields
 
@@ -90,7 +91,12 @@ def _prefix(state: dict) -> str:
 def to_probe(state: dict[str, torch.Tensor], cfg: ModelConfig, where: str) -> dict:
     out = rename(state, _names(cfg, _prefix(state)), where)
     if cfg.type_vocab_size == 0:
-        out.pop("token_types.weight")
+        types = out.pop("token_types.weight")
+        if types.numel():  # transformers would refuse the shape: probe must not drop the rows
+            raise ProbeError(
+                f"{where}: config.json says type_vocab_size 0, but the weights hold token type "
+                f"embeddings of shape {list(types.shape)}; the config does not match the weights."
+            )
     return out
 
 

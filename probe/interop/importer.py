@@ -19,6 +19,7 @@ import torch
 from probe.config import Arch, ModelConfig
 from probe.errors import ProbeError
 from probe.fields import shown
+from probe.files import check_input_file, load_safetensors
 from probe.interop.families import family
 from probe.interop.fields import Fields
 from probe.memory import check_model
@@ -50,8 +51,7 @@ def objective_for(cfg: ModelConfig) -> str:
 
 def read_json(file: Path, what: str) -> Any:
     """The parsed JSON of `file`, one clear line when it is not (`what` names the document)."""
-    if file.is_dir():
-        raise ProbeError(f"{file} is a directory; it should be the {what} (a JSON file).")
+    check_input_file(file, f"the {what} (a JSON file)")
     try:
         return json.loads(file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -66,7 +66,7 @@ def read_json(file: Path, what: str) -> Any:
 
 def read_hf_config(path: Path) -> dict[str, Any]:
     config_file = path / "config.json"
-    if not config_file.exists():
+    if not (config_file.exists() or config_file.is_symlink()):
         raise ProbeError(f"'{path}' is not a Hugging Face model directory: config.json is missing.")
     hf = read_json(config_file, "model's config.json")
     if not isinstance(hf, dict):
@@ -103,11 +103,8 @@ def _shards(path: Path) -> list[Path]:
 
 def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
     """Every tensor of model.safetensors, or of the shards the index lists."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     single = path / "model.safetensors"
-    if single.exists():
+    if single.exists() or single.is_symlink():
         files = [single]
     elif (path / INDEX).exists():
         files = _shards(path)
@@ -124,15 +121,7 @@ def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
         raise ProbeError(f"'{path}' has no weights: model.safetensors is missing.")
     state: dict[str, torch.Tensor] = {}
     for file in files:
-        if file.is_dir():
-            raise ProbeError(f"{file} is a directory; it should be a safetensors weights file.")
-        try:
-            state.update(load_file(str(file)))
-        except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-            raise ProbeError(
-                f"{file} cannot be read ({str(exc).splitlines()[0]}); the file is truncated or "
-                "corrupt."
-            ) from None
+        state.update(load_safetensors(file, "download or convert it again."))
     return state
 
 
@@ -254,7 +243,9 @@ def import_model(path: str | Path, allow_nonfinite: bool = False) -> Imported:
         family(hf, str(path))  # an unsupported architecture is named before weights are read
         label = str(path / "config.json")
         model, model_type = build(hf, read_hf_weights(path), str(path), label, allow_nonfinite)
-        tokenizer = load_tokenizer(path) if (path / "tokenizer.json").is_file() else None
+        tok_file = path / "tokenizer.json"
+        check_input_file(tok_file, "the model's tokenizer.json (a JSON file)")
+        tokenizer = load_tokenizer(tok_file) if tok_file.is_file() else None
         fmt = "hf"
     if tokenizer is not None:
         check_tokenizer(tokenizer, model.cfg, str(path))

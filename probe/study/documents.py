@@ -10,9 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from probe.errors import ProbeError
+from probe.files import check_input_file
 
 
 def _text(path: Path, kind: str) -> str:
+    check_input_file(path, f"a {kind} file")
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
