@@ -341,3 +341,18 @@ def test_checkpoint_weights_that_are_a_directory_are_named_so(bases, tmp_path, c
     (out / "model.safetensors").mkdir()
     code, err = run(["info", str(out)], capsys)
     assert code == 2 and "model.safetensors is a directory" in err, err
+
+
+def test_an_untied_config_without_an_output_layer_is_refused(bases, tmp_path, capsys):
+    """transformers would start a random lm_head; probe refuses rather than tie it silently."""
+
+    def drop_head(state):
+        return {k: v for k, v in state.items() if k != "lm_head.weight"}
+
+    source = edit_weights(variant(bases["llama"], tmp_path / "src"), drop_head)  # untied config
+    message = refused(source, tmp_path / "out", capsys)
+    assert "tie_word_embeddings = False" in message and "no lm_head.weight" in message, message
+    tied = edit_weights(variant(bases["llama"], tmp_path / "tied", tie_word_embeddings=True),
+                        drop_head)  # fmt: skip
+    code, err = run(["import", str(tied), "--out", str(tmp_path / "ok")], capsys)
+    assert code == 0, err

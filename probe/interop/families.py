@@ -63,7 +63,16 @@ def tied_output(hf: Fields, names: set[str] | None, default: bool) -> bool:
     """Whether the output layer shares the token embedding: the config says so (absent: the
     family's `default`) when the file has an lm_head; without one it must."""
     tied = hf.flag("tie_word_embeddings", default)
-    return tied if names is not None and "lm_head.weight" in names else True
+    if names is None or "lm_head.weight" in names:
+        return tied if names is not None else True
+    if hf.has("tie_word_embeddings") and not tied:  # transformers would start a random head
+        hf.refuse(
+            "tie_word_embeddings",
+            False,
+            "the weights hold no lm_head.weight, so the "
+            "output layer is missing (the file is incomplete, or the flag is wrong).",
+        )
+    return True
 
 
 # Config keys of other families that change the function computed, -> (the values that compute
