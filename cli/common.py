@@ -73,6 +73,14 @@ CheckpointArg = Annotated[
 OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Directory to write results into.")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed.")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]
+DtypeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--dtype",
+        help="Weights' dtype: float32, bfloat16 or float16 (default: the checkpoint's own; "
+        "statistics are summed in float32 either way).",
+    ),
+]
 LengthsOpt = Annotated[
     str, typer.Option("--lengths", help="Task lengths: 'lo:hi' (inclusive) or '8,16,32'.")
 ]
@@ -115,8 +123,18 @@ def write_manifest(out: Path, ckpt: Checkpoint, **settings) -> None:
     atomic_write_json(
         out / "manifest.json",
         {"command": settings.pop("command"), "checkpoint": str(ckpt.path), "settings": settings,
-         "model": ckpt.model_cfg.to_dict(), **describe(ckpt), **context(model_device(ckpt))},
+         "model": ckpt.model_cfg.to_dict(), **describe(ckpt), **context(model=ckpt.model)},
     )  # fmt: skip
+
+
+def load_model(checkpoint: Path, device: str, dtype: str | None, allow_pickle: bool) -> Checkpoint:
+    """The checkpoint's model on `device` in `dtype` (None: the dtype it was saved in), both
+    checked and resolved once (`probe.runtime.Runtime`)."""
+    from probe.checkpoint import load_checkpoint
+    from probe.runtime import Runtime
+
+    runtime = Runtime.resolve(device, dtype)
+    return load_checkpoint(checkpoint, runtime=runtime, allow_pickle=allow_pickle)
 
 
 def model_device(ckpt: Checkpoint):

@@ -9,6 +9,7 @@ from probe_cli.common import (
     BatchSizeOpt,
     CheckpointArg,
     DeviceOpt,
+    DtypeOpt,
     MaxTokensOpt,
     NprocOpt,
     OutOpt,
@@ -116,6 +117,7 @@ def importance_cli(
     ] = "head",
     seed: SeedOpt = 0,
     device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = None,
     allow_pickle: PickleOpt = False,
     overwrite: OverwriteOpt = False,
     nproc: NprocOpt = 1,
@@ -150,7 +152,7 @@ def importance_cli(
               "importance_groups.csv", "importance_layers.csv", "manifest.json")  # fmt: skip
     earlier = claim_output(out, writes, overwrite, inputs=inputs_of(checkpoint, text),
                            inside_ok=True) if world.main else []  # fmt: skip
-    ckpt = load(checkpoint, "cpu" if launcher else device, allow_pickle)
+    ckpt = load(checkpoint, "cpu" if launcher else device, allow_pickle, dtype)
     require_heads(ckpt)
     check_data_options(ckpt, text, lengths)
     chosen = lengths_for(ckpt, lengths)

@@ -10,6 +10,7 @@ from probe_cli.common import (
     BatchSizeOpt,
     CheckpointArg,
     DeviceOpt,
+    DtypeOpt,
     OutOpt,
     OverwriteOpt,
     PickleOpt,
@@ -22,6 +23,7 @@ from probe_cli.common import (
     console,
     describe,
     inputs_of,
+    load_model,
     note_text,
     require_heads,
     shown,
@@ -104,6 +106,7 @@ def inspect_cli(
     ] = None,
     seed: SeedOpt = 0,
     device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = None,
     allow_pickle: PickleOpt = False,
     overwrite: OverwriteOpt = False,
 ) -> None:
@@ -114,10 +117,9 @@ def inspect_cli(
     import pandas as pd
 
     from probe.analysis.attention import head_summary, inspect_batches, inspect_model
-    from probe.checkpoint import claim_output, load_checkpoint, open_output
+    from probe.checkpoint import claim_output, open_output
     from probe.report.attention_plots import write_inspection
     from probe.tasks import parse_lengths
-    from probe.train import resolve_device
 
     if streaming not in STREAMING:
         raise ProbeError(f"--streaming must be auto, on or off, got '{streaming}'.")
@@ -127,7 +129,7 @@ def inspect_cli(
     writes = ("attention_stats.csv", "roles.csv", "manifest.json")
     earlier = claim_output(out, writes, overwrite, inputs=inputs_of(checkpoint, text),
                            inside_ok=True)  # fmt: skip
-    ckpt = load_checkpoint(checkpoint, resolve_device(device), allow_pickle)
+    ckpt = load_model(checkpoint, device, dtype, allow_pickle)
     require_heads(ckpt)
     if not ckpt.imported and text is not None:
         check_data_options(ckpt, text, None)
@@ -185,7 +187,7 @@ def inspect_cli(
         "model": ckpt.model_cfg.to_dict(),
         **describe(ckpt),
         **({"text": str(text) if text else "shipped corpus", "whole": whole} if data else {}),
-        **provenance.context(next(ckpt.model.parameters()).device),
+        **provenance.context(model=ckpt.model),
     }
     open_output(out, earlier)
     written = write_inspection(result.stats, result.roles, out, manifest)

@@ -9,6 +9,7 @@ from probe_cli.common import (
     BatchSizeOpt,
     CheckpointArg,
     DeviceOpt,
+    DtypeOpt,
     MaxTokensOpt,
     OutOpt,
     OverwriteOpt,
@@ -233,6 +234,7 @@ def prune_cli(
     ] = None,
     seed: SeedOpt = 0,
     device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = None,
     allow_pickle: PickleOpt = False,
     overwrite: OverwriteOpt = False,
 ) -> None:
@@ -246,6 +248,7 @@ def prune_cli(
         save_checkpoint,
     )
     from probe.report.files import atomic_write_csv
+    from probe.runtime import Runtime
     from probe.tasks import parse_lengths
 
     check_positive(batch_size=batch_size, batches=batches, timing_threads=timing_threads,
@@ -254,7 +257,7 @@ def prune_cli(
     writes = SWEEP_FILES if sweep else (*CHECKPOINT_FILES, *PRUNED_FILES)
     earlier = claim_output(out, writes, overwrite, inputs=inputs_of(checkpoint, text),
                            inside_ok=sweep)  # fmt: skip
-    ckpt = load(checkpoint, device, allow_pickle)
+    ckpt = load(checkpoint, device, allow_pickle, dtype)
     require_heads(ckpt)
     check_data_options(ckpt, text, lengths)
     chosen = lengths_for(ckpt, lengths)
@@ -312,6 +315,7 @@ def prune_cli(
         "kept": [list(s.kept_heads) for s in result.model.cfg.sites()],
         "metrics": result.metrics.to_dict("records"),
         "device": device_name(model_device(ckpt)),
+        "runtime": Runtime.cpu().record(ckpt.model),
     }  # fmt: skip
     meta = {**ckpt.meta, "pruning": [*ckpt.meta.get("pruning", []), record]}
     open_output(out, earlier)

@@ -11,6 +11,7 @@ import typer
 from probe_cli.common import (
     check_data_fits,
     console,
+    load_model,
     note_text,
 )
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -28,11 +29,9 @@ NormalizeOpt = Annotated[
 ]
 
 
-def load(checkpoint: Path, device: str, allow_pickle: bool) -> Checkpoint:
-    from probe.checkpoint import load_checkpoint
-    from probe.train import resolve_device
-
-    return load_checkpoint(checkpoint, resolve_device(device), allow_pickle)
+def load(checkpoint: Path, device: str, allow_pickle: bool, dtype: str | None = None
+         ) -> Checkpoint:  # fmt: skip
+    return load_model(checkpoint, device, dtype, allow_pickle)
 
 
 def lengths_for(ckpt: Checkpoint, spec: str | None) -> list[int]:

@@ -11,6 +11,7 @@ from probe_cli.common import (
     BatchSizeOpt,
     CheckpointArg,
     DeviceOpt,
+    DtypeOpt,
     OutOpt,
     OversubscribeOpt,
     OverwriteOpt,
@@ -24,6 +25,7 @@ from probe_cli.common import (
     console,
     inputs_of,
     launching,
+    load_model,
     note_text,
     relaunch,
     shown,
@@ -218,20 +220,20 @@ def eval_cli(
     batches: Annotated[int, typer.Option(help="Batches per length.")] = 2,
     seed: SeedOpt = 1234,
     device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = None,
     allow_pickle: PickleOpt = False,
     overwrite: OverwriteOpt = False,
 ) -> None:
     """Evaluate a checkpoint at each task length; writes OUT/eval.csv."""
-    from probe.checkpoint import claim_output, load_checkpoint, open_output
+    from probe.checkpoint import claim_output, open_output
     from probe.evaluate import evaluate
     from probe.report.files import atomic_write_csv
     from probe.tasks import parse_lengths
-    from probe.train import resolve_device
 
     check_positive(batches=batches, batch_size=batch_size)
     earlier = claim_output(out, ("eval.csv", "manifest.json"), overwrite,
                            inputs=inputs_of(checkpoint, text), inside_ok=True)  # fmt: skip
-    ckpt = load_checkpoint(checkpoint, resolve_device(device), allow_pickle)
+    ckpt = load_model(checkpoint, device, dtype, allow_pickle)
     if ckpt.imported:
         _eval_text(ckpt, out, earlier, lengths, text, whole, batch_size, batches, seed)
         return

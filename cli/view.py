@@ -9,6 +9,7 @@ import typer
 from probe_cli.common import (
     BatchSizeOpt,
     DeviceOpt,
+    DtypeOpt,
     OverwriteOpt,
     PickleOpt,
     SeedOpt,
@@ -63,6 +64,7 @@ def view_cli(
     batches: Annotated[int, typer.Option(help="Batches per length for the statistics.")] = 1,
     seed: SeedOpt = 0,
     device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = None,
     allow_pickle: PickleOpt = False,
     overwrite: OverwriteOpt = False,
 ) -> None:
@@ -92,7 +94,7 @@ def view_cli(
         title, target = f"Heads of {target.name}: {picked.label}", model
     elif cell is not None:
         raise ProbeError("--cell picks a cell of a study's results directory; drop it here.")
-    ckpt = load(target, device, allow_pickle)
+    ckpt = load(target, device, allow_pickle, dtype)
     require_heads(ckpt)
     if importance == "auto":
         importance = "ablation" if ckpt.objective == "embedding" else "gradient"

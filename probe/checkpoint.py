@@ -8,27 +8,31 @@ config and refuses pickle files unless the caller explicitly allows them.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from probe.config import ModelConfig, TrainConfig
 from probe.errors import ProbeError
 from probe.files import (  # claim_output, open_output: re-exported (their old home)
+    atomic_write_bytes,
+    atomic_write_text,
     check_input_file,
     claim_output,  # noqa: F401
-    load_safetensors,
     open_output,  # noqa: F401
+    open_safetensors,
 )
 from probe.memory import check_model
 from probe.model import Transformer
+from probe.runtime import dtype_name
 from probe.tasks import TaskConfig
+
+if TYPE_CHECKING:
+    from probe.runtime import Runtime
 
 FORMAT = "probe-checkpoint"
 FORMAT_VERSION = 1
@@ -38,7 +42,6 @@ CONFIG = "config.json"
 OBJECTIVES = ("causal-lm", "masked-lm", "embedding")
 METRICS = "metrics.csv"
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".ckpt")
-TMP_SUFFIX = ".probe-tmp"  # temporary files of atomic writes: `.NAME.XXXX.probe-tmp`
 
 
 TOKENIZER = "tokenizer.json"
@@ -80,27 +83,15 @@ class Checkpoint:
         return load_tokenizer(self.path / TOKENIZER)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a temporary file in the same directory, then rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes files private; results are meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
 CHECKPOINT_FILES = (WEIGHTS, CONFIG, METRICS, TOKENIZER)
+
+
+def weights_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype a model's weights are held in (its first floating-point parameter's)."""
+    for parameter in model.parameters():
+        if parameter.is_floating_point():
+            return parameter.dtype
+    return torch.float32
 
 
 def _state_for_saving(model: Transformer) -> dict[str, torch.Tensor]:
@@ -133,6 +124,7 @@ def save_checkpoint(
     document = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
+        "dtype": dtype_name(weights_dtype(model)),
         "model": model.cfg.to_dict(),
         "task": None if task is None else task.to_dict(),
         "train": None if train_cfg is None else train_cfg.to_dict(),
@@ -194,11 +186,33 @@ def read_config(path: str | Path) -> dict[str, Any]:
     return document
 
 
-def _load_weights(path: Path, allow_pickle: bool) -> dict[str, torch.Tensor]:
-    weights = path / WEIGHTS
-    check_input_file(weights, "the safetensors weights file")
-    if weights.exists():
-        return load_safetensors(weights, "re-train or restore it.")
+class _Weights:
+    """The tensors of a checkpoint, read one at a time: names and shapes come from the
+    safetensors header, each tensor is read when asked for (so loading never holds a second
+    copy of the model). Pickle weights, when allowed, are a dict read whole."""
+
+    def __init__(self, path: Path, allow_pickle: bool) -> None:
+        weights = path / WEIGHTS
+        check_input_file(weights, "the safetensors weights file")
+        if weights.exists():
+            self._file = open_safetensors(weights, "re-train or restore it.")
+            self.shapes = {n: tuple(self._file.get_slice(n).get_shape()) for n in self._file.keys()}  # noqa: SIM118
+            self._state = None
+            return
+        self._file = None
+        self._state = _load_pickle(path, allow_pickle)
+        self.shapes = {n: tuple(t.shape) for n, t in self._state.items()}
+
+    def pop(self, name: str) -> None:
+        self.shapes.pop(name, None)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if self._file is not None:
+            return self._file.get_tensor(name)
+        return self._state[name]
+
+
+def _load_pickle(path: Path, allow_pickle: bool) -> dict[str, torch.Tensor]:
     pickles = sorted(p for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if not pickles:
         raise ProbeError(f"'{path}' is not a complete checkpoint: {WEIGHTS} is missing.")
@@ -229,10 +243,38 @@ def _unsafe_pickle(path: Path, exc: Exception) -> str:
     return f"{path} cannot be loaded as plain weights ({first[:120]})."
 
 
+def stored_dtype(document: dict[str, Any]) -> torch.dtype:
+    """The dtype a checkpoint's weights were saved in (float32 for checkpoints that predate the
+    record)."""
+    from probe.runtime import resolve_dtype
+
+    name = document.get("dtype", "float32")
+    try:
+        return resolve_dtype(name)
+    except ProbeError:
+        raise ProbeError(
+            f"config.json records dtype {name!r:.40}, which probe does not hold weights in (the "
+            "file was edited or damaged)."
+        ) from None
+
+
 def load_checkpoint(
-    path: str | Path, device: str | torch.device = "cpu", allow_pickle: bool = False
+    path: str | Path,
+    device: str | torch.device | None = None,
+    allow_pickle: bool = False,
+    dtype: str | torch.dtype | None = None,
+    runtime: Runtime | None = None,
 ) -> Checkpoint:
-    """Load a checkpoint directory; every tensor's shape is checked against the config."""
+    """Load a checkpoint directory onto `device` (default: the CPU) in `dtype` (default: the
+    dtype it was saved in); a `runtime` gives both. Every tensor's name and shape is checked
+    against the config before any is read, then each is read, checked and copied into the model
+    one at a time: memory is one copy of the weights in the dtype asked for."""
+    from probe.runtime import Runtime, resolve_dtype
+
+    if runtime is None:
+        runtime = Runtime(torch.device("cpu" if device is None else device), resolve_dtype(dtype))
+    elif device is not None or dtype is not None:
+        raise ValueError("give either a runtime or device/dtype, not both")
     document = read_config(path)
     path = Path(path)
     if path.is_file():
@@ -252,15 +294,19 @@ def load_checkpoint(
             train_cfg = TrainConfig.from_dict(document["train"])
     except (ProbeError, TypeError) as exc:
         raise ProbeError(f"{path / CONFIG} does not describe a valid model: {exc}") from exc
-    check_model(model_cfg)
-    state = _load_weights(path, allow_pickle)
-    model = Transformer(model_cfg)
+    try:
+        target = runtime.weights_dtype(stored_dtype(document))
+    except ProbeError as exc:
+        raise ProbeError(f"{path / CONFIG}: {exc}") from None
+    check_model(model_cfg, dtype=target)
+    weights = _Weights(path, allow_pickle)
+    model = Transformer.empty(model_cfg, target, runtime.device)
     expected = model.state_dict()
     if model_cfg.tie_embeddings:
         expected.pop("head.weight", None)
-        state.pop("head.weight", None)
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
+        weights.pop("head.weight")
+    missing = sorted(set(expected) - set(weights.shapes))
+    unexpected = sorted(set(weights.shapes) - set(expected))
     if missing or unexpected:
         parts = []
         if missing:
@@ -274,23 +320,27 @@ def load_checkpoint(
             f"{path / CONFIG}: task '{task.name}' needs {task.vocab_size} tokens but the model has "
             f"a vocabulary of {model_cfg.vocab_size}."
         )
-    for name, tensor in state.items():
-        if not tensor.is_floating_point():
+    for name, shape in weights.shapes.items():
+        if shape != tuple(expected[name].shape):
             raise ProbeError(
-                f"{path}: tensor '{name}' holds {tensor.dtype} values; weights must be floating "
-                "point (the file was not written by probe, or was damaged)."
-            )
-        if not torch.isfinite(tensor).all():
-            raise ProbeError(
-                f"{path}: tensor '{name}' holds NaN or infinite values, so every measurement "
-                "would be meaningless (a diverged run?); retrain from an earlier checkpoint."
-            )
-        if tuple(tensor.shape) != tuple(expected[name].shape):
-            raise ProbeError(
-                f"{path}: tensor '{name}' has shape {tuple(tensor.shape)} but config.json implies "
+                f"{path}: tensor '{name}' has shape {shape} but config.json implies "
                 f"{tuple(expected[name].shape)}; weights and config do not belong together."
             )
-    model.load_state_dict(state, strict=False)
-    model.to(device).eval()
+    with torch.no_grad():
+        for name in weights.shapes:
+            tensor = weights[name]
+            if not tensor.is_floating_point():
+                raise ProbeError(
+                    f"{path}: tensor '{name}' holds {tensor.dtype} values; weights must be "
+                    "floating point (the file was not written by probe, or was damaged)."
+                )
+            if not torch.isfinite(tensor).all():
+                raise ProbeError(
+                    f"{path}: tensor '{name}' holds NaN or infinite values, so every measurement "
+                    "would be meaningless (a diverged run?); retrain from an earlier checkpoint."
+                )
+            expected[name].copy_(tensor)
+            del tensor
+    model.eval()
     source = document.get("source") if isinstance(document.get("source"), dict) else None
     return Checkpoint(model, model_cfg, task, train_cfg, document.get("meta", {}), path, source)

@@ -16,6 +16,8 @@ from pathlib import Path
 
 from probe.errors import ProbeError
 
+TMP_SUFFIX = ".probe-tmp"  # temporary files of atomic writes: `.NAME.XXXX.probe-tmp`
+
 
 def check_apart(out: str | Path, inputs: Iterable[str | Path], what: str = "--out",
                 inside_ok: bool = False) -> None:  # fmt: skip
@@ -178,3 +180,40 @@ def load_safetensors(file: str | Path, advice: str) -> dict:
             f"{file} is not a readable safetensors file ({reason}): it is truncated or "
             f"corrupt; {advice}"
         ) from None
+
+
+def open_safetensors(file: str | Path, advice: str):
+    """A safetensors file opened for reading one tensor at a time (`keys()`, `get_slice(name)`,
+    `get_tensor(name)`); a file that is not one is one line, as for `load_safetensors`."""
+    from safetensors import SafetensorError, safe_open
+
+    check_input_file(file, "a safetensors weights file")
+    try:
+        return safe_open(str(file), framework="pt", device="cpu")
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        reason = reason.removeprefix("Error while deserializing header: ")
+        raise ProbeError(
+            f"{file} is not a readable safetensors file ({reason}): it is truncated or "
+            f"corrupt; {advice}"
+        ) from None
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file in the same directory, then rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes files private; results are meant to be shared
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))

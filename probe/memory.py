@@ -82,11 +82,13 @@ def check_fits(need: int, what: str, smaller: str = "a smaller size") -> None:
         )
 
 
-def check_model(cfg: ModelConfig, training: bool = False) -> None:
-    """The weights (and for training their gradients and Adam's two moments) must fit."""
+def check_model(cfg: ModelConfig, training: bool = False, dtype=None) -> None:
+    """The weights in `dtype` (default float32; and for training their gradients and Adam's
+    two moments) must fit."""
     copies = TRAINING_COPIES if training else 1
     params = parameter_estimate(cfg)
-    check_fits(params * FLOAT * copies, f"a model of about {params:,} parameters")
+    size = FLOAT if dtype is None else dtype.itemsize
+    check_fits(params * size * copies, f"a model of about {params:,} parameters")
 
 
 def check_forward(cfg: ModelConfig, batch: int, seq: int, backward: bool = False) -> None:

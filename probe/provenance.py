@@ -91,11 +91,16 @@ def device_name(device) -> str:
     return f"cpu ({platform.processor() or platform.machine()}, {threads} {unit})"
 
 
-def context(device="cpu") -> dict:
-    """Everything recorded next to a result."""
+def context(device="cpu", model=None) -> dict:
+    """Everything recorded next to a result: with a `model`, the device and dtype its weights
+    are held in (`runtime`), else the `device` given."""
+    from probe.runtime import Runtime
+
+    runtime = Runtime.resolve(device).record(model)
     return {
         "versions": versions(),
         "git_commit": git_commit(),
-        "device": device_name(device),
+        "device": device_name(runtime["device"]),
+        "runtime": runtime,
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }

@@ -19,7 +19,7 @@ def export_hf(
     files written. A model the format cannot express is one clear ProbeError."""
     from safetensors.torch import save
 
-    from probe.checkpoint import atomic_write_bytes, atomic_write_text
+    from probe.files import atomic_write_bytes, atomic_write_text
 
     fam = family({"model_type": model_type}, "export")
     state = {k: v.detach().cpu().float().contiguous() for k, v in model.state_dict().items()}

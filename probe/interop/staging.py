@@ -17,8 +17,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from probe.checkpoint import CONFIG, TMP_SUFFIX
+from probe.checkpoint import CONFIG
 from probe.errors import Interrupted, ProbeError
+from probe.files import TMP_SUFFIX
 
 PREFIX = ".probe-stage-"
 _SIGNALS = {signal.SIGINT, signal.SIGTERM}

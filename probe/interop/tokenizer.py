@@ -108,7 +108,7 @@ def save_tokenizer(tok: Tokenizer, path: str | Path) -> Path:
     path = Path(path)
     if path.is_dir():
         path = path / "tokenizer.json"
-    from probe.checkpoint import atomic_write_text
+    from probe.files import atomic_write_text
 
     atomic_write_text(path, tok.to_str(pretty=True))
     return path

@@ -137,6 +137,10 @@ class Attention(nn.Module):
         index = torch.tensor(self.site.kv_index(), dtype=torch.long, device=self.gate.device)
         self.register_buffer("kv_index", index, persistent=False)  # [head] -> local kv head
 
+    def reset_buffers(self) -> None:
+        """Recompute the buffers derived from the site (after `Transformer.empty`)."""
+        self._set_kv_index()
+
     @property
     def layer(self) -> int:
         return self.site.index

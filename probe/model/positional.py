@@ -70,9 +70,20 @@ class Rotary(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.dims = cfg.rotary_dims
+        self.base = cfg.rope_base
+        self.register_buffer("inv_freq", self._inv_freq(), persistent=False)
+
+    def _inv_freq(self, device: torch.device | None = None) -> torch.Tensor:
         half = self.dims // 2
-        inv_freq = cfg.rope_base ** (-torch.arange(half, dtype=torch.float32) / half)  # [dims/2]
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        return self.base ** (-torch.arange(half, dtype=torch.float32, device=device) / half)
+
+    def _apply(self, fn, recurse: bool = True):
+        """Moving or casting the model (`.to(bf16)`, `to_empty`) recomputes the frequencies on
+        the new device in float32: rounded to bf16 they would turn positions past a few
+        hundred into the wrong angles."""
+        super()._apply(fn, recurse)
+        self.inv_freq = self._inv_freq(self.inv_freq.device)  # [dims/2]
+        return self
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x [batch, head, seq, d_head], positions [batch, seq] -> rotated x, same shape."""

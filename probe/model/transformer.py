@@ -96,6 +96,27 @@ class Transformer(nn.Module):
         if cfg.tie_embeddings:
             self.head.weight = self.embed.weight
 
+    @classmethod
+    def empty(cls, cfg: ModelConfig, dtype: torch.dtype = torch.float32,
+              device: torch.device | str = "cpu") -> Transformer:  # fmt: skip
+        """The model `cfg` describes with uninitialized weights in `dtype` on `device`, for
+        loading weights into: nothing is initialized or held in float32 on the way, so memory
+        is one copy of the weights. Buffers computed from the config (rotary frequencies, which
+        stay float32, and key/value indices) are recomputed."""
+        with torch.device("meta"):
+            model = cls(cfg)
+        model.to(dtype=dtype)
+        model.to_empty(device=device)
+        if cfg.tie_embeddings:  # to_empty gives every parameter its own storage
+            model.head.weight = model.embed.weight
+        for module in model.modules():
+            if hasattr(module, "reset_buffers"):
+                module.reset_buffers()
+        with torch.no_grad():
+            for gate in model.gates():
+                gate.fill_(1.0)
+        return model.eval()
+
     @property
     def pre(self) -> bool:
         return self.cfg.norm == Norm.PRE

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from probe.checkpoint import atomic_write_bytes
+from probe.files import atomic_write_bytes
 from probe.report.files import atomic_save_figure, atomic_write_csv, atomic_write_json
 from probe.report.layout import title_above
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from probe.checkpoint import atomic_write_bytes, atomic_write_text
+from probe.files import atomic_write_bytes, atomic_write_text
 
 __all__ = ["atomic_save_figure", "atomic_write_csv", "atomic_write_json", "atomic_write_text"]
 

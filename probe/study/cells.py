@@ -20,8 +20,8 @@ from pathlib import Path
 import pandas as pd
 
 from probe import provenance
-from probe.checkpoint import TMP_SUFFIX
 from probe.errors import ProbeError
+from probe.files import TMP_SUFFIX
 from probe.report.files import atomic_write_csv, atomic_write_json
 from probe.study.documents import read_json
 from probe.study.grid import Cell

@@ -24,8 +24,8 @@ from typing import Any
 import pandas as pd
 
 from probe import provenance
-from probe.checkpoint import TMP_SUFFIX
 from probe.errors import Interrupted, ProbeError
+from probe.files import TMP_SUFFIX
 from probe.report.files import atomic_write_csv, atomic_write_json, atomic_write_text
 from probe.study.cells import (
     CellEvent,

@@ -7,8 +7,8 @@ import html
 from collections.abc import Callable
 from pathlib import Path
 
-from probe.checkpoint import atomic_write_text
 from probe.errors import ProbeError
+from probe.files import atomic_write_text
 from probe.study.cells import model_dir
 from probe.study.grid import Cell, expand
 from probe.study.reporting import study_from_dir
