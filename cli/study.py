@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from probe_cli.common import DeviceOpt, Group, console, err_console, shown
+from probe_cli.common import DeviceOpt, DtypeOpt, Group, console, err_console, shown
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -100,6 +100,7 @@ def run_cli(
         ),
     ] = None,
     device: DeviceOpt = "auto",
+    dtype: DtypeOpt = None,
     threads: Annotated[int, typer.Option(help="torch CPU threads per cell.")] = 1,
     junit: Annotated[
         Path | None, typer.Option("--junit", help="Write the expectations as JUnit XML here.")
@@ -128,7 +129,7 @@ def run_cli(
 ) -> None:
     """Run a study (finished cells are reused), write its report and check its expectations;
     exit code 1 when an expectation fails."""
-    from probe.runtime import resolve_device
+    from probe.runtime import Runtime
     from probe.study.grid import expand
     from probe.study.heads_checks import check_threads
     from probe.study.heads_spec import HeadStudy, load_any
@@ -137,7 +138,7 @@ def run_cli(
     from probe.study.runner import run_study
     from probe.study.spec import smoke_version
 
-    resolve_device(device)  # a bad name is one line now, not after the first cell
+    runtime = Runtime.resolve(device, dtype)  # a bad name is one line now, not after a cell
     if junit is not None:
         claim_file(junit, overwrite=True, what="--junit", inputs=[file])
     study = load_any(file)
@@ -146,8 +147,13 @@ def run_cli(
                          "share one model and run here.")  # fmt: skip
     check_threads(threads, "--threads")
     if isinstance(study, HeadStudy):  # measurements without expectations: an empty JUnit file
-        finish(study.name, [], junit, *run_heads(study, file, smoke, out, threads, overwrite))
+        finish(study.name, [], junit,
+               *run_heads(study, file, smoke, out, threads, overwrite, runtime))  # fmt: skip
         return
+    if dtype is not None:
+        raise ProbeError("--dtype sets the weights' dtype of a head study's real model; a grid "
+                         "study trains its models in float32 (bf16 autocast on CUDA): drop "
+                         "--dtype.")  # fmt: skip
     if smoke:
         if study.smoke is None:
             raise ProbeError(f"{file} has no [smoke] section; run it without --smoke.")
@@ -176,7 +182,7 @@ def run_cli(
 
 
 def run_heads(study: HeadStudy, file: Path, smoke: bool, out: Path | None, threads: int,
-              overwrite: bool) -> tuple[float, str]:  # fmt: skip
+              overwrite: bool, runtime=None) -> tuple[float, str]:  # fmt: skip
     """`probe study run` of a head study: its steps, then its report; the seconds it took and
     the reproduction verdict."""
     from probe.interop.bundled import resolve
@@ -201,7 +207,7 @@ def run_heads(study: HeadStudy, file: Path, smoke: bool, out: Path | None, threa
     )  # fmt: skip
     with Progress(*columns, console=console) as bar:
         result = run_head_study(study, out, threads=threads, progress=StepProgress(bar),
-                                overwrite=overwrite)  # fmt: skip
+                                overwrite=overwrite, runtime=runtime)  # fmt: skip
     console.print(f"{counted(result.n_run, 'step')} run, {result.n_cached} reused from the cache, "
                   f"{result.manifest['wall_s']:.0f} s")  # fmt: skip
     console.print(f"report: [bold]{shown(write_head_report(out))}[/]", soft_wrap=True)

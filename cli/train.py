@@ -341,10 +341,12 @@ def _ids(ids: tuple[int, ...]) -> str:
 
 
 def info_cli(checkpoint: CheckpointArg, allow_pickle: PickleOpt = False) -> None:
-    """Show a checkpoint's configuration and parameter counts."""
-    from probe.checkpoint import load_checkpoint
+    """Show a checkpoint's configuration and parameter counts (its files are checked; no
+    weight is read, so an 8B model's info takes no memory)."""
+    from probe.checkpoint import load_checkpoint, weights_dtype
+    from probe.runtime import dtype_name
 
-    ckpt = load_checkpoint(checkpoint, "cpu", allow_pickle)
+    ckpt = load_checkpoint(checkpoint, allow_pickle=allow_pickle, read_weights=False)
     view = Table(title=f"{Path(checkpoint)}")
     view.add_column("section")
     view.add_column("setting")
@@ -359,6 +361,7 @@ def info_cli(checkpoint: CheckpointArg, allow_pickle: PickleOpt = False) -> None
             if key == "kept_heads" and value is not None:
                 value = "see the attention sites below"
             view.add_row(section, key, str(value))
+    view.add_row("weights", "dtype", dtype_name(weights_dtype(ckpt.model)))
     for key in ("git_commit", "created", "steps_done", "train_seconds"):
         if key in ckpt.meta:
             view.add_row("meta", key, str(ckpt.meta[key]))

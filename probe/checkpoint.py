@@ -264,11 +264,15 @@ def load_checkpoint(
     allow_pickle: bool = False,
     dtype: str | torch.dtype | None = None,
     runtime: Runtime | None = None,
+    read_weights: bool = True,
 ) -> Checkpoint:
     """Load a checkpoint directory onto `device` (default: the CPU) in `dtype` (default: the
     dtype it was saved in); a `runtime` gives both. Every tensor's name and shape is checked
     against the config before any is read, then each is read, checked and copied into the model
-    one at a time: memory is one copy of the weights in the dtype asked for."""
+    one at a time: memory is one copy of the weights in the dtype asked for.
+
+    `read_weights=False` checks the files, names and shapes but reads no tensor: the model is
+    on the meta device (for what its structure tells: `probe info` of an 8B model)."""
     from probe.runtime import Runtime, resolve_dtype
 
     if runtime is None:
@@ -300,7 +304,7 @@ def load_checkpoint(
         raise ProbeError(f"{path / CONFIG}: {exc}") from None
     check_model(model_cfg, dtype=target)
     weights = _Weights(path, allow_pickle)
-    model = Transformer.empty(model_cfg, target, runtime.device)
+    model = Transformer.empty(model_cfg, target, runtime.device if read_weights else "meta")
     expected = model.state_dict()
     if model_cfg.tie_embeddings:
         expected.pop("head.weight", None)
@@ -327,7 +331,7 @@ def load_checkpoint(
                 f"{tuple(expected[name].shape)}; weights and config do not belong together."
             )
     with torch.no_grad():
-        for name in weights.shapes:
+        for name in weights.shapes if read_weights else ():
             tensor = weights[name]
             if not tensor.is_floating_point():
                 raise ProbeError(

@@ -106,15 +106,17 @@ class Transformer(nn.Module):
         with torch.device("meta"):
             model = cls(cfg)
         model.to(dtype=dtype)
-        model.to_empty(device=device)
+        if torch.device(device).type != "meta":
+            model.to_empty(device=device)
         if cfg.tie_embeddings:  # to_empty gives every parameter its own storage
             model.head.weight = model.embed.weight
         for module in model.modules():
             if hasattr(module, "reset_buffers"):
                 module.reset_buffers()
-        with torch.no_grad():
-            for gate in model.gates():
-                gate.fill_(1.0)
+        if torch.device(device).type != "meta":
+            with torch.no_grad():
+                for gate in model.gates():
+                    gate.fill_(1.0)
         return model.eval()
 
     @property

@@ -25,6 +25,7 @@ import torch
 from probe import provenance
 from probe.errors import Interrupted, ProbeError
 from probe.report.files import atomic_write_csv, atomic_write_json, atomic_write_text
+from probe.runtime import Runtime, dtype_name
 from probe.study.documents import read_json
 from probe.study.heads_checks import check_model_fit, check_source, check_threads
 from probe.study.heads_spec import HeadStudy, check_head_study, head_study_dict
@@ -72,8 +73,9 @@ def source_digest(path: Path) -> str:
 class Subject:
     """The imported model with its text splits, built once per run and only when a step needs it."""
 
-    def __init__(self, study: HeadStudy) -> None:
+    def __init__(self, study: HeadStudy, runtime: Runtime | None = None) -> None:
         self.study = study
+        self.runtime = runtime or Runtime.cpu()
         self.path = check_source(study.source, study.where)
         self.digest = source_digest(self.path)
         self._checked = False
@@ -88,11 +90,19 @@ class Subject:
     def imported(self):
         from probe.interop.importer import import_model
 
-        return import_model(self.path)
+        imported = import_model(self.path)
+        runtime = self.runtime
+        imported.model.to(device=runtime.device, dtype=runtime.dtype)
+        return imported
 
     @property
     def model(self):
         return self.imported.model
+
+    @property
+    def loaded(self):
+        """The model if a step has loaded it (a fully cached rerun never does), else None."""
+        return self.imported.model if "imported" in self.__dict__ else None
 
     @property
     def objective(self) -> str:
@@ -129,6 +139,8 @@ class Subject:
 
 def _hash(subject: Subject, step: Step) -> str:
     doc = {"model": subject.digest, "text": asdict(subject.study.text), "step": step.options}
+    if subject.runtime.dtype is not None:  # the weights' own dtype keeps the hashes it had
+        doc["dtype"] = dtype_name(subject.runtime.dtype)
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -169,8 +181,10 @@ def run_head_study(
     threads: int = 1,
     progress: Callable[[StepEvent], None] | None = None,
     overwrite: bool = False,
+    runtime: Runtime | None = None,
 ) -> HeadRunResult:
-    """Run (or resume) every step of `study` into results directory `out`."""
+    """Run (or resume) every step of `study` into results directory `out`, with the model on
+    `runtime`'s device in its dtype (default: the CPU, the model's own dtype)."""
     from probe.study.heads_steps import plan_steps, seed_zero_tables, times_models, timing_step
 
     check_threads(threads, "--threads")
@@ -179,7 +193,7 @@ def run_head_study(
     check_results_dir(out, study, overwrite)
     emit = progress or (lambda event: None)
     started = time.perf_counter()
-    subject = Subject(study)
+    subject = Subject(study, runtime)
     before = torch.get_num_threads()
     with locked(out), provenance.pinned(provenance.git_commit()):
         torch.set_num_threads(threads)
@@ -253,7 +267,8 @@ def _manifest(study: HeadStudy, subject: Subject, steps: list[dict], started: fl
     return {
         "study": study.name, "kind": "heads", "file": study.where, "smoke": study.is_smoke,
         "source": study.source, "source_path": str(subject.path),
-        "source_sha256": subject.digest, **provenance.context("cpu"),
+        "source_sha256": subject.digest,
+        **provenance.context(subject.runtime.device, model=subject.loaded),
         "packages": bundles, "threads": torch.get_num_threads(),
         "wall_s": round(time.perf_counter() - started, 2), "steps": steps,
     }  # fmt: skip
