@@ -113,3 +113,37 @@ def check_batches(cfg: ModelConfig, n_batches: int, batch: int, seq: int,
         f"{counted(n_batches, 'batch')} of {counted(batch, 'sequence')} of {counted(seq, 'token')}",
         smaller,
     )
+
+
+# A launcher as small as a Python process gets: it forks, runs the command, and reports the
+# command's own peak. (Linux keeps a process's peak resident memory across fork and exec, so a
+# command started straight from a large process, such as a test run, would report at least
+# that process's size.)
+_LAUNCHER = (
+    "import os, sys\n"
+    "pid = os.fork()\n"
+    "if pid == 0:\n"
+    "    os.execvp(sys.argv[1], sys.argv[1:])\n"
+    "_, status, usage = os.wait4(pid, 0)\n"
+    "code = os.waitstatus_to_exitcode(status)\n"
+    "os.write(1, b'\\nPROBE-PEAK %d %d\\n' % (usage.ru_maxrss, code))\n"
+)
+
+
+def peak_rss(argv: list[str], env: dict | None = None) -> tuple[int, int, str]:
+    """Run `argv` as a child process: (its peak resident memory in bytes, its exit code, what it
+    printed). The peak is the kernel's account of that process alone (wait4's ru_maxrss)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", _LAUNCHER, *argv], capture_output=True,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
+    output = done.stdout.decode("utf-8", "replace") + done.stderr.decode("utf-8", "replace")
+    head, _, last = output.rpartition("PROBE-PEAK ")
+    try:
+        peak_kib, code = (int(x) for x in last.split()[:2])
+    except ValueError:
+        return 0, done.returncode or 1, output
+    return peak_kib * 1024, code, head.rstrip() + "\n" + last.split("\n", 1)[-1].lstrip()
