@@ -14,7 +14,8 @@ default /tmp/probe-scale) in the Hugging Face layout, sharded, with SmolLM2's to
 Each step runs in its own process; its peak resident memory is the kernel's account of that
 process (wait4's ru_maxrss) and its time the wall clock:
 
-    hf-load     transformers' AutoModelForCausalLM.from_pretrained(dir, dtype=bfloat16)
+    hf-load     transformers' AutoModelForCausalLM.from_pretrained(dir, dtype=bfloat16), then
+                one forward pass of 1 x 128 tokens (so every weight is read)
     import      probe import DIR --out CKPT (kept in bf16)
     info        probe info CKPT
     importance  probe importance CKPT --method gradient, 1 x 128 tokens
@@ -164,9 +165,13 @@ def probe_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "probe", *args]
 
 
+# transformers maps the safetensors files and reads a weight when it is first used, so a bare
+# from_pretrained touches almost nothing: one forward pass of 1 x 128 tokens makes it hold the
+# model, as every probe command that runs the model does
 HF_LOAD = (
     "import sys, torch, transformers; transformers.logging.set_verbosity_error(); "
-    "transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16)"
+    "m = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16); "
+    "torch.no_grad()(m)(torch.randint(0, 1000, (1, 128)))"
 )
 
 
