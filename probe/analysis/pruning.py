@@ -106,32 +106,36 @@ def masked(model: Transformer, heads: Heads) -> Iterator[Transformer]:
 
 
 # --------------------------------------------------------------------- physical pruning
-def prune_heads(model: Transformer, heads: Heads) -> Transformer:
-    """A new Transformer without the given (layer, original head) pairs.
+def prune_heads(model: Transformer, heads: Heads, in_place: bool = False) -> Transformer:
+    """A Transformer without the given (layer, original head) pairs: a new one, or with
+    `in_place` the same model made smaller (no second copy of the weights: what a model as
+    large as the memory needs).
 
     Each attention module slices its own per-head parameters (`Attention.prune`); with
     grouped-query attention a key/value head goes when no kept query head reads it. The new
     config's `kept_heads` lists the kept original ids per site, so pruning a pruned model keeps
-    the original numbering; a site may lose every head, leaving only W_O's bias. The result is
-    rebuilt from its config and state, so a checkpoint of it loads.
+    the original numbering; a site may lose every head, leaving only W_O's bias. Every tensor's
+    name and shape is checked against a model built from the new config (on the meta device:
+    no memory), so a checkpoint of the result loads.
     """
     remove = check_heads(model, heads)
-    work = copy.deepcopy(model)
+    work = model if in_place else copy.deepcopy(model)
     for m in work.attention_modules():
         gone = remove.get(m.layer, set())
-        m.prune([h for h in m.kept_heads if h not in gone])
+        if gone:
+            m.prune([h for h in m.kept_heads if h not in gone])
     kept = tuple(m.kept_heads for m in work.attention_modules())
-    cfg = dataclasses.replace(model.cfg, kept_heads=kept)
+    work.cfg = dataclasses.replace(model.cfg, kept_heads=kept)
     with warnings.catch_warnings():  # empty sites initialise zero-element tensors
         warnings.filterwarnings("ignore", message="Initializing zero-element tensors")
-        new = Transformer(cfg)
-    ref = model.embed.weight
-    new.to(device=ref.device, dtype=ref.dtype)
-    new.load_state_dict(work.state_dict())
-    new.train(model.training)
-    for p_new, p_old in zip(new.parameters(), work.parameters(), strict=True):
-        p_new.requires_grad_(p_old.requires_grad)
-    return new
+        shapes = {
+            k: v.shape for k, v in Transformer.empty(work.cfg, device="meta").state_dict().items()
+        }
+    state = {k: v.shape for k, v in work.state_dict().items()}
+    if state != shapes:  # a slicing bug: never write a checkpoint that would not load
+        wrong = sorted(set(state.items()) ^ set(shapes.items()), key=str)[:3]
+        raise RuntimeError(f"pruned model does not match its config: {wrong}")
+    return work
 
 
 # ---------------------------------------------------------------------------- plans

@@ -17,10 +17,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from probe.checkpoint import CONFIG
 from probe.errors import Interrupted, ProbeError
 from probe.files import TMP_SUFFIX
 
+CONFIG = "config.json"  # a model folder's config (probe's or HF's): its presence marks it whole
 PREFIX = ".probe-stage-"
 _SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
