@@ -35,6 +35,18 @@ from probe.words import counted
 class HeadReport:
     """The report of one results directory: its study description, manifest and tables."""
 
+    def _runtime_note(self) -> str:
+        """Where and in what the model ran, when not float32 on the CPU (the reports of
+        earlier runs, which record neither, read as they did)."""
+        runtime = self.manifest.get("runtime") or {}
+        dtype, device = runtime.get("dtype"), str(runtime.get("device", "cpu"))
+        parts = []
+        if dtype not in (None, "float32"):
+            parts.append(f"weights held in {dtype} (statistics summed in float32)")
+        if not device.startswith("cpu"):
+            parts.append(f"run on {device}")
+        return f" {'; '.join(parts).capitalize()}." if parts else ""
+
     def __init__(self, out: Path) -> None:
         self.out = Path(out)
         try:
@@ -180,7 +192,7 @@ class HeadReport:
             f"{int(f.n_head)} query heads ({counted(int(f.n_kv_head), 'key/value head')} "
             f"per layer), d_model {f.d_model}, "
             f"{int(f.parameters):,} parameters ({int(f.attention_parameters):,} in attention). "
-            f"Weights sha256 `{self.manifest['source_sha256'][:16]}`.",
+            f"Weights sha256 `{self.manifest['source_sha256'][:16]}`.{self._runtime_note()}",
             f"Text: {'`' + t['file'] + '`' if t['file'] else 'the shipped corpus'} "
             f"({counted(int(f.documents), 'document')}), rows of "
             f"{counted(int(f.tokens_per_row), 'token')}; "
