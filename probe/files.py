@@ -65,9 +65,12 @@ def claim_output(path: str | Path, writes: tuple[str, ...], overwrite: bool = Fa
     path = check_output_dir(path, what, inputs, inside_ok)
     present = _matching(path, writes)
     if present and not overwrite:
+        listed = ", ".join(present[:4]) + (
+            f" and {len(present) - 4} more" if len(present) > 4 else ""
+        )
         raise ProbeError(
-            f"{what} '{path}' already holds {', '.join(present)} from an earlier run; choose "
-            "another directory or pass --overwrite to replace them."
+            f"{what} '{path}' already holds {listed} from an earlier run; choose another "
+            "directory or pass --overwrite to replace them."
         )
     return present
 
