@@ -152,6 +152,7 @@ def read_gguf(path: str | Path) -> GGUFModel:
     path = Path(path)
     reader = _open_reader(path)
     metadata = metadata_of(reader, path)
+    reader.fields.clear()  # decoded now; the reader's views of them take ~1 KB per token
     arch = metadata.get("general.architecture")
     if arch is None:
         raise ProbeError(f"GGUF file '{path}' has no 'general.architecture' metadata key")
