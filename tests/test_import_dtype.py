@@ -224,3 +224,21 @@ def test_quantized_gguf_is_dequantized_to_the_dtype_asked(tmp_path):
     assert {p.dtype for p in halved.model.parameters()} == {torch.bfloat16}
     got = halved.model.state_dict()["blocks.0.ffn.up.weight"]
     assert torch.equal(got, values.to(torch.bfloat16))
+
+
+def test_an_integer_gguf_tensor_is_refused_by_name(tmp_path):
+    from probe.errors import ProbeError
+
+    weights, dims = tiny_llama()
+    name = "model.layers.0.mlp.up_proj.weight"
+    writer = gguf.GGUFWriter(tmp_path / "ints.gguf", "llama")
+    for key, value in base_metadata(dims, 10).items():
+        add(writer, key, value)
+    for hf_name, w in weights.items():
+        writer.add_tensor(gguf_name(hf_name), (10 * w).astype(np.int32) if hf_name == name else w)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ProbeError, match=f"tensor '{name}' holds int32 values"):
+        import_model(tmp_path / "ints.gguf")

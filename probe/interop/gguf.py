@@ -74,6 +74,8 @@ class GGUFModel:
 
 # GGUF tensor types stored as a torch dtype (read as they are); any other is quantized
 _STORED = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+# integer types: named as such, so the importer refuses them as weights
+_INTEGERS = {"I8": torch.int8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64}
 
 
 class GGUFTensors(Mapping):
@@ -106,7 +108,8 @@ class GGUFTensors(Mapping):
 
     def dtype(self, name: str) -> torch.dtype:
         """The dtype tensor `name` is read in (float32 for a quantized one)."""
-        return _STORED.get(self.dtypes[name], torch.float32)
+        kind = self.dtypes[name]
+        return _STORED.get(kind) or _INTEGERS.get(kind) or torch.float32
 
     def source_dtype(self) -> torch.dtype:
         """The dtype of the matrices when all share one of F32, F16, BF16; else (quantized or
