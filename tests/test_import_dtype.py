@@ -242,3 +242,22 @@ def test_an_integer_gguf_tensor_is_refused_by_name(tmp_path):
     writer.close()
     with pytest.raises(ProbeError, match=f"tensor '{name}' holds int32 values"):
         import_model(tmp_path / "ints.gguf")
+
+
+def test_the_memory_refusal_counts_the_bytes_of_the_dtype_imported(tmp_path):
+    """A vocabulary of 10**12 is refused before anything is allocated, at 2 bytes a weight in
+    the source's bf16 and 4 when float32 is asked for."""
+    import re
+
+    from probe.errors import ProbeError
+
+    path = saved("llama", torch.bfloat16, tmp_path / "huge")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "vocab_size": 10**12}))
+    needs = {}
+    for dtype in ("bfloat16", "float32"):
+        with pytest.raises(ProbeError, match="of memory") as refused:
+            import_model(path, dtype=None if dtype == "bfloat16" else dtype)
+        amount, unit = re.search(r"need about ([\d,.]+) (\w+)", str(refused.value)).groups()
+        needs[dtype] = float(amount.replace(",", "")) * {"GiB": 1, "TiB": 2**10, "PiB": 2**20}[unit]
+    assert needs["float32"] == pytest.approx(2 * needs["bfloat16"], rel=1e-3)
