@@ -44,7 +44,8 @@ class Objective:
 class Imported:
     model: Transformer
     tokenizer: Any | None  # tokenizers.Tokenizer, or None when the source has none
-    source: dict[str, Any] = field(default_factory=dict)  # format, path, model_type, objective
+    source: dict[str, Any] = field(default_factory=dict)  # format, path, model_type, objective,
+    # and dtype: how the source stores its weights ("bfloat16", or GGUF types "Q4_1, Q8_0")
 
 
 def objective_for(cfg: ModelConfig) -> str:
