@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from probe_cli.common import OverwriteOpt, PickleOpt, console, shown
+from probe_cli.common import DtypeOpt, OverwriteOpt, PickleOpt, console, shown
 
 from probe import provenance
 from probe.errors import ProbeError
@@ -30,6 +30,14 @@ def import_cli(
         bool,
         typer.Option("--allow-nonfinite", help="Import weights that hold NaN or infinities."),
     ] = False,
+    dtype: Annotated[
+        str | None,
+        typer.Option(
+            "--dtype",
+            help="Weights' dtype: float32, bfloat16 or float16 (default: the source's own; a "
+            "quantized GGUF is dequantized to float32).",
+        ),
+    ] = None,
 ) -> None:
     """Turn a local model into a probe checkpoint that computes the same function (offline)."""
     from probe.checkpoint import CHECKPOINT_FILES, claim_output
@@ -37,12 +45,14 @@ def import_cli(
     from probe.interop.bundled import resolve
     from probe.interop.importer import import_model
     from probe.interop.staging import staged
+    from probe.runtime import dtype_name, resolve_dtype
 
+    asked = resolve_dtype(dtype)  # a bad name is one line before any work
     earlier = claim_output(out, CHECKPOINT_FILES, overwrite, inputs=[resolve(source)])
     with staged(out, earlier) as stage:  # all files or none: an interrupted run leaves nothing
         with console.status(f"reading {source}"):
-            imported = import_model(source, allow_nonfinite)
-        meta = {"imported": provenance.context("cpu")}
+            imported = import_model(source, allow_nonfinite, asked)
+        meta = {"imported": provenance.context("cpu", imported.model)}
         save(stage, imported.model, None, None, meta, source=imported.source,
              tokenizer=imported.tokenizer)  # fmt: skip
     cfg = imported.model.cfg
@@ -51,8 +61,9 @@ def import_cli(
     console.print(
         f"imported {imported.source['model_type']} ({imported.source['format']}): "
         f"{counted(cfg.n_layer, 'layer')} x {counted(cfg.n_head, 'head')}{groups}, d_model "
-        f"{cfg.d_model}, {counted(counts['total'], 'parameter')}; scored on text by "
-        f"{imported.source['objective']}"
+        f"{cfg.d_model}, {counted(counts['total'], 'parameter')} in "
+        f"{dtype_name(next(imported.model.parameters()).dtype)} (stored as "
+        f"{imported.source['dtype']}); scored on text by {imported.source['objective']}"
     )
     if imported.tokenizer is None:
         console.print("no tokenizer.json in the source: commands that read text will refuse")
@@ -63,19 +74,19 @@ def export_cli(
     checkpoint: Annotated[Path, typer.Argument(help="An imported (and maybe pruned) checkpoint.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write.")],
     format: Annotated[str, typer.Option("--format", help="Output format: hf.")] = "hf",
+    dtype: DtypeOpt = None,
     allow_pickle: PickleOpt = False,
     overwrite: OverwriteOpt = False,
 ) -> None:
     """Write a checkpoint in the Hugging Face format, loadable with from_pretrained."""
     from probe.checkpoint import claim_output, load_checkpoint
-    from probe.interop.export import export_hf
+    from probe.interop.export import WRITES, export_hf
     from probe.interop.staging import staged
 
     if format != "hf":
         raise ProbeError(f"Unknown --format '{format}'. Available: hf.")
-    writes = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
-    earlier = claim_output(out, writes, overwrite, inputs=[checkpoint])
-    ckpt = load_checkpoint(checkpoint, "cpu", allow_pickle)
+    earlier = claim_output(out, WRITES, overwrite, inputs=[checkpoint])
+    ckpt = load_checkpoint(checkpoint, "cpu", allow_pickle, dtype=dtype)
     if not ckpt.imported:
         raise ProbeError(
             f"{checkpoint} was trained by probe, not imported; export writes imported models "

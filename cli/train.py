@@ -312,7 +312,8 @@ def _original(ckpt):
             f"{ckpt.path} is a pruned sentence encoder, scored by similarity to the model it came "
             f"from, but that model is no longer at {path}; import it again there."
         )
-    return import_model(path).model.to(next(ckpt.model.parameters()).device)
+    first = next(ckpt.model.parameters())  # the original in the pruned model's dtype
+    return import_model(path, dtype=first.dtype).model.to(first.device)
 
 
 def _sites_table(cfg: ModelConfig) -> Table:

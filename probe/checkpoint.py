@@ -1,4 +1,5 @@
-"""Checkpoints: a directory with model.safetensors + config.json (+ metrics.csv).
+"""Checkpoints: a directory with config.json and the weights, model.safetensors or (a model
+larger than `probe.weights.SHARD_BYTES`) shards and their index (+ metrics.csv, tokenizer.json).
 
 Writing goes through temporary names and `os.replace`, so a crash never leaves a torn file and
 never destroys the previous good checkpoint. Loading checks every tensor's shape against the
@@ -19,24 +20,22 @@ import torch
 from probe.config import ModelConfig, TrainConfig
 from probe.errors import ProbeError
 from probe.files import (  # claim_output, open_output: re-exported (their old home)
-    atomic_write_bytes,
     atomic_write_text,
     check_input_file,
     claim_output,  # noqa: F401
     open_output,  # noqa: F401
-    open_safetensors,
 )
 from probe.memory import check_model
 from probe.model import Transformer
 from probe.runtime import dtype_name
 from probe.tasks import TaskConfig
+from probe.weights import INDEX, SHARDS, WEIGHTS, nonfinite, open_weights, write_weights
 
 if TYPE_CHECKING:
     from probe.runtime import Runtime
 
 FORMAT = "probe-checkpoint"
 FORMAT_VERSION = 1
-WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 # what an imported model is evaluated by on text (probe.interop.importer.Objective names them)
 OBJECTIVES = ("causal-lm", "masked-lm", "embedding")
@@ -83,7 +82,8 @@ class Checkpoint:
         return load_tokenizer(self.path / TOKENIZER)
 
 
-CHECKPOINT_FILES = (WEIGHTS, CONFIG, METRICS, TOKENIZER)
+# the files a checkpoint may hold (SHARDS is a pattern: `claim_output` finds every shard)
+CHECKPOINT_FILES = (WEIGHTS, INDEX, SHARDS, CONFIG, METRICS, TOKENIZER)
 
 
 def weights_dtype(model: torch.nn.Module) -> torch.dtype:
@@ -110,13 +110,14 @@ def save_checkpoint(
     *,
     source: dict[str, Any] | None = None,
     tokenizer: Any | None = None,
+    shard_bytes: int | None = None,
 ) -> Path:
     """Write the checkpoint directory `path` (created if needed); returns it.
 
     A model trained here has its task and training config; an imported one has `source`
-    instead (and its tokenizer, written as tokenizer.json)."""
-    from safetensors.torch import save
-
+    instead (and its tokenizer, written as tokenizer.json). The weights are written in their
+    dtype from the model itself, in shards of at most `shard_bytes` (default
+    `probe.weights.SHARD_BYTES`) when larger."""
     if source is None and (task is None or train_cfg is None):
         raise ValueError("a checkpoint needs its task and training config, or an import source")
     path = Path(path)
@@ -136,7 +137,7 @@ def save_checkpoint(
         from probe.interop.tokenizer import save_tokenizer
 
         save_tokenizer(tokenizer, path / TOKENIZER)
-    atomic_write_bytes(path / WEIGHTS, save(_state_for_saving(model)))
+    write_weights(path, _state_for_saving(model), shard_bytes)
     atomic_write_text(path / CONFIG, json.dumps(document, indent=2, default=str) + "\n")
     return path
 
@@ -147,7 +148,7 @@ def read_config(path: str | Path) -> dict[str, Any]:
     if not path.exists():
         raise ProbeError(f"No checkpoint at '{path}': the path does not exist.")
     if path.is_file():
-        if path.name in (CONFIG, WEIGHTS):
+        if path.name in (CONFIG, WEIGHTS, INDEX):
             path = path.parent
         else:
             raise ProbeError(
@@ -188,18 +189,17 @@ def read_config(path: str | Path) -> dict[str, Any]:
 
 class _Weights:
     """The tensors of a checkpoint, read one at a time: names and shapes come from the
-    safetensors header, each tensor is read when asked for (so loading never holds a second
-    copy of the model). Pickle weights, when allowed, are a dict read whole."""
+    safetensors headers (one file or shards), each tensor is read when asked for (so loading
+    never holds a second copy of the model). Pickle weights, when allowed, are a dict read
+    whole."""
 
     def __init__(self, path: Path, allow_pickle: bool) -> None:
-        weights = path / WEIGHTS
-        check_input_file(weights, "the safetensors weights file")
-        if weights.exists():
-            self._file = open_safetensors(weights, "re-train or restore it.")
-            self.shapes = {n: tuple(self._file.get_slice(n).get_shape()) for n in self._file.keys()}  # noqa: SIM118
+        check_input_file(path / WEIGHTS, "the safetensors weights file")
+        self._file = open_weights(path, "re-train or restore it.")
+        if self._file is not None:
+            self.shapes = dict(self._file.shapes)
             self._state = None
             return
-        self._file = None
         self._state = _load_pickle(path, allow_pickle)
         self.shapes = {n: tuple(t.shape) for n, t in self._state.items()}
 
@@ -208,7 +208,7 @@ class _Weights:
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if self._file is not None:
-            return self._file.get_tensor(name)
+            return self._file[name]
         return self._state[name]
 
 
@@ -338,7 +338,7 @@ def load_checkpoint(
                     f"{path}: tensor '{name}' holds {tensor.dtype} values; weights must be "
                     "floating point (the file was not written by probe, or was damaged)."
                 )
-            if not torch.isfinite(tensor).all():
+            if nonfinite(tensor):
                 raise ProbeError(
                     f"{path}: tensor '{name}' holds NaN or infinite values, so every measurement "
                     "would be meaningless (a diverged run?); retrain from an earlier checkpoint."

@@ -61,16 +61,31 @@ def claim_output(path: str | Path, writes: tuple[str, ...], overwrite: bool = Fa
                  what: str = "--out", inputs: Iterable[str | Path] = (),
                  inside_ok: bool = False) -> list[str]:  # fmt: skip
     """Check an output directory before any work, creating nothing (`check_output_dir`), and
-    that it holds none of the files in `writes` unless `overwrite`. Returns the files of
-    `writes` already there, for `open_output`."""
+    that it holds none of the files in `writes` (names, or patterns with a `*`) unless
+    `overwrite`. Returns the files of `writes` already there, for `open_output`."""
     path = check_output_dir(path, what, inputs, inside_ok)
-    present = [name for name in writes if (path / name).exists()]
+    present = _matching(path, writes)
     if present and not overwrite:
+        listed = ", ".join(present[:4]) + (
+            f" and {len(present) - 4} more" if len(present) > 4 else ""
+        )
         raise ProbeError(
-            f"{what} '{path}' already holds {', '.join(present)} from an earlier run; choose "
-            "another directory or pass --overwrite to replace them."
+            f"{what} '{path}' already holds {listed} from an earlier run; choose another "
+            "directory or pass --overwrite to replace them."
         )
     return present
+
+
+def _matching(folder: Path, writes: tuple[str, ...]) -> list[str]:
+    """The files of `writes` in `folder`; an entry with a `*` is a pattern (the shards of a
+    model's weights: `model-*-of-*.safetensors`)."""
+    found = []
+    for name in writes:
+        if "*" in name:
+            found += sorted(p.name for p in folder.glob(name) if p.name not in found)
+        elif (folder / name).exists() and name not in found:
+            found.append(name)
+    return found
 
 
 def claim_file(path: str | Path, overwrite: bool = False, what: str = "--out",
@@ -173,13 +188,20 @@ def load_safetensors(file: str | Path, advice: str) -> dict:
         return {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
 
 
-def open_safetensors(file: str | Path, advice: str):
+def open_safetensors(file: str | Path, advice: str, backend: str | None = None):
     """A safetensors file opened for reading one tensor at a time (`keys()`, `get_slice(name)`,
-    `get_tensor(name)`); a file that is not one is one line, as for `load_safetensors`."""
+    `get_tensor(name)`); a file that is not one is one line, as for `load_safetensors`.
+    `backend="pread"` reads with pread(2) instead of a memory map (whose pages would count as
+    the process's memory), where the installed safetensors offers it."""
     from safetensors import safe_open
 
     check_input_file(file, "a safetensors weights file")
     with _readable(file, advice):
+        if backend is not None:
+            try:
+                return safe_open(str(file), framework="pt", device="cpu", backend=backend)
+            except TypeError:  # safetensors before 0.7 memory-maps only
+                pass
         return safe_open(str(file), framework="pt", device="cpu")
 
 

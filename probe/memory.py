@@ -1,8 +1,9 @@
 """Memory a model or a forward pass will need, estimated from the config before anything is
 allocated, so an impossible size fails in one line instead of after minutes and gigabytes.
 
-The estimates are upper-end orders of magnitude (float32 throughout), not exact accounting:
-they exist to refuse `d_model = 10**9` or a 100,000-token evaluation, not to pack memory tightly.
+The estimates are upper-end orders of magnitude (weights at their dtype's size, activations in
+float32), not exact accounting: they exist to refuse `d_model = 10**9` or a 100,000-token
+evaluation, not to pack memory tightly.
 `PROBE_MEMORY_CHECK=off` in the environment skips the check (to insist).
 """
 

@@ -1,5 +1,6 @@
 """`export_hf`: an imported (and possibly pruned) probe model back to a Hugging Face directory
-that transformers loads with `from_pretrained`: config.json, model.safetensors, tokenizer.json."""
+that transformers loads with `from_pretrained`: config.json, the weights in the model's dtype
+(model.safetensors, or shards and their index for a large model), tokenizer.json."""
 
 from __future__ import annotations
 
@@ -10,27 +11,40 @@ from typing import Any
 from probe.errors import ProbeError
 from probe.interop.families import family
 from probe.model import Transformer
+from probe.weights import FILES
+
+# what an export may write (the shards' names as a pattern), for `claim_output`
+WRITES = ("config.json", *FILES, "tokenizer.json", "tokenizer_config.json")
 
 
 def export_hf(
-    model: Transformer, model_type: str, out: Path, tokenizer: Any | None = None
+    model: Transformer,
+    model_type: str,
+    out: Path,
+    tokenizer: Any | None = None,
+    shard_bytes: int | None = None,
 ) -> list[Path]:
-    """Write `model` as a Hugging Face checkpoint of family `model_type` into `out`; returns the
-    files written. A model the format cannot express is one clear ProbeError."""
-    from safetensors.torch import save
-
-    from probe.files import atomic_write_bytes, atomic_write_text
+    """Write `model` as a Hugging Face checkpoint of family `model_type` into `out`, in the
+    dtype its weights are held in, tensor by tensor (shards of at most `shard_bytes`, default
+    `probe.weights.SHARD_BYTES`, when larger); returns the files written. A model the format
+    cannot express is one clear ProbeError."""
+    from probe.checkpoint import weights_dtype
+    from probe.files import atomic_write_text
+    from probe.runtime import dtype_name
+    from probe.weights import write_weights
 
     fam = family({"model_type": model_type}, "export")
-    state = {k: v.detach().cpu().float().contiguous() for k, v in model.state_dict().items()}
+    dtype = weights_dtype(model)
+    state = {k: v.detach() for k, v in model.state_dict().items()}
     hf_config, weights = fam.to_hf(state, model.cfg)
-    hf_config = {**hf_config, "torch_dtype": "float32", "dtype": "float32"}
-    weights = {k: v.clone().contiguous() for k, v in weights.items()}  # no shared storage
+    hf_config = {**hf_config, "torch_dtype": dtype_name(dtype), "dtype": dtype_name(dtype)}
     if any(v.numel() == 0 for v in weights.values()):
         raise ProbeError("The model has a layer with no heads left; the format cannot hold it.")
+    # tensors the family makes (zero biases) come in float32: written in the model's dtype
+    weights = {k: v if v.dtype == dtype else v.to(dtype) for k, v in weights.items()}
     out.mkdir(parents=True, exist_ok=True)
-    written = [out / "config.json", out / "model.safetensors"]
-    atomic_write_bytes(written[1], save(weights, metadata={"format": "pt"}))
+    written = write_weights(out, weights, shard_bytes, metadata={"format": "pt"})
+    written.insert(0, out / "config.json")
     atomic_write_text(written[0], json.dumps(hf_config, indent=2) + "\n")
     if tokenizer is not None:
         from probe.interop.tokenizer import save_tokenizer

@@ -5,12 +5,16 @@ Each family module offers
     MODEL_TYPES, IGNORED                      its model types; source tensors it may leave unused
     config(hf, where, names) -> ModelConfig   the probe config that computes the same function
                                               (`hf` a `Fields` over config.json: typed reads)
-    to_probe(hf_state, cfg, where) -> dict     Hugging Face weights under probe's names
+    to_probe(hf_state, cfg, where)            Hugging Face weights under probe's names: yields
+        -> Iterator[(probe name, tensor)]     them one at a time, reading `hf_state` (a lazy
+                                              mapping) only as it goes; run once on meta tensors
+                                              to check names and shapes before any is read
     to_hf(state, cfg) -> (dict, dict)          probe weights back to a config.json + weights
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -50,13 +54,26 @@ def family(hf_config: dict[str, Any], where: str) -> ModuleType:
     return modules[model_type]
 
 
-def rename(state: dict, names: dict[str, str], where: str) -> dict:
-    """`state` with every key in `names` renamed; a missing one is a clear error."""
+def require(state: Mapping, names: Iterable[str], where: str) -> None:
+    """Every one of `names` is in `state`; a missing one is a clear error."""
     missing = sorted(set(names) - set(state))
     if missing:
         shown = ", ".join(missing[:3]) + (" ..." if len(missing) > 3 else "")
         raise ProbeError(f"{where}: the weights lack {shown}; the checkpoint is incomplete.")
+
+
+def rename(state: Mapping, names: dict[str, str], where: str) -> dict:
+    """`state` with every key in `names` renamed; a missing one is a clear error."""
+    require(state, names, where)
     return {new: state[old] for old, new in names.items()}
+
+
+def renamed(state: Mapping, names: dict[str, str], where: str) -> Iterator[tuple[str, Any]]:
+    """(new name, tensor) for every key in `names`, each read from `state` when it is reached;
+    a missing one is a clear error before any is read."""
+    require(state, names, where)
+    for old, new in names.items():
+        yield new, state[old]
 
 
 def tied_output(hf: Fields, names: set[str] | None, default: bool) -> bool:

@@ -1,8 +1,9 @@
 """Read a llama.cpp GGUF file of a Llama-family model as a Hugging Face checkpoint would hold it.
 
-`read_gguf` dequantizes every tensor to float32 with the `gguf` package, renames it to the
-Hugging Face `LlamaForCausalLM` name, and builds a `LlamaConfig`-style config dict from the
-GGUF metadata. No transformers is needed.
+`read_gguf` reads the header (metadata, tensor names, types and shapes) and builds a
+`LlamaConfig`-style config dict from the metadata; its `tensors` read one tensor at a time
+under the Hugging Face `LlamaForCausalLM` name: F32, F16 and BF16 tensors as stored, quantized
+ones dequantized to float32 with the `gguf` package. No transformers is needed.
 
 Two layout differences between GGUF and Hugging Face are undone here:
 
@@ -23,7 +24,10 @@ Two layout differences between GGUF and Hugging Face are undone here:
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,15 +68,94 @@ _HEADER_FIELDS = ("GGUF.version", "GGUF.tensor_count", "GGUF.kv_count")  # added
 @dataclass(frozen=True)
 class GGUFModel:
     config: dict[str, Any]  # Hugging Face LlamaConfig-style config.json dict
-    tensors: dict[str, torch.Tensor] = field(repr=False)  # HF names -> float32, HF shapes
+    tensors: GGUFTensors = field(repr=False)  # HF names -> tensors (read on demand), HF shapes
     metadata: dict[str, Any] = field(repr=False)  # raw GGUF key/value metadata, decoded
 
 
+# GGUF tensor types stored as a torch dtype (read as they are); any other is quantized
+_STORED = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+# integer types: named as such, so the importer refuses them as weights
+_INTEGERS = {"I8": torch.int8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64}
+
+
+class GGUFTensors(Mapping):
+    """A GGUF file's tensors under their Hugging Face names, each read when asked for (F32, F16
+    and BF16 as stored, quantized types dequantized to float32), q/k rows put back in Hugging
+    Face's rotary order. The file's pages read are handed back to the system after each tensor,
+    so they never add up to a second copy of the model in the process's memory."""
+
+    def __init__(self, reader: Any, config: dict[str, Any], path: Path) -> None:
+        self.reader, self.path, self.config = reader, path, config
+        self._tensors = {}  # HF name -> the reader's tensor
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.dtypes: dict[str, str] = {}  # GGUF type names: F32, F16, Q4_1, ...
+        shapes = _expected_shapes(config)
+        for tensor in reader.tensors:
+            hf_name = _hf_name(tensor.name, config["num_hidden_layers"], path)
+            shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))  # row-major
+            if shape != shapes[hf_name]:
+                raise ProbeError(
+                    f"GGUF file '{path}': tensor '{tensor.name}' has shape {shape}, "
+                    f"expected {shapes[hf_name]} from the metadata"
+                )
+            self._tensors[hf_name] = tensor
+            self.shapes[hf_name] = shape
+            self.dtypes[hf_name] = tensor.tensor_type.name
+        missing = [name for name in shapes if name not in self.shapes and name != "lm_head.weight"]
+        if missing:
+            shown = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
+            raise ProbeError(f"GGUF file '{path}' lacks {len(missing)} tensors: {shown}")
+
+    def dtype(self, name: str) -> torch.dtype:
+        """The dtype tensor `name` is read in (float32 for a quantized one)."""
+        kind = self.dtypes[name]
+        return _STORED.get(kind) or _INTEGERS.get(kind) or torch.float32
+
+    def source_dtype(self) -> torch.dtype:
+        """The dtype of the matrices when all share one of F32, F16, BF16; else (quantized or
+        mixed) float32, what dequantizing gives."""
+        kinds = {self.dtypes[n] for n, s in self.shapes.items() if len(s) == 2}
+        return _STORED[kinds.pop()] if len(kinds) == 1 and kinds <= set(_STORED) else torch.float32
+
+    def stored(self) -> str:
+        """How the file stores its weights: 'float16', or the quantized types ('Q4_1, Q8_0')."""
+        kinds = sorted({self.dtypes[n] for n, s in self.shapes.items() if len(s) == 2})
+        if len(kinds) == 1 and kinds[0] in _STORED:
+            return str(_STORED[kinds[0]]).removeprefix("torch.")
+        return ", ".join(kinds)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        tensor = self._tensors[name]
+        weight = _read(tensor, self.path)
+        if tuple(weight.shape) != self.shapes[name]:
+            raise ProbeError(
+                f"GGUF file '{self.path}': tensor '{tensor.name}' reads as shape "
+                f"{tuple(weight.shape)}, expected {self.shapes[name]}"
+            )
+        _release(self.reader)
+        block = _BLOCK_RE.fullmatch(tensor.name)
+        heads_key = _ROTARY_HEADS.get(block[2]) if block else None
+        if heads_key is not None:
+            weight = _unpermute_rotary(weight, self.config[heads_key])
+        return weight
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.shapes  # (Mapping's own would read the tensor)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+
 def read_gguf(path: str | Path) -> GGUFModel:
-    """Read a Llama GGUF file; every tensor comes back dequantized to float32 under its HF name."""
+    """Read a Llama GGUF file's metadata and tensor headers; its tensors are read on demand under
+    their Hugging Face names."""
     path = Path(path)
     reader = _open_reader(path)
     metadata = metadata_of(reader, path)
+    reader.fields.clear()  # decoded now; the reader's views of them take ~1 KB per token
     arch = metadata.get("general.architecture")
     if arch is None:
         raise ProbeError(f"GGUF file '{path}' has no 'general.architecture' metadata key")
@@ -83,25 +166,8 @@ def read_gguf(path: str | Path) -> GGUFModel:
         )
     gguf_names = [t.name for t in reader.tensors]
     config = _llama_config(metadata, gguf_names, path)
-    shapes = _expected_shapes(config)
-    tensors: dict[str, torch.Tensor] = {}
-    for tensor in reader.tensors:
-        hf_name = _hf_name(tensor.name, config["num_hidden_layers"], path)
-        weight = _dequantize(tensor, path)
-        if tuple(weight.shape) != shapes[hf_name]:
-            raise ProbeError(
-                f"GGUF file '{path}': tensor '{tensor.name}' has shape {tuple(weight.shape)}, "
-                f"expected {shapes[hf_name]} from the metadata"
-            )
-        block = _BLOCK_RE.fullmatch(tensor.name)
-        heads_key = _ROTARY_HEADS.get(block[2]) if block else None
-        if heads_key is not None:
-            weight = _unpermute_rotary(weight, config[heads_key])
-        tensors[hf_name] = weight
-    missing = [name for name in shapes if name not in tensors and name != "lm_head.weight"]
-    if missing:
-        shown = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
-        raise ProbeError(f"GGUF file '{path}' lacks {len(missing)} tensors: {shown}")
+    tensors = GGUFTensors(reader, config, path)
+    config["torch_dtype"] = str(tensors.source_dtype()).removeprefix("torch.")
     return GGUFModel(config=config, tensors=tensors, metadata=metadata)
 
 
@@ -261,19 +327,36 @@ def _hf_name(gguf_name: str, n_layer: int, path: Path) -> str:
     )
 
 
-def _dequantize(tensor: Any, path: Path) -> torch.Tensor:
+def _read(tensor: Any, path: Path) -> torch.Tensor:
+    """One tensor in row-major order (reversed GGUF dims): F32, F16 and BF16 copied as stored,
+    any other type dequantized to float32."""
     from gguf.quants import dequantize
 
+    kind = tensor.tensor_type.name
+    if kind in ("F32", "F16"):  # the reader's arrays are read-only views of the file: copy
+        return torch.from_numpy(np.array(tensor.data, copy=True))
+    if kind == "BF16":  # the reader gives the raw bytes, [rows, 2 * columns]
+        raw = np.array(tensor.data, copy=True).view(np.uint16)
+        return torch.from_numpy(raw).view(torch.bfloat16)
     try:
-        values = dequantize(tensor.data, tensor.tensor_type)  # row-major: reversed GGUF dims
+        values = dequantize(tensor.data, tensor.tensor_type)
     except NotImplementedError as e:
         raise ProbeError(
-            f"GGUF file '{path}': tensor '{tensor.name}' uses {tensor.tensor_type.name}, "
-            "which the installed gguf package cannot dequantize"
+            f"GGUF file '{path}': tensor '{tensor.name}' uses {kind}, which the installed gguf "
+            "package cannot dequantize"
         ) from e
-    # F32 tensors come back as read-only views of the file: copy them; others are fresh arrays.
     copy = not values.flags.writeable or values.dtype != np.float32
     return torch.from_numpy(np.array(values, dtype=np.float32, copy=copy))
+
+
+def _release(reader: Any) -> None:
+    """Hand the file's pages read so far back to the system: they stay in the page cache but
+    stop counting as this process's memory (a no-op where the map or madvise is missing)."""
+    mapped = getattr(getattr(reader, "data", None), "_mmap", None)
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    if mapped is not None and advice is not None:
+        with contextlib.suppress(OSError, ValueError):
+            mapped.madvise(advice)
 
 
 def _unpermute_rotary(weight: torch.Tensor, n_head: int) -> torch.Tensor:

@@ -3,11 +3,13 @@ types, a LayerNorm on the embeddings, GELU, biases everywhere; the masked-LM hea
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+
 import torch
 
 from probe.config import FFN, PE, Arch, ModelConfig, Norm
 from probe.errors import ProbeError
-from probe.interop.families import refuse_unimplemented, rename, require_unpruned
+from probe.interop.families import refuse_unimplemented, renamed, require_unpruned
 from probe.interop.fields import Fields
 
 MODEL_TYPES = ("bert",)
@@ -84,20 +86,21 @@ def _names(cfg: ModelConfig, prefix: str) -> dict[str, str]:
     return names
 
 
-def _prefix(state: dict) -> str:
+def _prefix(state: Mapping) -> str:
     return "bert." if any(k.startswith("bert.") for k in state) else ""
 
 
-def to_probe(state: dict[str, torch.Tensor], cfg: ModelConfig, where: str) -> dict:
-    out = rename(state, _names(cfg, _prefix(state)), where)
-    if cfg.type_vocab_size == 0:
-        types = out.pop("token_types.weight")
-        if types.numel():  # transformers would refuse the shape: probe must not drop the rows
-            raise ProbeError(
-                f"{where}: config.json says type_vocab_size 0, but the weights hold token type "
-                f"embeddings of shape {list(types.shape)}; the config does not match the weights."
-            )
-    return out
+def to_probe(state: Mapping, cfg: ModelConfig, where: str) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, tensor in renamed(state, _names(cfg, _prefix(state)), where):
+        if name == "token_types.weight" and cfg.type_vocab_size == 0:
+            if tensor.numel():  # transformers would refuse the shape: probe must not drop rows
+                raise ProbeError(
+                    f"{where}: config.json says type_vocab_size 0, but the weights hold token "
+                    f"type embeddings of shape {list(tensor.shape)}; the config does not match "
+                    "the weights."
+                )
+            continue
+        yield name, tensor
 
 
 def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]:

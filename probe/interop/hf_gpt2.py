@@ -3,10 +3,18 @@ Conv1D weights stored [in, out] (transposed here), fused c_attn, tied output emb
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+
 import torch
 
 from probe.config import FFN, PE, Arch, ModelConfig, Norm
-from probe.interop.families import refuse_unimplemented, rename, require_unpruned, tied_output
+from probe.interop.families import (
+    refuse_unimplemented,
+    renamed,
+    require,
+    require_unpruned,
+    tied_output,
+)
 from probe.interop.fields import Fields
 
 MODEL_TYPES = ("gpt2",)
@@ -46,11 +54,11 @@ def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> Mode
     )
 
 
-def _prefix(state: dict) -> str:
+def _prefix(state: Mapping) -> str:
     return "transformer." if any(k.startswith("transformer.") for k in state) else ""
 
 
-def to_probe(state: dict[str, torch.Tensor], cfg: ModelConfig, where: str) -> dict:
+def to_probe(state: Mapping, cfg: ModelConfig, where: str) -> Iterator[tuple[str, torch.Tensor]]:
     p = _prefix(state)
     names = {
         f"{p}wte.weight": "embed.weight",
@@ -58,7 +66,8 @@ def to_probe(state: dict[str, torch.Tensor], cfg: ModelConfig, where: str) -> di
         f"{p}ln_f.weight": "ln_final.weight",
         f"{p}ln_f.bias": "ln_final.bias",
     }
-    fused = {}  # probe prefix -> (c_attn weight, c_attn bias)
+    conv = {"attn.c_proj": "attn.o", "mlp.c_fc": "ffn.up", "mlp.c_proj": "ffn.down"}
+    blocks = {}  # probe prefix -> Hugging Face prefix
     for i in range(cfg.n_layer):
         h, b = f"{p}h.{i}.", f"blocks.{i}."
         names |= {
@@ -70,22 +79,21 @@ def to_probe(state: dict[str, torch.Tensor], cfg: ModelConfig, where: str) -> di
             f"{h}mlp.c_fc.bias": f"{b}ffn.up.bias",
             f"{h}mlp.c_proj.bias": f"{b}ffn.down.bias",
         }
-        fused[b] = h
-    out = rename(state, names, where)
-    conv = {"attn.c_proj": "attn.o", "mlp.c_fc": "ffn.up", "mlp.c_proj": "ffn.down"}
-    for b, h in fused.items():
-        c_attn = rename(state, {f"{h}attn.c_attn.weight": "w", f"{h}attn.c_attn.bias": "b"}, where)
-        for name, w, bias in zip(
-            "qkv", c_attn["w"].chunk(3, dim=1), c_attn["b"].chunk(3), strict=True
-        ):
-            out[f"{b}attn.{name}.weight"] = w.t().contiguous()  # Conv1D [in, out] -> [out, in]
-            out[f"{b}attn.{name}.bias"] = bias
+        blocks[b] = h
+    inside = ("attn.c_attn.weight", "attn.c_attn.bias", *(f"{c}.weight" for c in conv))
+    fused = [f"{h}{name}" for h in blocks.values() for name in inside]
+    require(state, fused, where)
+    yield from renamed(state, names, where)
+    for b, h in blocks.items():
+        weight, bias = state[f"{h}attn.c_attn.weight"], state[f"{h}attn.c_attn.bias"]
+        for name, w, part in zip("qkv", weight.chunk(3, dim=1), bias.chunk(3), strict=True):
+            yield f"{b}attn.{name}.weight", w.t()  # Conv1D [in, out] -> [out, in]
+            yield f"{b}attn.{name}.bias", part
+        del weight, bias
         for hf_name, probe_name in conv.items():
-            weight = rename(state, {f"{h}{hf_name}.weight": "w"}, where)["w"]
-            out[f"{b}{probe_name}.weight"] = weight.t().contiguous()
+            yield f"{b}{probe_name}.weight", state[f"{h}{hf_name}.weight"].t()
     if not cfg.tie_embeddings:
-        out["head.weight"] = state["lm_head.weight"]
-    return out
+        yield "head.weight", state["lm_head.weight"]
 
 
 def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]:
