@@ -7,31 +7,24 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from random_llama import write_random_llama
 
+from probe.memory import peak_rss
+
 GB = 10**9
-# runs `argv` as its only child and prints that child's peak resident memory (ru_maxrss: KiB)
-MEASURE = (
-    "import resource, subprocess, sys\n"
-    "done = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
-    "sys.stderr.write(done.stderr)\n"
-    "print(done.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)\n"
-)
 
 
-def peak_bytes(*args: str) -> int:
-    """Peak resident memory of `python -m probe ARGS` (a process of its own, measured from a
-    fresh parent, so no other child of the test session counts)."""
-    done = subprocess.run([sys.executable, "-c", MEASURE, sys.executable, "-m", "probe", *args],
-                          capture_output=True, text=True, check=True)  # fmt: skip
-    code, peak = done.stdout.split()
-    assert code == "0", done.stderr
-    return int(peak)
+def peak_bytes(*args: str, module: str = "probe") -> int:
+    """Peak resident memory of `python -m probe ARGS` (`-c CODE ARGS` with module=None), a
+    process of its own started from a small launcher, so the test session's size never counts."""
+    argv = [sys.executable, *(["-m", module] if module else ["-c"]), *args]
+    peak, code, output = peak_rss(argv)
+    assert code == 0, output
+    return peak
 
 
 def weight_bytes(folder: Path) -> int:
@@ -57,11 +50,8 @@ def test_import_info_and_load_of_a_sharded_bf16_llama_follow_the_weights(tmp_pat
     assert info <= target(output), (info, output)
     load = ("from probe.checkpoint import load_checkpoint; import sys; "
             "load_checkpoint(sys.argv[1])")  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", MEASURE, sys.executable, "-c", load, str(out)],
-                          capture_output=True, text=True, check=True)  # fmt: skip
-    code, loaded = done.stdout.split()
-    assert code == "0", done.stderr
-    assert int(loaded) <= target(output), (loaded, output)
+    loaded = peak_bytes(load, str(out), module=None)
+    assert loaded <= target(output), (loaded, output)
 
 
 def smollm2() -> Path | None:

@@ -90,9 +90,8 @@ class Subject:
     def imported(self):
         from probe.interop.importer import import_model
 
-        imported = import_model(self.path)
-        runtime = self.runtime
-        imported.model.to(device=runtime.device, dtype=runtime.dtype)
+        imported = import_model(self.path, dtype=self.runtime.dtype)  # None: the source's own
+        imported.model.to(self.runtime.device)
         return imported
 
     @property
