@@ -43,3 +43,36 @@ def decided(reference: torch.Tensor, margin: float) -> torch.Tensor:
     within `margin` cannot change their argmax)."""
     top2 = reference.float().topk(2, dim=-1).values  # [..., 2]
     return (top2[..., 0] - top2[..., 1]) > margin
+
+
+def assert_matches_reference(
+    ours: torch.Tensor,
+    theirs: torch.Tensor,
+    theirs32: torch.Tensor,
+    keep: torch.Tensor | None = None,
+    logits: bool = True,
+) -> None:
+    """probe's output `ours` in a half dtype against a reference library's `theirs` in the same
+    dtype, given the reference's float32 output `theirs32` on the same weights (`keep`: the
+    positions to compare, e.g. not padding).
+
+    Bound: |ours - theirs| <= |ours - ours32| + |ours32 - theirs32| + |theirs32 - theirs|. The
+    first and last terms are one dtype's rounding of the same computation, measured here on the
+    reference as `noise` = max |theirs - theirs32|; the middle is float32 parity (1e-4). So the
+    gap must be at most 2 x noise + 1e-4: probe may round differently, never worse than the
+    reference rounds. The argmax must agree wherever the reference's top two logits are further
+    apart than 2 x noise (further than its own rounding could close; the gap bound alone allows
+    flips up to twice that), and those must be at least half the positions (so the check says
+    something). `logits` False: hidden states, compared by the bound only."""
+    if keep is not None:
+        ours, theirs, theirs32 = ours[keep], theirs[keep], theirs32[keep]
+    ours, theirs, theirs32 = ours.float(), theirs.float(), theirs32.float()
+    noise = float((theirs - theirs32).abs().max())
+    gap = float((ours - theirs).abs().max())
+    limit = 2 * noise + 1e-4
+    assert gap <= limit, f"gap {gap:.3g} > 2 x reference noise {noise:.3g} + 1e-4"
+    if not logits:
+        return
+    sure = decided(theirs, 2 * noise)  # the reference's own rounding cannot flip these
+    assert float(sure.float().mean()) >= 0.5, "too few positions have a clear top-1"
+    assert torch.equal(ours.argmax(-1)[sure], theirs.argmax(-1)[sure])
