@@ -130,9 +130,9 @@ class Weights:
 def test_half_precision_matches_transformers_in_the_same_dtype(kind, dtype, tmp_path):
     """probe in bf16/fp16 against transformers loaded in that dtype (`from_pretrained(dtype=)`,
     which keeps its rotary frequencies float32 as probe does), padded rows included, on the
-    fused and the explicit path (bound: `precision.assert_matches_reference`). BERT, Llama and
-    Qwen2 agree bit for bit on this CPU; GPT-2 differs because transformers evaluates its
-    gelu_new op by op in the half dtype, where probe's fused tanh GELU rounds once."""
+    fused and the explicit path (bound: `precision.assert_matches_reference`). On this CPU all
+    four agree bit for bit (GPT-2 once probe writes out gelu_new op by op in half precision, as
+    transformers does)."""
     path = sharpened(kind, tmp_path)
     auto = {"bert": transformers.AutoModel, "bert-mlm": transformers.AutoModelForMaskedLM}
     loader = auto.get(kind, transformers.AutoModelForCausalLM)
