@@ -3,11 +3,13 @@ GPT-2, Llama with grouped-query attention and Qwen2 built here, and the real Min
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
+from precision import HALF, assert_matches_reference
 
 from probe.analysis.pruning import masked, prune_heads
 from probe.errors import ProbeError
@@ -101,6 +103,55 @@ def test_encoder_with_padding_matches(kind, tmp_path):
         got = imported.model.logits(hidden)
         assert imported.source["objective"] == "masked-lm"
         assert (got - out.logits)[mask].abs().max() < TOL
+
+
+def sharpened(kind: str, tmp_path: Path):
+    """`saved`, with weights far from the tiny init (logits of a few units, attention far from
+    uniform), so that half precision has something to get wrong."""
+    model = tiny(kind).eval()
+    randomize(model)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.2)
+    model.save_pretrained(tmp_path / kind)
+    return tmp_path / kind
+
+
+class Weights:
+    needs_weights = True
+
+    def record(self, call) -> None:
+        pass
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("kind", ["bert", "bert-mlm", "gpt2", "llama", "qwen2"])
+def test_half_precision_matches_transformers_in_the_same_dtype(kind, dtype, tmp_path):
+    """probe in bf16/fp16 against transformers loaded in that dtype (`from_pretrained(dtype=)`,
+    which keeps its rotary frequencies float32 as probe does), padded rows included, on the
+    fused and the explicit path (bound: `precision.assert_matches_reference`). On this CPU all
+    four agree bit for bit (GPT-2 once probe writes out gelu_new op by op in half precision, as
+    transformers does)."""
+    path = sharpened(kind, tmp_path)
+    auto = {"bert": transformers.AutoModel, "bert-mlm": transformers.AutoModelForMaskedLM}
+    loader = auto.get(kind, transformers.AutoModelForCausalLM)
+    tokens, keep = inputs()
+
+    def reference(dtype):
+        ref = loader.from_pretrained(str(path), dtype=dtype).eval()
+        with torch.no_grad():
+            out = ref(tokens, attention_mask=keep.long())
+        return out.logits if kind != "bert" else out.last_hidden_state
+
+    theirs32, theirs = reference(torch.float32), reference(dtype)
+    model = import_model(path).model.to(dtype)
+    for observer in (None, Weights()):
+        with torch.no_grad(), model.observe(observer) if observer else contextlib.nullcontext():
+            hidden = model.features(tokens, key_mask=keep)
+            ours = hidden if kind == "bert" else model.logits(hidden)
+        assert ours.dtype == dtype
+        assert_matches_reference(ours, theirs, theirs32, keep, logits=kind != "bert")
 
 
 def test_gqa_pruned_equals_gated(tmp_path):

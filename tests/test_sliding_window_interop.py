@@ -1,14 +1,17 @@
 """Sliding-window Mistral and Qwen2 imported from transformers compute transformers' logits past
-the window (float32, within 1e-4), a window one key wider or narrower does not, and an exported
-windowed model loads in transformers with the same logits and imports back to the same config."""
+the window (float32, within 1e-4; bf16 and fp16 within `precision.assert_matches_reference`), a
+window one key wider or narrower does not, and an exported windowed model loads in transformers
+with the same logits and imports back to the same config."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 
 import pytest
 import torch
+from precision import HALF, assert_matches_reference
 
 from probe.interop.export import export_hf
 from probe.interop.importer import import_model
@@ -97,6 +100,37 @@ def test_windowed_logits_match_transformers_past_the_window(case, tmp_path):
         other = Transformer(dataclasses.replace(model.cfg, sliding_window=wrong)).eval()
         other.load_state_dict(model.state_dict())
         assert logits_gap(other, ref) > 100 * TOL, wrong
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("case", ["mistral-4", "qwen2-4-from-layer-1"])
+def test_windowed_half_precision_matches_transformers_in_the_same_dtype(case, dtype, tmp_path):
+    """bf16/fp16 past the window, with right padding whose rows see no key once the window
+    moves on (no NaN in half precision either), against transformers in the same dtype."""
+    kind, kw, _, _ = CASES[case]
+    source = tiny(kind, **kw)
+    with torch.no_grad():  # logits of a few units, so that top-1 is mostly clear in bf16
+        source.get_input_embeddings().weight.normal_(0.0, 0.3)
+        source.get_output_embeddings().weight.normal_(0.0, 0.3)
+        for name, p in source.named_parameters():
+            if "proj" in name and name.endswith("weight"):
+                p.mul_(0.5)  # std 0.15: still far from uniform attention, less chaotic
+    source.save_pretrained(tmp_path / case)
+    t, keep = tokens(), torch.ones(2, SEQ, dtype=torch.bool)
+    keep[1, 15:] = False
+
+    def reference(dtype):
+        ref = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / case), dtype=dtype)
+        with torch.no_grad():
+            return ref.eval()(t, attention_mask=keep.long()).logits
+
+    theirs32, theirs = reference(torch.float32), reference(dtype)
+    model = import_model(tmp_path / case).model.to(dtype)
+    for observer in (None, Weights()):
+        with torch.no_grad(), model.observe(observer) if observer else contextlib.nullcontext():
+            ours = model(t, key_mask=keep)
+        assert ours.isfinite().all()
+        assert_matches_reference(ours, theirs, theirs32, keep)
 
 
 def test_windows_transformers_does_not_use_are_not_imported(tmp_path):

@@ -190,8 +190,9 @@ def _gradient(
         for m, out, g in zip(sites, outs, grads, strict=True):
             if g is None:  # the loss does not depend on this site (e.g. a later cross-attention)
                 continue
-            gate = m.gate.detach().to(out.dtype).view(1, -1)  # [1, head]
-            per_example = (g * out.detach()).sum(dim=(2, 3))  # [batch, head] = xi * dL/dxi
+            gate = m.gate.detach().float().view(1, -1)  # [1, head]
+            # summed in float32 whatever the weights' dtype: [batch, head] = xi * dL/dxi
+            per_example = (g.float() * out.detach().float()).sum(dim=(2, 3))
             safe = torch.where(gate != 0, gate, torch.ones_like(gate))
             totals[m.layer] += (per_example / safe).abs().pow(power).sum(0).double().cpu()
         n += batch.inputs.shape[0]

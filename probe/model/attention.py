@@ -91,8 +91,8 @@ def _sliced(layer: nn.Linear, index: list[int], dim: int) -> nn.Linear:
         bias = bias.detach().index_select(0, idx)
     with warnings.catch_warnings():  # a fully pruned site has zero-element weights
         warnings.filterwarnings("ignore", "Initializing zero-element tensors")
-        new = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
-    new.to(device=weight.device, dtype=weight.dtype)
+        new = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None,
+                        device=weight.device, dtype=weight.dtype)  # fmt: skip
     with torch.no_grad():
         new.weight.copy_(weight)
         if bias is not None:
@@ -189,9 +189,9 @@ class Attention(nn.Module):
         """Move each gate's value into W_O's columns of its head and set the gate to 1 (a gate
         of 0 stays 0): the same function, with the scale in the weights a checkpoint keeps."""
         gate = self.gate.detach()  # [head]
-        scale = torch.where(gate != 0, gate, torch.ones_like(gate))
-        cols = scale.repeat_interleave(self.d_head).to(self.o.weight.dtype)  # [head * d_head]
-        self.o.weight.mul_(cols.view(1, -1))
+        scale = torch.where(gate != 0, gate, torch.ones_like(gate)).float()
+        cols = scale.repeat_interleave(self.d_head)  # [head * d_head] float32
+        self.o.weight.mul_(cols.view(1, -1))  # multiplied in float32, rounded once
         self.gate.copy_(torch.where(gate != 0, torch.ones_like(gate), gate))
 
     def _constant_scale(self) -> float:
@@ -280,12 +280,12 @@ class Attention(nn.Module):
     def _observed(self, observer: Observer, call: AttentionCall, v: torch.Tensor):
         """The output computed from the weights when an observer has them, else None."""
         if observer.needs_weights:  # the explicit path: the observer sees the weights
-            _, logits = call.logits()  # [batch, head, q_len, k_len]
-            probs = mask.softmax(logits, call.visible).to(v.dtype)  # [batch, head, q, k]
-            call.probs = probs
+            _, logits = call.logits()  # [batch, head, q_len, k_len] float32
+            probs = mask.softmax(logits, call.visible)  # [batch, head, q, k] float32
+            call.probs = probs  # observers read the unrounded weights
             if self.training and self.dropout > 0:
                 probs = F.dropout(probs, self.dropout)
-            return probs @ v  # [batch, head, q_len, d_head]
+            return probs.to(v.dtype) @ v  # [batch, head, q_len, d_head]
         attend = getattr(observer, "attend", None)
         if attend is None or torch.is_grad_enabled() or (self.training and self.dropout > 0):
             return None

@@ -145,11 +145,22 @@ class ALiBi(PerHead, nn.Module):
     def __init__(self, cfg: ModelConfig, heads: tuple[int, ...]) -> None:
         super().__init__()
         all_slopes = alibi_slopes(cfg.n_head)
-        self.register_buffer("slopes", all_slopes[list(heads)].clone())  # [head]
+        self.register_buffer("slopes", all_slopes[list(heads)].clone())  # [head] float32
+
+    def _apply(self, fn, recurse: bool = True):
+        """Casting the model (`.to(bf16)`) moves the slopes but keeps them float32: they are
+        fixed by the head ids, and a rounded slope times a distance of thousands of keys is a
+        wrong bias (as rotary keeps its frequencies float32)."""
+        before = self.slopes
+        super()._apply(fn, recurse)
+        if self.slopes.dtype != before.dtype:
+            self.slopes = before.to(device=self.slopes.device)  # [head]
+        return self
 
     def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """[batch, head, q, k] float32 (the fused path casts it to the weights' dtype)."""
         dist = relative_distance(q_pos, k_pos).abs().float()  # [batch, q, k]
-        return -self.slopes.view(1, -1, 1, 1) * dist.unsqueeze(1)  # [batch, head, q, k]
+        return -self.slopes.float().view(1, -1, 1, 1) * dist.unsqueeze(1)  # [batch, head, q, k]
 
 
 def t5_bucket(
@@ -231,9 +242,17 @@ class FIRE(PerHead, nn.Module):
         return self._bias(q_pos, k_pos)
 
     def _bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        c = self.c.abs()
+        """[batch, head, q, k] float32 whatever the weights' dtype: the normalized distances of
+        neighbouring keys differ by less than bf16 resolves, so the small MLP runs in float32."""
+        c = self.c.float().abs()
         distance = relative_distance(q_pos, k_pos).abs().float()  # |i - j| [batch, q, k]
-        reach = torch.maximum(q_pos.float(), self.L.abs())  # max(L, i) [batch, q]
+        reach = torch.maximum(q_pos.float(), self.L.float().abs())  # max(L, i) [batch, q]
         scaled = torch.log1p(c * distance) / (torch.log1p(c * reach) + FIRE_EPS).unsqueeze(-1)
-        hidden = F.relu(self.hidden(scaled.unsqueeze(-1)))  # [batch, q, k, width]
-        return self.out(hidden).permute(0, 3, 1, 2)  # [batch, head, q, k]
+        hidden = F.relu(_linear32(self.hidden, scaled.unsqueeze(-1)))  # [batch, q, k, width]
+        return _linear32(self.out, hidden).permute(0, 3, 1, 2)  # [batch, head, q, k]
+
+
+def _linear32(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """`layer(x)` computed in float32 (its weights upcast; x is float32)."""
+    bias = None if layer.bias is None else layer.bias.float()
+    return F.linear(x, layer.weight.float(), bias)

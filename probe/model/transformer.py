@@ -139,12 +139,12 @@ class Transformer(nn.Module):
         x = self.embed(tokens)  # [batch, seq, d_model]
         if self.cfg.embed_scale:
             x = x * self.cfg.d_model**0.5
-        if self.positions.active:
-            x = x + self.positions(positions).to(x.dtype)
-        if self.token_types is not None:
+        if self.token_types is not None:  # before positions, in BERT's order (same rounding)
             if token_types is None:
                 token_types = torch.zeros_like(tokens)
             x = x + self.token_types(token_types)
+        if self.positions.active:
+            x = x + self.positions(positions).to(x.dtype)
         if self.ln_embed is not None:
             x = self.ln_embed(x)
         return self.drop(x)

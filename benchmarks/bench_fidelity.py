@@ -1,0 +1,163 @@
+"""Benchmark: fidelity of probe's forward pass in float32, bfloat16 and float16, against
+transformers in the same dtype and against probe's own float32, printed as Markdown rows.
+
+For each family: tiny random configs of BERT (masked LM), GPT-2, Llama (grouped-query
+attention), Mistral (sliding window of 32 keys) and Qwen2, built in transformers with weights of
+std 0.2 (logits of a few units, attention far from uniform) and the real vocabulary of the
+bundled tokenizers; and the two bundled real models, MiniLM (BERT family, all-MiniLM-L6-v2,
+a sentence encoder: its last hidden state is compared, it has no logits) and SmolLM2-135M
+(Llama family, the Q4_1 GGUF, dequantized; transformers loads the same file into
+LlamaForCausalLM). Inputs: rows of 128 tokens of the shipped text (`probe.text`), tokenized by
+the bundled model of the family (SmolLM2's tokenizer for the decoders, MiniLM's for BERT).
+
+transformers is loaded with `from_pretrained(..., dtype=DTYPE)` (which keeps its rotary
+frequencies float32); probe imports the model (float32) and casts it with `.to(DTYPE)`.
+Columns: max |logit difference| against transformers in the same dtype and against probe in
+float32; transformers' own max |difference| between that dtype and its float32 (the rounding
+noise of the dtype, for scale); top-1 agreement with transformers in the same dtype over every
+position (the next token for decoders, the masked-LM prediction for BERT). Targets: float32
+<= 1e-4; bf16 top-1 agreement >= 99%.
+
+    .venv/bin/python benchmarks/bench_fidelity.py [--rows 4] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from probe.interop.bundled import bundled_path
+from probe.interop.importer import import_model
+from probe.text import read_documents, stream_rows
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+WIDTH = 128  # tokens per row
+
+
+def tiny_source(kind: str, vocab: int, folder: Path) -> Path:
+    """A small random transformers model of family `kind`, saved to `folder / kind`."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    shape = dict(vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 intermediate_size=128)  # fmt: skip
+    if kind == "BERT":
+        model = tf.BertForMaskedLM(tf.BertConfig(**shape, max_position_embeddings=WIDTH))
+    elif kind == "GPT-2":
+        cfg = tf.GPT2Config(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, n_positions=WIDTH)
+        model = tf.GPT2LMHeadModel(cfg)
+    elif kind == "Llama":
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(**shape, num_key_value_heads=2))
+    elif kind == "Mistral":
+        model = tf.MistralForCausalLM(
+            tf.MistralConfig(**shape, num_key_value_heads=2, sliding_window=32)
+        )
+    else:
+        model = tf.Qwen2ForCausalLM(tf.Qwen2Config(**shape, num_key_value_heads=2))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.2)
+            elif name.endswith("bias") or "norm" in name.lower():
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(folder / kind)
+    return folder / kind
+
+
+def reference(kind: str, path: Path, dtype: torch.dtype):
+    """transformers' model of `path` loaded in `dtype` (sdpa attention, its default)."""
+    import transformers as tf
+
+    if kind == "MiniLM":
+        return tf.BertModel.from_pretrained(str(path), dtype=dtype).eval()
+    if kind == "BERT":
+        return tf.BertForMaskedLM.from_pretrained(str(path), dtype=dtype).eval()
+    if path.suffix == ".gguf":
+        return tf.AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=dtype
+        ).eval()
+    return tf.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
+
+
+@torch.no_grad()
+def outputs(model, tokens: torch.Tensor, probe: bool, hidden: bool) -> torch.Tensor:
+    """Logits (or the last hidden state), float32, one row at a time."""
+    rows = []
+    for row in tokens.split(1):
+        if probe:
+            rows.append(model.features(row) if hidden else model(row))
+        else:
+            out = model(row)
+            rows.append(out.last_hidden_state if hidden else out.logits)
+    return torch.cat(rows).float()
+
+
+def measure(kind: str, source: str, path: Path, tokens: torch.Tensor) -> list[str]:
+    hidden = kind == "MiniLM"
+    ours32 = import_model(path).model.eval()
+    theirs32 = None
+    base = None
+    lines = []
+    for dtype in DTYPES:
+        start = time.perf_counter()
+        ref = reference(kind, path, dtype)
+        theirs = outputs(ref, tokens, probe=False, hidden=hidden)
+        del ref
+        model = ours32 if dtype == torch.float32 else copy.deepcopy(ours32).to(dtype)
+        ours = outputs(model, tokens, probe=True, hidden=hidden)
+        del model
+        if dtype == torch.float32:
+            theirs32, base = theirs, ours
+        gap = float((ours - theirs).abs().max())
+        own = float((ours - base).abs().max())
+        noise = float((theirs - theirs32).abs().max())
+        top1 = "n/a (no logits)" if hidden else (
+            f"{float((ours.argmax(-1) == theirs.argmax(-1)).float().mean()):.2%}"
+        )  # fmt: skip
+        name = str(dtype).removeprefix("torch.")
+        lines.append(f"| {kind} | {source} | {name} | {gap:.2e} | {own:.2e} | {noise:.2e} | "
+                     f"{top1} | {float(theirs32.abs().max()):.1f} |")  # fmt: skip
+        print(lines[-1] + f"  <!-- {time.perf_counter() - start:.0f} s -->", flush=True)
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=4, help="rows of 128 tokens of text")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--skip-real", action="store_true", help="tiny random configs only")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    docs = read_documents()
+    minilm, smollm2 = bundled_path("minilm"), bundled_path("smollm2")
+    decoder_tok = import_model(smollm2).tokenizer
+    bert_tok = import_model(minilm).tokenizer
+    text = {
+        "decoder": stream_rows(docs, decoder_tok, WIDTH, args.rows)[0][: args.rows],
+        "bert": stream_rows(docs, bert_tok, WIDTH, args.rows)[0][: args.rows],
+    }
+    print(f"torch {torch.__version__}, {args.threads} thread(s), cpu; {args.rows} rows x "
+          f"{WIDTH} tokens of the shipped text\n")  # fmt: skip
+    print("| family | model | dtype | max abs diff vs transformers, same dtype | "
+          "max abs diff vs probe float32 | transformers' own diff vs its float32 | "
+          "top-1 agreement with transformers | max abs logit (MiniLM: hidden) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in ("BERT", "GPT-2", "Llama", "Mistral", "Qwen2"):
+            tokens = text["bert" if kind == "BERT" else "decoder"]
+            vocab = bert_tok.get_vocab_size() if kind == "BERT" else decoder_tok.get_vocab_size()
+            path = tiny_source(kind, vocab, Path(tmp))
+            measure(kind, "tiny random (2 x 4 heads, d 64)", path, tokens)
+    if not args.skip_real:
+        measure("MiniLM", "bundled:minilm (BERT family)", minilm, text["bert"])
+        measure("SmolLM2", "bundled:smollm2 (Llama family, Q4_1 GGUF)", smollm2,
+                text["decoder"])  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
