@@ -111,6 +111,9 @@ def view_cli(
             batch_size=batch_size, batches=batches, importance=method, seed=seed,
             options=TextOptions(width="--length"),
         )  # fmt: skip
+    from probe import provenance
+
+    data["provenance"] = provenance.context(model=ckpt.model)  # inlined: device, dtype, versions
     write_viewer(data, out)
     n_heads = sum(len(layer["heads"]) for layer in data["layers"])
     console.print(f"wrote {shown(out)}: {counted(len(data['layers']), 'attention site')}, "

@@ -2,6 +2,7 @@
 record what ran, and a model built for loading that holds no second copy of the weights."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -134,3 +135,13 @@ def test_bad_dtype_and_dtype_on_a_grid_study_are_one_line(tmp_path, capsys):
                       "--out", str(tmp_path / "s")])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 2 and "grid study trains its models in float32" in " ".join(err.split())
+
+
+def test_the_viewer_page_records_the_dtype_that_ran(tmp_path):
+    path, _ = _saved(tmp_path, torch.bfloat16)
+    page = tmp_path / "view.html"
+    assert exit_code(["view", str(path), "--importance", "none", "--out", str(page)]) == 0
+    found = re.search(r'<script[^>]*type="application/json"[^>]*>(.*?)</script>',
+                      page.read_text(), re.S)  # fmt: skip
+    runtime = json.loads(found.group(1))["provenance"]["runtime"]
+    assert runtime["dtype"] == "bfloat16" and runtime["device"] == "cpu"

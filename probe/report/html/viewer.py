@@ -27,6 +27,8 @@ Data contract (what `viewer_html` takes; `validate_viewer_data` checks it and sa
            "0": {"2": [[1.0, 0.0, ...],      #   [layer index][head id] -> n x n weights,
                        ...]}}},              #   [query row][key column]
       ],
+      "provenance": {...},                   # optional: what the page depends on (versions,
+                                             #   commit, device and dtype), inlined as given
     }
 
 Row i of a pattern holds the weights query i puts on each key: within [0, 1], summing to 1 over
@@ -268,7 +270,7 @@ def validate_viewer_data(data: Any, decimals: int = 5) -> dict:
     _keys(
         data,
         "the data",
-        {"title", "subtitle", "layers", "statistics", "pruned", "examples"},
+        {"title", "subtitle", "layers", "statistics", "pruned", "examples", "provenance"},
         ("title", "layers", "statistics"),
     )
     layers = _layers(data["layers"])
@@ -280,6 +282,10 @@ def validate_viewer_data(data: Any, decimals: int = 5) -> dict:
     clean["statistics"] = _statistics(data["statistics"], layers)
     clean["pruned"] = _pruned(data.get("pruned", []), layers)
     clean["examples"] = _examples(data.get("examples", []), layers, decimals)
+    if data.get("provenance") is not None:  # what the page depends on: versions, device, dtype
+        if not isinstance(data["provenance"], Mapping):
+            _fail("'provenance'", f"must be a dict, got {type(data['provenance']).__name__}.")
+        clean["provenance"] = json.loads(json.dumps(data["provenance"], default=str))
     return clean
 
 
