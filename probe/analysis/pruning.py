@@ -122,14 +122,14 @@ def prune_heads(model: Transformer, heads: Heads) -> Transformer:
         m.prune([h for h in m.kept_heads if h not in gone])
     kept = tuple(m.kept_heads for m in work.attention_modules())
     cfg = dataclasses.replace(model.cfg, kept_heads=kept)
+    ref = model.embed.weight
     with warnings.catch_warnings():  # empty sites initialise zero-element tensors
         warnings.filterwarnings("ignore", message="Initializing zero-element tensors")
-        new = Transformer(cfg)
-    ref = model.embed.weight
-    new.to(device=ref.device, dtype=ref.dtype)
+        new = Transformer.empty(cfg, dtype=ref.dtype, device=ref.device)  # no init, no float32
     new.load_state_dict(work.state_dict())
+    del work  # the pruned copy's memory goes back before the caller goes on
     new.train(model.training)
-    for p_new, p_old in zip(new.parameters(), work.parameters(), strict=True):
+    for p_new, p_old in zip(new.parameters(), model.parameters(), strict=True):
         p_new.requires_grad_(p_old.requires_grad)
     return new
 
@@ -259,8 +259,10 @@ def select_heads(
     normalize: bool = False,
     seed: int = 0,
     progress: Progress | None = None,
+    max_batch_tokens: int | None = None,
 ) -> pd.DataFrame:
     """Which heads to prune: columns step, layer, head, method, value (importance when chosen).
+    Importance runs in micro-batches of `max_batch_tokens` tokens (`head_importance`).
 
     One-shot ranks once. Iterative removes `step` of the heads at a time (per layer for layer
     scope) and re-estimates importance on the masked model before each step. The fraction is
@@ -292,6 +294,7 @@ def select_heads(
                 normalize=normalize,
                 seed=seed + i,
                 progress=None if iterative else progress,
+                max_batch_tokens=max_batch_tokens,
             )
             chosen = plan_removal(
                 table, present_heads(model), now, min_heads_per_layer=min_heads_per_layer
