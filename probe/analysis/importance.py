@@ -24,20 +24,21 @@ original head id. Importance data must be disjoint from the data a pruned model 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from enum import StrEnum
 
 import pandas as pd
 import torch
 from scipy.stats import spearmanr
 
-from probe.batching import check_budget, micro_batches, split_batch
+from probe.batching import check_budget, micro_batches, row_tokens, split_batch
 from probe.config import choice
 from probe.distributed import active_world, sum_over_ranks
 from probe.errors import ProbeError
 from probe.evaluate import batch_loss, eval_batches, features_batch
 from probe.model import AttentionCall, Transformer
 from probe.observe import AttentionStats
+from probe.recompute import recomputed_blocks
 from probe.runtime import ACCUMULATE
 from probe.tasks import Batch, Form, TaskConfig
 
@@ -109,15 +110,19 @@ def disjoint_splits(
 
 # ----------------------------------------------------------------------- observers
 class _HeadOutputs:
-    """Keeps each site's head outputs ([batch, head, q, d_head], in the autograd graph)."""
+    """Keeps each site's head outputs ([batch, head, q, d_head], in the autograd graph) until
+    `done`: a block that recomputes its forward during the backward pass calls it again, and
+    keeping those calls' outputs would keep their whole graphs alive."""
 
     needs_weights = False
 
     def __init__(self) -> None:
         self.outputs: dict[int, torch.Tensor] = {}
+        self.done = False
 
     def record(self, call: AttentionCall) -> None:
-        self.outputs[call.layer] = call.head_out
+        if not self.done:
+            self.outputs[call.layer] = call.head_out
 
 
 class _HeadMeans:
@@ -196,15 +201,31 @@ def _gradient(model: Transformer, batches: Sequence[Batch], progress: Progress |
     return [t / max(n, 1) for t in totals]
 
 
+RECOMPUTE_ABOVE = 2**27  # bytes of activations a backward pass would keep (128 MiB) above which
+# the blocks recompute them instead (`probe.recompute`): below, the extra forward is not worth it
+
+
+def _recompute(model: Transformer, batch: Batch) -> bool:
+    """Whether a backward pass over `batch` would keep enough to be worth recomputing."""
+    cfg = model.cfg
+    size = next(model.parameters()).element_size()
+    kept = cfg.n_sites * row_tokens(batch) * batch.inputs.shape[0] * (8 * cfg.d_model + cfg.d_ff)
+    return kept * size > RECOMPUTE_ABOVE
+
+
 def _add_gradients(model: Transformer, batch: Batch, power: int,
                    totals: list[torch.Tensor]) -> None:  # fmt: skip
-    """Add sum over the examples of `batch` of |dL(x)/dxi_h|^power to totals[site] [head]."""
+    """Add sum over the examples of `batch` of |dL(x)/dxi_h|^power to totals[site] [head]. The
+    backward pass runs inside the same blocks as the forward: a recomputing block runs its
+    forward again then, and must find the same gates, observer and model."""
     observer = _HeadOutputs()
-    with torch.enable_grad(), _gates_in_graph(model), model.observe(observer):
+    recompute = recomputed_blocks(model) if _recompute(model, batch) else nullcontext()
+    with torch.enable_grad(), _gates_in_graph(model), model.observe(observer), recompute:
         losses = batch_loss(model, batch, reduction="none")  # [batch]
-    sites = [m for m in model.attention_modules() if m.n_kept > 0]
-    outs = [observer.outputs[m.layer] for m in sites]  # [batch, head, q, d_head] each
-    grads = torch.autograd.grad(losses.sum(), outs, allow_unused=True)
+        observer.done = True
+        sites = [m for m in model.attention_modules() if m.n_kept > 0]
+        outs = [observer.outputs[m.layer] for m in sites]  # [batch, head, q, d_head] each
+        grads = torch.autograd.grad(losses.sum(), outs, allow_unused=True)
     for m, out, g in zip(sites, outs, grads, strict=True):
         if g is None:  # the loss does not depend on this site (e.g. a later cross-attention)
             continue
