@@ -44,8 +44,10 @@ def forward_bytes(cfg: ModelConfig, batch: int, seq: int, backward: bool = False
 
     max_batch_tokens: the pass runs in micro-batches of that many tokens (whole rows, at least
     one) and its loss projects at most `probe.loss.LOSS_CHUNK` logits at a time, so `batch`
-    counts only up to a micro-batch; None: the whole batch at once with all its logits (as
-    training runs). dtype: the activations' (default float32)."""
+    counts only up to a micro-batch, and a backward pass recomputes each block's activations
+    (`probe.recompute`) instead of keeping them; None: the whole batch at once with all its
+    logits and every layer's activations kept (as training runs). dtype: the activations'
+    (default float32)."""
     from probe.batching import rows_per_pass
     from probe.loss import LOSS_CHUNK
 
@@ -58,6 +60,8 @@ def forward_bytes(cfg: ModelConfig, batch: int, seq: int, backward: bool = False
     logits = 3 * rows * seq * cfg.vocab_size * FLOAT
     if max_batch_tokens is not None:
         logits = min(logits, 3 * max(LOSS_CHUNK, cfg.vocab_size) * FLOAT)
+        if backward:  # blocks recompute (probe.recompute): each keeps its input and head outputs
+            kept = cfg.n_sites * rows * seq * 2 * cfg.d_model * size + 2 * (kept // layers)
     return scores + kept + logits
 
 

@@ -183,3 +183,70 @@ def test_layer_importance_tuning_and_attention_tables_do_not_depend_on_the_budge
     b = inspect_batches(model, data, [3, 5], max_batch_tokens=WHOLE)
     close(a.stats["value"].to_numpy(), b.stats["value"].to_numpy())
     close(a.roles["score"].to_numpy(), b.roles["score"].to_numpy())
+
+
+# ------------------------------------------------------------ recompute, memory, timing
+def test_recomputed_blocks_give_the_same_gate_gradients_and_leave_the_model_as_it_was():
+    from probe.recompute import recomputed_blocks
+
+    model = make_model(arch="encoder-decoder", pe="sinusoidal")
+    (batch,) = eval_batches(TASK, "encoder-decoder", [4], 5, 1, 0)
+    gates = model.gates()
+    for g in gates:
+        g.requires_grad_(True)
+
+    def gate_grads():
+        return torch.autograd.grad(batch_loss(model, batch), gates)
+
+    plain = gate_grads()
+    with recomputed_blocks(model):
+        again = gate_grads()
+    for a, b in zip(again, plain, strict=True):
+        close(a, b)
+    blocks = list(model.encoder) + list(model.blocks)
+    assert all("forward" not in vars(b) for b in blocks)  # the class's forward again
+
+
+def test_gradient_importance_with_recomputed_blocks_equals_without(monkeypatch):
+    import probe.analysis.importance as importance
+
+    model = make_model()
+    data = task_batches()
+    plain = head_importance(model, data, "fisher")
+    monkeypatch.setattr(importance, "RECOMPUTE_ABOVE", 0)  # every backward recomputes
+    recomputed = head_importance(model, data, "fisher")
+    close(recomputed["value"].to_numpy(), plain["value"].to_numpy())
+
+
+def test_the_memory_check_sizes_by_the_micro_batch(monkeypatch):
+    import probe.memory as memory
+
+    cfg = ModelConfig(arch="decoder", vocab_size=50_000, n_layer=30, n_head=9, d_model=576)
+    whole = memory.forward_bytes(cfg, 64, 128, backward=True)
+    parts = memory.forward_bytes(cfg, 64, 128, backward=True, max_batch_tokens=4096)
+    one_pass = memory.forward_bytes(cfg, 32, 128, backward=True)  # what a micro-batch holds
+    assert parts < one_pass < whole  # and less still: its logits come in chunks
+    half = memory.forward_bytes(cfg, 64, 128, max_batch_tokens=4096, dtype=torch.bfloat16)
+    assert half < memory.forward_bytes(cfg, 64, 128, max_batch_tokens=4096)
+    monkeypatch.setattr(memory, "available_bytes", lambda: int(whole))  # room for parts only
+    memory.check_batches(cfg, 2, 64, 128, backward=True, max_batch_tokens=4096)
+    with pytest.raises(ProbeError, match="409,600 tokens at a time"):
+        memory.check_batches(cfg, 2, 6400, 128, backward=True, max_batch_tokens=409_600)
+    with pytest.raises(ProbeError, match="would need about"):
+        memory.check_batches(cfg, 2, 64, 128, backward=True)  # the whole batch at once
+
+
+def test_timing_keeps_to_its_budget_and_an_exact_count_without_one():
+    from probe.analysis.pruning import head_mask
+    from probe.analysis.timing import Gated, time_forward, timing_batches
+
+    model = make_model()
+    before = [g.clone() for g in model.gates()]
+    variants = {"original": model, "masked": Gated(model, head_mask(model, [(0, 1)]))}
+    sizes = timing_batches(task_batches()[0], (1, 2, 4))
+    exact = time_forward(variants, sizes, warmup=1, repeats=3)
+    assert set(exact["repeats"]) == {3} and sorted(set(exact["batch_size"])) == [1, 2, 4]
+    tight = time_forward(variants, sizes, warmup=1, repeats=3, budget=0.0)
+    assert set(tight["batch_size"]) == {1} and set(tight["repeats"]) == {1}
+    for g, b in zip(model.gates(), before, strict=True):
+        assert torch.equal(g, b)  # the masked variant's gates were not left behind
