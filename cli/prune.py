@@ -119,10 +119,10 @@ def _sweep(ckpt, out, methods, seeds, fractions, lengths, batch_size, batches, s
 
 def _timing_line(result, sizes: list[int], share: float | None) -> str:
     """What the timing did, in one line: repeats, batch sizes, its budget and what it took."""
-    timed = sorted(set(result.timing["batch_size"]))
-    repeats = sorted(set(result.timing["repeats"]))
-    line = (f"timing: {'/'.join(map(str, repeats))} repeats at batch sizes "
-            f"{', '.join(map(str, timed))}")  # fmt: skip
+    runs = result.timing.groupby("batch_size")["repeats"].first()
+    timed = [int(size) for size in runs.index]
+    line = "timing: " + ", ".join(f"{counted(int(n), 'repeat')} at batch size {size}"
+                                  for size, n in runs.items())  # fmt: skip
     if result.timing_budget is None:
         line += ", no budget (--repeats given)"
     else:

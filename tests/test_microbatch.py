@@ -208,12 +208,12 @@ def test_recomputed_blocks_give_the_same_gate_gradients_and_leave_the_model_as_i
 
 
 def test_gradient_importance_with_recomputed_blocks_equals_without(monkeypatch):
-    import probe.analysis.importance as importance
+    import probe.analysis.gate_gradients as gate_gradients
 
     model = make_model()
     data = task_batches()
     plain = head_importance(model, data, "fisher")
-    monkeypatch.setattr(importance, "RECOMPUTE_ABOVE", 0)  # every backward recomputes
+    monkeypatch.setattr(gate_gradients, "RECOMPUTE_ABOVE", 0)  # every backward recomputes
     recomputed = head_importance(model, data, "fisher")
     close(recomputed["value"].to_numpy(), plain["value"].to_numpy())
 

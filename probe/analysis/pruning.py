@@ -126,8 +126,10 @@ def prune_heads(model: Transformer, heads: Heads) -> Transformer:
     with warnings.catch_warnings():  # empty sites initialise zero-element tensors
         warnings.filterwarnings("ignore", message="Initializing zero-element tensors")
         new = Transformer.empty(cfg, dtype=ref.dtype, device=ref.device)  # no init, no float32
-    new.load_state_dict(work.state_dict())
-    del work  # the pruned copy's memory goes back before the caller goes on
+    new.load_state_dict(work.state_dict(), assign=True)  # takes the sliced copy's tensors
+    if cfg.tie_embeddings:  # assigned one by one, the tied pair must be tied again
+        new.head.weight = new.embed.weight
+    del work
     new.train(model.training)
     for p_new, p_old in zip(new.parameters(), model.parameters(), strict=True):
         p_new.requires_grad_(p_old.requires_grad)
