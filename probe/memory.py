@@ -89,15 +89,16 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:,.1f} PiB"
 
 
-def check_fits(need: int, what: str, smaller: str = "a smaller size") -> None:
+def check_fits(need: int, what: str, smaller: str = "a smaller size", how: str = "") -> None:
     """Refuse `what` when `need` bytes exceed HEADROOM of the memory available, saying what to
-    make smaller (PROBE_MEMORY_CHECK=off skips this)."""
+    make smaller and (`how`) how it would run (PROBE_MEMORY_CHECK=off skips this)."""
     if os.environ.get(ENV, "").lower() in ("off", "0", "no"):
         return
     have = available_bytes()
     if have is not None and need > HEADROOM * have:
         raise ProbeError(
-            f"{what} would need about {_gib(need)} of memory and {_gib(have)} is available; "
+            f"{what} would need about {_gib(need)} of memory{how} and {_gib(have)} is "
+            "available; "
             f"use {smaller}, or set {ENV}=off to try anyway."
         )
 
@@ -116,8 +117,8 @@ def check_forward(cfg: ModelConfig, batch: int, seq: int, backward: bool = False
     """One batch's forward pass (micro-batched with `max_batch_tokens`) must fit."""
     check_fits(
         forward_bytes(cfg, batch, seq, backward, max_batch_tokens, dtype),
-        f"a batch of {counted(batch, 'sequence')} of {counted(seq, 'token')}"
-        + _in_parts(max_batch_tokens),
+        f"a batch of {counted(batch, 'sequence')} of {counted(seq, 'token')}",
+        how=_in_parts(max_batch_tokens),
     )
 
 
@@ -142,7 +143,7 @@ def check_batches(cfg: ModelConfig, n_batches: int, batch: int, seq: int,
     check_fits(
         data_bytes(n_batches, batch, seq)
         + forward_bytes(cfg, batch, seq, backward, max_batch_tokens, dtype),
-        f"{counted(n_batches, 'batch')} of {counted(batch, 'sequence')} of {counted(seq, 'token')}"
-        + _in_parts(max_batch_tokens),
+        f"{counted(n_batches, 'batch')} of {counted(batch, 'sequence')} of {counted(seq, 'token')}",
         smaller,
+        _in_parts(max_batch_tokens),
     )
