@@ -69,7 +69,6 @@ def test_gradient_and_fisher_importance_of_a_0_4b_model_peak_within_weights_plus
     and Fisher importance on 8 x 128 tokens: the child's peak resident set size from the end of
     loading (VmHWM, reset through /proc/self/clear_refs) to the end of importance is at most
     weights + 2 GB. Loading's own peak (the mapped safetensors file) is `load_checkpoint`'s."""
-    pytest.importorskip("psutil")
     script = tmp_path / "importance.py"
     script.write_text(
         textwrap.dedent(f"""
