@@ -13,6 +13,7 @@ from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 from typer.core import TyperGroup
 
+from probe.batching import DEFAULT_BATCH_TOKENS
 from probe.errors import Interrupted, ProbeError
 
 if TYPE_CHECKING:  # nothing here imports torch: `probe --help` prints without loading it
@@ -88,6 +89,16 @@ PickleOpt = Annotated[
     bool, typer.Option("--allow-pickle", help="Allow loading pickle weights (runs code: trust it).")
 ]
 BatchSizeOpt = Annotated[int, typer.Option("--batch-size", help="Examples per batch.")]
+MaxBatchTokensOpt = Annotated[
+    int,
+    typer.Option(
+        "--max-batch-tokens",
+        help="Tokens one forward (and backward) pass holds: every batch runs in micro-batches "
+        "of whole examples up to this many tokens and the statistics are summed over them, so "
+        "--batch-size sets what a score averages over and this the memory "
+        f"(default {DEFAULT_BATCH_TOKENS}).",
+    ),
+]
 OverwriteOpt = Annotated[
     bool, typer.Option("--overwrite", help="Replace the results of an earlier run in --out.")
 ]
@@ -181,19 +192,24 @@ def check_data_options(ckpt: Checkpoint, text: Path | None, lengths: str | None)
 
 def check_data_fits(ckpt: Checkpoint, widths: list[int], batch_size: int, batches: int,
                     sets: int = 1, backward: bool = False,
-                    options: str = "--batches, --batch-size or --lengths") -> None:  # fmt: skip
+                    options: str = "--batches, --batch-size or --lengths",
+                    max_batch_tokens: int | None = None) -> None:  # fmt: skip
     """Refuse, before any batch is made, data a command cannot hold: `sets` x `batches` batches
     per width (task lengths, or tokens per row of text) of `batch_size` rows, and a forward pass
-    (with `backward`, and its gradients) over the longest; the message names the `options`
-    that make it smaller."""
+    (with `backward`, and its gradients) over the longest, in micro-batches of
+    `max_batch_tokens` tokens (None: the whole batch at once), with activations in the
+    model's dtype; the message names the `options` that make it smaller."""
     from probe.evaluate import form_for
     from probe.memory import check_batches
     from probe.tasks import sequence_length
 
     form = form_for(ckpt.model_cfg.arch)
     seqs = [n if ckpt.imported else sequence_length(ckpt.task, form, n) for n in widths]
+    if max_batch_tokens is not None:
+        options += " (or --max-batch-tokens)"
+    dtype = next(ckpt.model.parameters()).dtype
     check_batches(ckpt.model_cfg, sets * batches * len(widths), batch_size, max(seqs), backward,
-                  f"a smaller {options}")  # fmt: skip
+                  f"a smaller {options}", max_batch_tokens, dtype)  # fmt: skip
 
 
 def note_text(text: Path | None) -> None:

@@ -10,6 +10,7 @@ from probe_cli.common import (
     CheckpointArg,
     DeviceOpt,
     DtypeOpt,
+    MaxBatchTokensOpt,
     MaxTokensOpt,
     NprocOpt,
     OutOpt,
@@ -42,6 +43,7 @@ from probe_cli.selection import (
 )
 from rich.table import Table
 
+from probe.batching import DEFAULT_BATCH_TOKENS
 from probe.config import choice
 from probe.errors import ProbeError
 
@@ -107,6 +109,7 @@ def importance_cli(
     max_tokens: MaxTokensOpt = 128,
     batch_size: BatchSizeOpt = 64,
     batches: BatchesOpt = 1,
+    max_batch_tokens: MaxBatchTokensOpt = DEFAULT_BATCH_TOKENS,
     normalize: NormalizeOpt = False,
     unit: Annotated[
         str,
@@ -139,7 +142,8 @@ def importance_cli(
 
     unit = choice(Unit, unit, "pruning unit")
     methods = parse_methods(method)
-    check_positive(batch_size=batch_size, batches=batches, nproc=nproc)
+    check_positive(batch_size=batch_size, batches=batches, nproc=nproc,
+                   max_batch_tokens=max_batch_tokens)  # fmt: skip
     if nproc > 1 and (set(methods) - {"gradient", "fisher"} or unit != Unit.HEAD):
         raise ProbeError("--nproc runs gradient and fisher importance by head only; drop the "
                          "other methods or --unit, or run them in one process.")  # fmt: skip
@@ -157,15 +161,17 @@ def importance_cli(
     check_data_options(ckpt, text, lengths)
     chosen = lengths_for(ckpt, lengths)
     data = (text, whole, max_tokens)
-    (split,), _ = splits(ckpt, chosen, batch_size, batches, seed, text=data)
+    (split,), _ = splits(ckpt, chosen, batch_size, batches, seed, text=data,
+                         max_batch_tokens=max_batch_tokens)  # fmt: skip
     if launcher:
         del ckpt, split  # each rank loads its own
         relaunch(nproc)
         return
     with progress_bar() as bar, process_group(world, resolve_device(device)):
         table, corr = compare_estimators(
-            ckpt.model, split, methods, normalize=normalize, seed=seed, progress=phased(bar)
-        )
+            ckpt.model, split, methods, normalize=normalize, seed=seed, progress=phased(bar),
+            max_batch_tokens=max_batch_tokens,
+        )  # fmt: skip
     if not world.main:
         return
     open_output(out, earlier)
@@ -176,7 +182,7 @@ def importance_cli(
         atomic_write_csv(out / "correlations.csv", corr)
         atomic_save_figure(out / "correlations.png", correlation_heatmap(corr))
     if unit == Unit.LAYER:
-        layers = layer_importance(ckpt.model, split)
+        layers = layer_importance(ckpt.model, split, max_batch_tokens)
         atomic_write_csv(out / "importance_layers.csv", layers)
         console.print(_layer_view(layers))
     if unit == Unit.GROUP:
@@ -189,7 +195,7 @@ def importance_cli(
     write_manifest(
         out, ckpt, command="importance", methods=methods, lengths=chosen,
         batch_size=batch_size, batches=batches, normalize=normalize, seed=seed,
-        **text_settings(ckpt, data),
+        max_batch_tokens=max_batch_tokens, **text_settings(ckpt, data),
     )  # fmt: skip
     for m in methods:
         console.print(_importance_view(table, m, sites, n_head))

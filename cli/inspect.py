@@ -11,6 +11,7 @@ from probe_cli.common import (
     CheckpointArg,
     DeviceOpt,
     DtypeOpt,
+    MaxBatchTokensOpt,
     OutOpt,
     OverwriteOpt,
     PickleOpt,
@@ -34,6 +35,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from probe import provenance
+from probe.batching import DEFAULT_BATCH_TOKENS
 from probe.errors import ProbeError
 from probe.words import counted
 
@@ -95,6 +97,7 @@ def inspect_cli(
     ] = None,
     batch_size: BatchSizeOpt = 32,
     batches: Annotated[int, typer.Option(help="Batches per length.")] = 2,
+    max_batch_tokens: MaxBatchTokensOpt = DEFAULT_BATCH_TOKENS,
     streaming: Annotated[
         str, typer.Option(help="Key tiles with an online softmax: auto (long inputs), on, off.")
     ] = "auto",
@@ -123,9 +126,8 @@ def inspect_cli(
 
     if streaming not in STREAMING:
         raise ProbeError(f"--streaming must be auto, on or off, got '{streaming}'.")
-    check_positive(
-        batch_size=batch_size, batches=batches, **({} if period is None else {"period": period})
-    )
+    check_positive(batch_size=batch_size, batches=batches, max_batch_tokens=max_batch_tokens,
+                   **({} if period is None else {"period": period}))  # fmt: skip
     writes = ("attention_stats.csv", "roles.csv", "manifest.json")
     earlier = claim_output(out, writes, overwrite, inputs=inputs_of(checkpoint, text),
                            inside_ok=True)  # fmt: skip
@@ -134,11 +136,12 @@ def inspect_cli(
     if not ckpt.imported and text is not None:
         check_data_options(ckpt, text, None)
     wanted = parse_lengths(lengths or ("128" if ckpt.imported else "8,16,32"))
-    check_data_fits(ckpt, wanted, batch_size, batches)
+    check_data_fits(ckpt, wanted, batch_size, batches, max_batch_tokens=max_batch_tokens)
     if period is not None:  # the induction score runs sequences of two periods
         from probe.memory import check_batches
 
-        check_batches(ckpt.model_cfg, 1, batch_size, 2 * period, smaller="a smaller --period")
+        check_batches(ckpt.model_cfg, 1, batch_size, 2 * period, smaller="a smaller --period",
+                      max_batch_tokens=max_batch_tokens)  # fmt: skip
     data = None
     if ckpt.imported:
         note_text(text)
@@ -158,11 +161,13 @@ def inspect_cli(
             result = inspect_batches(
                 ckpt.model, [b for n in wanted for b in data[n]], wanted, seed=seed,
                 streaming=STREAMING[streaming], period=period, progress=show,
+                max_batch_tokens=max_batch_tokens,
             )  # fmt: skip
         else:
             result = inspect_model(
                 ckpt.model, ckpt.task, wanted, batch_size=batch_size, n_batches=batches, seed=seed,
                 streaming=STREAMING[streaming], period=period, progress=show,
+                max_batch_tokens=max_batch_tokens,
             )  # fmt: skip
     needles = _needles(ckpt, needles)
     if needles:
@@ -181,6 +186,7 @@ def inspect_cli(
         "lengths": result.lengths,
         "batch_size": batch_size,
         "batches": batches,
+        "max_batch_tokens": max_batch_tokens,
         "seed": seed,
         "streaming": streaming,
         "induction_period": result.period,

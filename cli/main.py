@@ -10,6 +10,7 @@ import typer
 from probe_cli import importance, inspect, interop, prune, study, train, view
 from probe_cli.common import Group, err_console, shown
 
+from probe.allocator import return_large_blocks
 from probe.errors import Interrupted, ProbeError
 
 app = typer.Typer(
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     args = [a for a in args if a != "--debug"]
+    return_large_blocks()  # freed tensors go back to the system (probe.allocator)
     previous = signal.signal(signal.SIGINT, _interrupt)
     previous_term = signal.signal(signal.SIGTERM, _interrupt)  # kill PID: stop as cleanly
     try:

@@ -10,6 +10,7 @@ from probe_cli.common import (
     CheckpointArg,
     DeviceOpt,
     DtypeOpt,
+    MaxBatchTokensOpt,
     MaxTokensOpt,
     OutOpt,
     OverwriteOpt,
@@ -41,12 +42,15 @@ from probe_cli.selection import (
 )
 from rich.table import Table
 
+from probe.batching import DEFAULT_BATCH_TOKENS
 from probe.errors import ProbeError
 from probe.provenance import device_name
 from probe.words import counted
 
 SWEEP_FILES = ("pruning.csv", "pruning.png", "pruning_loss.png", "manifest.json")
 PRUNED_FILES = ("removed_heads.csv", "prune_metrics.csv", "prune_timing.csv")  # + the checkpoint
+TIMING_SHARE = 0.25  # the side-by-side timing's default budget: this share of the time the
+# pruning itself (importance, pruning, scoring) took, so a large model is not mostly stopwatch
 
 
 # ------------------------------------------------------------------------------ importance
@@ -64,7 +68,7 @@ def _fractions(spec: str | None) -> list[float] | None:
 
 
 def _sweep(ckpt, out, methods, seeds, fractions, lengths, batch_size, batches, seed, select,
-           earlier, data):  # fmt: skip
+           earlier, data, max_batch_tokens):  # fmt: skip
     from probe.analysis.importance import parse_methods
     from probe.analysis.pruning_runs import CURVE_EXTRAS, primary_metric, pruning_curve
     from probe.checkpoint import open_output
@@ -80,7 +84,8 @@ def _sweep(ckpt, out, methods, seeds, fractions, lengths, batch_size, batches, s
         console.print("adding the random baseline to the sweep")
     if seeds < 1:
         raise ProbeError(f"--seeds must be at least 1, got {seeds}.")
-    sets, scoring = splits(ckpt, lengths, batch_size, batches, seed, n=seeds, text=data)
+    sets, scoring = splits(ckpt, lengths, batch_size, batches, seed, n=seeds, text=data,
+                           max_batch_tokens=max_batch_tokens)  # fmt: skip
     metric = primary_metric(scoring)
     chosen_fractions = _fractions(fractions)
     if chosen_fractions is None and ckpt.imported:  # every head count would be hundreds of points
@@ -89,7 +94,8 @@ def _sweep(ckpt, out, methods, seeds, fractions, lengths, batch_size, batches, s
         job = bar.add_task("sweep", total=None)
         curve = pruning_curve(
             ckpt.model, sets, scoring, names, chosen_fractions,
-            progress=lambda d, t: bar.update(job, completed=d, total=t), **select,
+            progress=lambda d, t: bar.update(job, completed=d, total=t),
+            max_batch_tokens=max_batch_tokens, **select,
         )  # fmt: skip
     open_output(out, earlier)
     atomic_write_csv(out / "pruning.csv", curve)
@@ -109,6 +115,25 @@ def _sweep(ckpt, out, methods, seeds, fractions, lengths, batch_size, batches, s
     console.print(view)
     console.print(f"wrote {shown(out / 'pruning.csv')} and {shown(out / 'pruning.png')}")
     return names
+
+
+def _timing_line(result, sizes: list[int], share: float | None) -> str:
+    """What the timing did, in one line: repeats, batch sizes, its budget and what it took."""
+    runs = result.timing.groupby("batch_size")["repeats"].first()
+    timed = [int(size) for size in runs.index]
+    line = "timing: " + ", ".join(f"{counted(int(n), 'repeat')} at batch size {size}"
+                                  for size, n in runs.items())  # fmt: skip
+    if result.timing_budget is None:
+        line += ", no budget (--repeats given)"
+    else:
+        line += f", budget {result.timing_budget:.1f} s"
+        if share is not None:
+            line += f" ({share:.0%} of the {result.work_seconds:.1f} s the pruning took)"
+    line += f"; took {result.timing_seconds:.1f} s"
+    left = [s for s in sizes if s not in timed]
+    if left:
+        line += f"; batch sizes {', '.join(map(str, left))} left out to keep to the budget"
+    return line
 
 
 def _report(result, fraction: float) -> None:
@@ -218,12 +243,24 @@ def prune_cli(
     max_tokens: MaxTokensOpt = 128,
     batch_size: BatchSizeOpt = 64,
     batches: BatchesOpt = 1,
+    max_batch_tokens: MaxBatchTokensOpt = DEFAULT_BATCH_TOKENS,
     timing: Annotated[
         bool, typer.Option("--timing/--no-timing", help="Time original, masked and pruned.")
     ] = True,
     repeats: Annotated[
         int | None,
-        typer.Option(help="Timed repeats per batch size, median (default 10; imported: 3)."),
+        typer.Option(
+            help="Timed repeats per batch size, median (default: at most 10, imported models "
+            "3, within the timing budget; given: exactly that many, no budget)."
+        ),
+    ] = None,
+    timing_budget: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds the side-by-side timing may take (default: "
+            f"{TIMING_SHARE:.0%} of the time the pruning itself took); larger batch sizes "
+            "that would not fit are left out."
+        ),
     ] = None,
     timing_threads: Annotated[
         int, typer.Option(help="CPU threads while timing (1: stable on a shared CPU).")
@@ -252,7 +289,12 @@ def prune_cli(
     from probe.tasks import parse_lengths
 
     check_positive(batch_size=batch_size, batches=batches, timing_threads=timing_threads,
+                   max_batch_tokens=max_batch_tokens,
                    **({} if repeats is None else {"repeats": repeats}))  # fmt: skip
+    if timing_budget is not None and not timing_budget > 0:
+        raise ProbeError(
+            f"--timing-budget must be a number of seconds above 0, got {timing_budget}."
+        )
     # a curve may go in the checkpoint's folder
     writes = SWEEP_FILES if sweep else (*CHECKPOINT_FILES, *PRUNED_FILES)
     earlier = claim_output(out, writes, overwrite, inputs=inputs_of(checkpoint, text),
@@ -287,16 +329,22 @@ def prune_cli(
             select,
             earlier,
             data,
+            max_batch_tokens,
         )
-        write_manifest(out, ckpt, command="prune --sweep", methods=names, seeds=seeds, **settings)
+        write_manifest(out, ckpt, command="prune --sweep", methods=names, seeds=seeds,
+                       max_batch_tokens=max_batch_tokens, **settings)  # fmt: skip
         return
     real = ckpt.imported  # a real model's forward pass is slow: time fewer, smaller batches
+    # the timing gets a budget unless --repeats asks for an exact count: --timing-budget, else
+    # a share of what the pruning itself took
+    share = TIMING_SHARE if timing_budget is None and repeats is None else None
     repeats = repeats if repeats is not None else (3 if real else 10)
     timing_sizes = timing_sizes or ("1,8" if real else "1,16,64")
     longest = [max_tokens] if real else [max(chosen)]
     for size in parse_lengths(timing_sizes) if timing else []:  # batches timed, one at a time
         check_data_fits(ckpt, longest, size, 1, options="--timing-sizes")
-    (split,), scoring = splits(ckpt, chosen, batch_size, batches, seed, text=data)
+    (split,), scoring = splits(ckpt, chosen, batch_size, batches, seed, text=data,
+                               max_batch_tokens=max_batch_tokens)  # fmt: skip
     if unit != "head" or uniform:
         select = {**select, "unit": unit, "uniform": uniform}
     if tune:
@@ -307,13 +355,15 @@ def prune_cli(
         result = prune_and_compare(
             ckpt.model, split, scoring, fraction, timing=timing, repeats=repeats,
             batch_sizes=parse_lengths(timing_sizes), threads=timing_threads,
+            timing_budget=timing_budget, timing_share=share, max_batch_tokens=max_batch_tokens,
             progress=phased(bar), method=method, step=step, seed=seed, **select,
         )  # fmt: skip
     record = {
         "source": str(ckpt.path), "method": method, "fraction": fraction, "step": step,
         **select, "removed": result.removed[["layer", "head"]].values.tolist(),
         "kept": [list(s.kept_heads) for s in result.model.cfg.sites()],
-        "metrics": result.metrics.to_dict("records"),
+        "metrics": result.metrics.to_dict("records"), "max_batch_tokens": max_batch_tokens,
+        "timing_budget": result.timing_budget,
         "device": device_name(model_device(ckpt)),
         "runtime": Runtime.cpu().record(ckpt.model),
     }  # fmt: skip
@@ -327,6 +377,8 @@ def prune_cli(
     if not result.timing.empty:
         atomic_write_csv(out / "prune_timing.csv", result.timing)
     _report(result, fraction)
+    if timing:
+        console.print(_timing_line(result, parse_lengths(timing_sizes), share))
     sites = [s.name for s in ckpt.model_cfg.sites()]
     for site, heads in zip(sites, [s.kept_heads for s in result.model.cfg.sites()], strict=True):
         console.print(f"  {site}: keeps heads {list(heads) if heads else 'none'}")

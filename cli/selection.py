@@ -47,18 +47,20 @@ def lengths_for(ckpt: Checkpoint, spec: str | None) -> list[int]:
 
 
 def splits(ckpt: Checkpoint, lengths, batch_size: int, batches: int, seed: int, n: int = 1,
-            text: tuple = (None, False, 128)):  # fmt: skip
-    """Importance splits and a scoring split: task data, or text for an imported model."""
+           text: tuple = (None, False, 128), max_batch_tokens: int | None = None):  # fmt: skip
+    """Importance splits and a scoring split: task data, or text for an imported model; checked
+    to fit when run `max_batch_tokens` tokens at a time."""
     from probe.analysis.splits import checkpoint_splits
 
     width = "--max-tokens" if ckpt.imported else "--lengths"
     check_data_fits(ckpt, [text[2]] if ckpt.imported else lengths, batch_size, batches, n + 1,
-                    backward=True, options=f"--batches, --batch-size or {width}")  # fmt: skip
+                    backward=True, options=f"--batches, --batch-size or {width}",
+                    max_batch_tokens=max_batch_tokens)  # fmt: skip
     path, whole, max_tokens = text
     if ckpt.imported:
         note_text(path)
     return checkpoint_splits(ckpt, lengths, batch_size, batches, seed, n, text=path, whole=whole,
-                             max_tokens=max_tokens)  # fmt: skip
+                             max_tokens=max_tokens, max_batch_tokens=max_batch_tokens)  # fmt: skip
 
 
 def progress_bar() -> Progress:

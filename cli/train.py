@@ -12,6 +12,7 @@ from probe_cli.common import (
     CheckpointArg,
     DeviceOpt,
     DtypeOpt,
+    MaxBatchTokensOpt,
     OutOpt,
     OversubscribeOpt,
     OverwriteOpt,
@@ -34,6 +35,7 @@ from probe_cli.common import (
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from probe.batching import DEFAULT_BATCH_TOKENS
 from probe.config import ModelConfig, Schedule, TrainConfig
 from probe.errors import ProbeError
 from probe.presets import with_preset
@@ -218,6 +220,7 @@ def eval_cli(
     whole: WholeOpt = False,
     batch_size: BatchSizeOpt = 64,
     batches: Annotated[int, typer.Option(help="Batches per length.")] = 2,
+    max_batch_tokens: MaxBatchTokensOpt = DEFAULT_BATCH_TOKENS,
     seed: SeedOpt = 1234,
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = None,
@@ -230,26 +233,28 @@ def eval_cli(
     from probe.report.files import atomic_write_csv
     from probe.tasks import parse_lengths
 
-    check_positive(batches=batches, batch_size=batch_size)
+    check_positive(batches=batches, batch_size=batch_size, max_batch_tokens=max_batch_tokens)
     earlier = claim_output(out, ("eval.csv", "manifest.json"), overwrite,
                            inputs=inputs_of(checkpoint, text), inside_ok=True)  # fmt: skip
     ckpt = load_model(checkpoint, device, dtype, allow_pickle)
     if ckpt.imported:
-        _eval_text(ckpt, out, earlier, lengths, text, whole, batch_size, batches, seed)
+        _eval_text(ckpt, out, earlier, lengths, text, whole, batch_size, batches, seed,
+                   max_batch_tokens)  # fmt: skip
         return
     if text is not None:
         check_data_options(ckpt, text, None)
     lengths = lengths or "1:32"
-    check_data_fits(ckpt, parse_lengths(lengths), batch_size, batches)
+    check_data_fits(ckpt, parse_lengths(lengths), batch_size, batches,
+                    max_batch_tokens=max_batch_tokens)  # fmt: skip
     table = evaluate(
         ckpt.model, ckpt.task, parse_lengths(lengths), batch_size=batch_size, n_batches=batches,
-        seed=seed,
+        seed=seed, max_batch_tokens=max_batch_tokens,
     )  # fmt: skip
     open_output(out, earlier)
     atomic_write_csv(out / "eval.csv", table)
     write_manifest(
         out, ckpt, command="eval", lengths=lengths, batch_size=batch_size,
-        batches=batches, seed=seed,
+        batches=batches, seed=seed, max_batch_tokens=max_batch_tokens,
     )  # fmt: skip
     lo, hi = ckpt.train_cfg.train_len
     wide = table.pivot(index="length", columns="metric", values="value")
@@ -265,7 +270,8 @@ def eval_cli(
     console.print(f"wrote {shown(out / 'eval.csv')}")
 
 
-def _eval_text(ckpt, out, earlier, lengths, text, whole, batch_size, batches, seed):
+def _eval_text(ckpt, out, earlier, lengths, text, whole, batch_size, batches, seed,
+               max_batch_tokens):  # fmt: skip
     """eval of an imported model: its text metrics at each row width."""
     from probe.checkpoint import open_output
     from probe.evaluate import evaluate_text
@@ -277,16 +283,17 @@ def _eval_text(ckpt, out, earlier, lengths, text, whole, batch_size, batches, se
     if ckpt.objective == "embedding" and ckpt.meta.get("pruning"):
         reference = _original(ckpt)
     widths = parse_lengths(lengths or "128")
-    check_data_fits(ckpt, widths, batch_size, batches)
+    check_data_fits(ckpt, widths, batch_size, batches, max_batch_tokens=max_batch_tokens)
     note_text(text)
     docs = read_documents(text, whole=whole)
     table = evaluate_text(ckpt.model, ckpt.tokenizer(), ckpt.objective, docs, widths, batch_size,
-                          batches, seed, reference)  # fmt: skip
+                          batches, seed, reference,
+                          max_batch_tokens=max_batch_tokens)  # fmt: skip
     open_output(out, earlier)
     atomic_write_csv(out / "eval.csv", table)
     write_manifest(out, ckpt, command="eval", lengths=widths, batch_size=batch_size,
                    batches=batches, seed=seed, text=str(text) if text else "shipped corpus",
-                   whole=whole)  # fmt: skip
+                   whole=whole, max_batch_tokens=max_batch_tokens)  # fmt: skip
     wide = table.pivot(index="length", columns="metric", values="value")
     view = Table(title=f"imported {ckpt.source['model_type']} on text ({ckpt.objective})")
     view.add_column("tokens per row", justify="right")

@@ -10,6 +10,7 @@ from probe_cli.common import (
     BatchSizeOpt,
     DeviceOpt,
     DtypeOpt,
+    MaxBatchTokensOpt,
     OverwriteOpt,
     PickleOpt,
     SeedOpt,
@@ -25,6 +26,7 @@ from probe_cli.common import (
 )
 from probe_cli.selection import load
 
+from probe.batching import DEFAULT_BATCH_TOKENS
 from probe.errors import ProbeError
 from probe.files import claim_file
 from probe.words import counted
@@ -62,6 +64,7 @@ def view_cli(
     ] = None,
     batch_size: BatchSizeOpt = 16,
     batches: Annotated[int, typer.Option(help="Batches per length for the statistics.")] = 1,
+    max_batch_tokens: MaxBatchTokensOpt = DEFAULT_BATCH_TOKENS,
     seed: SeedOpt = 0,
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = None,
@@ -81,7 +84,7 @@ def view_cli(
     from probe.tasks import parse_lengths
     from probe.text import TextOptions
 
-    check_positive(batch_size=batch_size, batches=batches)
+    check_positive(batch_size=batch_size, batches=batches, max_batch_tokens=max_batch_tokens)
     if out.suffix.lower() not in (".html", ".htm"):
         raise ProbeError(f"--out must name an .html file, got '{out}'.")
     claim_file(out, overwrite, inputs=inputs_of(target, text), inside_ok=True)
@@ -102,14 +105,15 @@ def view_cli(
     widths = parse_lengths(length) if length else None
     shown_at = widths or ([64] if ckpt.imported else [2 * ckpt.train_cfg.train_len[1]])
     check_data_fits(ckpt, shown_at, batch_size, batches, backward=method is not None,
-                    options="--batches, --batch-size or --length")  # fmt: skip
+                    options="--batches, --batch-size or --length",
+                    max_batch_tokens=max_batch_tokens)  # fmt: skip
     note_text(text)
     with console.status("measuring the heads"):
         data = checkpoint_view(
             ckpt, title=title, task=task,
             lengths=widths, text=text, whole=whole,
             batch_size=batch_size, batches=batches, importance=method, seed=seed,
-            options=TextOptions(width="--length"),
+            options=TextOptions(width="--length"), max_batch_tokens=max_batch_tokens,
         )  # fmt: skip
     from probe import provenance
 

@@ -11,10 +11,13 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from probe.batching import check_budget, micro_batches, split_batch
 from probe.config import Arch
 from probe.errors import ProbeError
+from probe.loss import per_example, token_losses, token_losses_and_hits
 from probe.memory import check_forward
 from probe.model import Transformer
+from probe.runtime import ACCUMULATE
 from probe.tasks import Batch, Form, TaskConfig, make_batch, score, sequence_length
 
 if TYPE_CHECKING:
@@ -33,6 +36,12 @@ def forward_batch(model: Transformer, batch: Batch, positions: torch.Tensor | No
     return model(batch.inputs, source=batch.source, positions=positions)
 
 
+def features_batch(model: Transformer, batch: Batch, positions: torch.Tensor | None = None):
+    """The last hidden states [batch, seq, d_model] for a batch: the forward pass without the
+    vocabulary projection, for what observes activations and needs no logits."""
+    return model.features(batch.inputs, source=batch.source, positions=positions)
+
+
 def batch_loss(
     model: Transformer,
     batch: Batch,
@@ -45,22 +54,28 @@ def batch_loss(
     `label_smoothing` mixes the targets with a uniform distribution (training only)."""
     if batch.reference is not None:
         pooled = model.features(batch.inputs, positions=positions).float().mean(1)  # [batch, d]
-        per_example = 1 - F.cosine_similarity(pooled, batch.reference.float(), dim=-1)  # [batch]
-        return per_example if reduction == "none" else per_example.mean()
-    if logits is None:
-        logits = forward_batch(model, batch, positions)  # [batch, seq, vocab]
-    token_loss = F.cross_entropy(
-        logits.float().transpose(1, 2),
-        batch.targets,
-        reduction="none",
-        label_smoothing=label_smoothing,
-    )  # [batch, seq]
-    mask = batch.loss_mask.float()  # [batch, seq]
-    per_example = (token_loss * mask).sum(1) / mask.sum(1).clamp_min(1)  # [batch]
+        each = 1 - F.cosine_similarity(pooled, batch.reference.float(), dim=-1)  # [batch]
+        return each if reduction == "none" else each.mean()
+    if logits is None:  # the vocabulary projection in chunks, scored positions only
+        hidden = features_batch(model, batch, positions)  # [batch, seq, d_model]
+        mask = batch.loss_mask  # [batch, seq]
+        scored = hidden[mask]  # [scored, d_model]
+        targets = batch.targets[mask]  # [scored]
+        token_loss = token_losses(model, scored, targets, label_smoothing=label_smoothing)
+        each = per_example(token_loss, mask)  # [batch]
+    else:
+        token_loss = F.cross_entropy(
+            logits.float().transpose(1, 2),
+            batch.targets,
+            reduction="none",
+            label_smoothing=label_smoothing,
+        )  # [batch, seq]
+        mask = batch.loss_mask.float()  # [batch, seq]
+        each = (token_loss * mask).sum(1) / mask.sum(1).clamp_min(1)  # [batch]
     if reduction == "none":
-        return per_example
+        return each
     if reduction == "mean":
-        return per_example.mean()
+        return each.mean()
     raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
 
 
@@ -105,16 +120,18 @@ def evaluate(
     seed: int = 1234,
     device: torch.device | str | None = None,
     progress=None,
+    max_batch_tokens: int | None = None,
 ) -> pd.DataFrame:
     """Exact match, token accuracy and loss per task length: a tidy table with columns
     length, metric, value, n (n = examples). Teacher-forced argmax, which equals greedy decoding
-    for exact match."""
+    for exact match. Each batch runs in micro-batches of at most `max_batch_tokens` tokens
+    (None: `probe.batching.DEFAULT_BATCH_TOKENS`); the metrics are sums over examples."""
     lengths = list(lengths)
     check_lengths(model, task, lengths)
+    budget = check_budget(max_batch_tokens)
     if lengths:
-        check_forward(
-            model.cfg, batch_size, sequence_length(task, form_for(model.cfg.arch), max(lengths))
-        )
+        seq = sequence_length(task, form_for(model.cfg.arch), max(lengths))
+        check_forward(model.cfg, batch_size, seq, max_batch_tokens=budget)
     device = device or next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -124,7 +141,8 @@ def evaluate(
         for i, n in enumerate(lengths):
             exact_sum = token_sum = loss_sum = 0.0
             count = 0
-            for batch in eval_batches(task, form, [n], batch_size, n_batches, seed + n):
+            data = eval_batches(task, form, [n], batch_size, n_batches, seed + n)
+            for batch in micro_batches(data, budget):
                 batch = batch.to(device)
                 logits = forward_batch(model, batch)  # [batch, seq, vocab]
                 exact, tokens = score(logits, batch)
@@ -143,25 +161,34 @@ def evaluate(
 
 
 # ------------------------------------------------------------------ imported models on text
+def _pooled(model: Transformer, batch: Batch, budget: int | None) -> torch.Tensor:
+    """Mean-pooled last hidden states [batch, d_model] (float32), a micro-batch at a time."""
+    device = model.embed.weight.device
+    parts = [model.features(part.inputs.to(device)).to(ACCUMULATE).mean(1)  # [rows, d_model]
+             for part in split_batch(batch, budget)]  # fmt: skip
+    return torch.cat(parts)
+
+
 @torch.no_grad()
-def with_reference(model: Transformer, batches: Sequence[Batch]) -> list[Batch]:
+def with_reference(model: Transformer, batches: Sequence[Batch],
+                   max_batch_tokens: int | None = None) -> list[Batch]:  # fmt: skip
     """Each batch paired with `model`'s own mean-pooled embeddings (the embedding objective:
     a pruned model is scored by how close it stays to these)."""
     out = []
     for b in batches:
-        pooled = model.features(b.inputs.to(model.embed.weight.device)).float().mean(1)
-        out.append(replace(b, reference=pooled.to(b.inputs.device)))  # [batch, d_model]
+        pooled = _pooled(model, b, max_batch_tokens)  # [batch, d_model]
+        out.append(replace(b, reference=pooled.to(b.inputs.device)))
     return out
 
 
 @torch.no_grad()
-def _embedding_metrics(model: Transformer, batches: Sequence[Batch]) -> dict[str, float]:
+def _embedding_metrics(model: Transformer, batches: Sequence[Batch],
+                       budget: int | None = None) -> dict[str, float]:  # fmt: skip
     """similarity: mean cosine of each row's mean-pooled embedding to its reference; neighbours:
     the share of rows whose nearest other row (by cosine) is the same as under the references."""
-    device = model.embed.weight.device
     pooled, refs = [], []
     for b in batches:
-        pooled.append(model.features(b.inputs.to(device)).float().mean(1).cpu())  # [batch, d]
+        pooled.append(_pooled(model, b, budget).cpu())  # [batch, d]
         refs.append(b.reference.float().cpu())
     mine, theirs = F.normalize(torch.cat(pooled), dim=-1), F.normalize(torch.cat(refs), dim=-1)
     similarity = float((mine * theirs).sum(-1).double().mean())
@@ -177,26 +204,28 @@ def _embedding_metrics(model: Transformer, batches: Sequence[Batch]) -> dict[str
 
 @torch.no_grad()
 def text_metrics(
-    model: Transformer, batches: Sequence[Batch], objective: str, accuracy: bool = False
+    model: Transformer,
+    batches: Sequence[Batch],
+    objective: str,
+    accuracy: bool = False,
+    max_batch_tokens: int | None = None,
 ) -> dict[str, float]:
     """What fits an imported model on text batches: loss and perplexity for language models
     (next-token or masked-token; with `accuracy`, token accuracy from the same forward pass);
     for sentence encoders the mean cosine similarity to the reference embeddings and the
-    agreement of nearest neighbours."""
+    agreement of nearest neighbours. Batches run in micro-batches of `max_batch_tokens` tokens,
+    the vocabulary projection over the scored positions in chunks (`probe.loss`)."""
     device = model.embed.weight.device
     if objective == "embedding":
-        return _embedding_metrics(model, batches)
+        return _embedding_metrics(model, batches, max_batch_tokens)
     total, count, right = 0.0, 0, 0
-    for b in batches:
+    for b in micro_batches(batches, max_batch_tokens):
         b = b.to(device)
-        logits = forward_batch(model, b)  # [batch, seq, vocab]
-        token_loss = F.cross_entropy(
-            logits.float().flatten(0, 1), b.targets.flatten(), reduction="none"
-        ).view_as(b.targets)  # [batch, seq]; flat rows: 4x faster than [batch, vocab, seq]
-        total += float(token_loss[b.loss_mask].double().sum())
+        hidden = features_batch(model, b)[b.loss_mask]  # [scored, d_model]
+        token_loss, hits = token_losses_and_hits(model, hidden, b.targets[b.loss_mask])
+        total += float(token_loss.double().sum())
         count += int(b.loss_mask.sum())
-        if accuracy:
-            right += int((logits.argmax(-1) == b.targets)[b.loss_mask].sum())
+        right += int(hits.sum())
     mean = total / max(count, 1)
     out = {"loss": mean, "perplexity": math.exp(min(mean, 700.0)), "tokens": count}
     if accuracy:
@@ -216,6 +245,7 @@ def text_splits_for(
     seed: int = 0,
     reference: bool = True,
     options: TextOptions | None = None,
+    max_batch_tokens: int | None = None,
 ) -> tuple[list[list[Batch]], list[Batch]]:
     """Disjoint text batches for importance (n_importance sets) and for scoring, for an imported
     model's objective; sentence encoders get `model`'s own embeddings as the reference (unless
@@ -233,8 +263,8 @@ def text_splits_for(
     sets, scoring = text_splits(docs, tokenizer, objective, max_tokens, batch_size, n_batches,
                                 n_importance, seed, options)  # fmt: skip
     if objective == "embedding" and reference:
-        sets = [with_reference(model, s) for s in sets]
-        scoring = with_reference(model, scoring)
+        sets = [with_reference(model, s, max_batch_tokens) for s in sets]
+        scoring = with_reference(model, scoring, max_batch_tokens)
     return sets, scoring
 
 
@@ -249,6 +279,7 @@ def evaluate_text(
     seed: int = 0,
     reference: Transformer | None = None,
     options: TextOptions | None = None,
+    max_batch_tokens: int | None = None,
 ) -> pd.DataFrame:
     """An imported model's text metrics at each row width: columns length (tokens per row),
     metric, value, n. A sentence encoder is scored against `reference`'s embeddings (the
@@ -260,8 +291,9 @@ def evaluate_text(
     rows = []
     for width in widths:
         _, batches = text_splits_for(reference or model, tokenizer, objective, docs, width,
-                                     batch_size, n_batches, 0, seed, options=options)  # fmt: skip
-        metrics = text_metrics(model, batches, objective)
+                                     batch_size, n_batches, 0, seed, options=options,
+                                     max_batch_tokens=max_batch_tokens)  # fmt: skip
+        metrics = text_metrics(model, batches, objective, max_batch_tokens=max_batch_tokens)
         n = metrics.pop("examples", None) or metrics.pop("tokens", None)
         rows += [{"length": width, "metric": k, "value": v, "n": n} for k, v in metrics.items()]
     return pd.DataFrame(rows, columns=["length", "metric", "value", "n"])

@@ -1,9 +1,12 @@
 """Memory a model or a forward pass will need, estimated from the config before anything is
 allocated, so an impossible size fails in one line instead of after minutes and gigabytes.
 
-The estimates are upper-end orders of magnitude (weights at their dtype's size, activations in
-float32), not exact accounting: they exist to refuse `d_model = 10**9` or a 100,000-token
-evaluation, not to pack memory tightly.
+The estimates are upper-end orders of magnitude (weights and activations at the weights'
+dtype's size, attention scores and logits in float32), not exact accounting: they exist to
+refuse `d_model = 10**9` or a 100,000-token evaluation, not to pack memory tightly. A command
+that runs its batches in micro-batches of a token budget (`probe.batching`) is sized by one
+micro-batch, not by its statistical batch: the data of every batch is held, but only one
+micro-batch's activations.
 `PROBE_MEMORY_CHECK=off` in the environment skips the check (to insist).
 """
 
@@ -33,16 +36,33 @@ def parameter_estimate(cfg: ModelConfig) -> int:
     return cfg.vocab_size * d * 2 + table + sites * attention + blocks * (ffn + 6 * d)
 
 
-def forward_bytes(cfg: ModelConfig, batch: int, seq: int, backward: bool = False) -> int:
+def forward_bytes(cfg: ModelConfig, batch: int, seq: int, backward: bool = False,
+                  max_batch_tokens: int | None = None, dtype=None) -> int:  # fmt: skip
     """Peak bytes of one forward pass (and its backward): the attention weights and score bias
     of one sub-layer ([batch, head, seq, seq], a few copies), every layer's activations when
     they are kept for the backward pass (else one layer's), and the logits over the vocabulary
-    with their softmax and gradient, made once at the end."""
-    scores = 3 * batch * cfg.n_head * seq * seq * FLOAT
+    with their softmax and gradient.
+
+    max_batch_tokens: the pass runs in micro-batches of that many tokens (whole rows, at least
+    one) and its loss projects at most `probe.loss.LOSS_CHUNK` logits at a time, so `batch`
+    counts only up to a micro-batch, and a backward pass recomputes each block's activations
+    (`probe.recompute`) instead of keeping them; None: the whole batch at once with all its
+    logits and every layer's activations kept (as training runs). dtype: the activations'
+    (default float32)."""
+    from probe.batching import rows_per_pass
+    from probe.loss import LOSS_CHUNK
+
+    size = FLOAT if dtype is None else dtype.itemsize
+    rows = batch if max_batch_tokens is None else min(batch, rows_per_pass(seq, max_batch_tokens))
+    scores = 3 * rows * cfg.n_head * seq * seq * FLOAT
     width = 8 * cfg.d_model + cfg.d_ff
     layers = cfg.n_sites if backward else 1
-    kept = layers * (batch * seq * width * FLOAT + (scores if backward else 0))
-    logits = 3 * batch * seq * cfg.vocab_size * FLOAT
+    kept = layers * (rows * seq * width * size + (scores if backward else 0))
+    logits = 3 * rows * seq * cfg.vocab_size * FLOAT
+    if max_batch_tokens is not None:
+        logits = min(logits, 3 * max(LOSS_CHUNK, cfg.vocab_size) * FLOAT)
+        if backward:  # blocks recompute (probe.recompute): each keeps its input and head outputs
+            kept = cfg.n_sites * rows * seq * 2 * cfg.d_model * size + 2 * (kept // layers)
     return scores + kept + logits
 
 
@@ -70,15 +90,16 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:,.1f} PiB"
 
 
-def check_fits(need: int, what: str, smaller: str = "a smaller size") -> None:
+def check_fits(need: int, what: str, smaller: str = "a smaller size", how: str = "") -> None:
     """Refuse `what` when `need` bytes exceed HEADROOM of the memory available, saying what to
-    make smaller (PROBE_MEMORY_CHECK=off skips this)."""
+    make smaller and (`how`) how it would run (PROBE_MEMORY_CHECK=off skips this)."""
     if os.environ.get(ENV, "").lower() in ("off", "0", "no"):
         return
     have = available_bytes()
     if have is not None and need > HEADROOM * have:
         raise ProbeError(
-            f"{what} would need about {_gib(need)} of memory and {_gib(have)} is available; "
+            f"{what} would need about {_gib(need)} of memory{how} and {_gib(have)} is "
+            "available; "
             f"use {smaller}, or set {ENV}=off to try anyway."
         )
 
@@ -92,11 +113,20 @@ def check_model(cfg: ModelConfig, training: bool = False, dtype=None) -> None:
     check_fits(params * size * copies, f"a model of about {params:,} parameters")
 
 
-def check_forward(cfg: ModelConfig, batch: int, seq: int, backward: bool = False) -> None:
+def check_forward(cfg: ModelConfig, batch: int, seq: int, backward: bool = False,
+                  max_batch_tokens: int | None = None, dtype=None) -> None:  # fmt: skip
+    """One batch's forward pass (micro-batched with `max_batch_tokens`) must fit."""
     check_fits(
-        forward_bytes(cfg, batch, seq, backward),
+        forward_bytes(cfg, batch, seq, backward, max_batch_tokens, dtype),
         f"a batch of {counted(batch, 'sequence')} of {counted(seq, 'token')}",
+        how=_in_parts(max_batch_tokens),
     )
+
+
+def _in_parts(max_batch_tokens: int | None) -> str:
+    if max_batch_tokens is None:
+        return ""
+    return f" (run {max_batch_tokens:,} tokens at a time)"
 
 
 def data_bytes(n_batches: int, batch: int, seq: int) -> int:
@@ -105,14 +135,18 @@ def data_bytes(n_batches: int, batch: int, seq: int) -> int:
 
 
 def check_batches(cfg: ModelConfig, n_batches: int, batch: int, seq: int,
-                  backward: bool = False, smaller: str = "a smaller size") -> None:  # fmt: skip
+                  backward: bool = False, smaller: str = "a smaller size",
+                  max_batch_tokens: int | None = None, dtype=None) -> None:  # fmt: skip
     """A command that prepares `n_batches` batches of `batch` sequences of at most `seq` tokens,
-    then runs the model on each (with `backward`, its gradients too), must fit: refused before
-    the first batch is made, with the memory it would need."""
+    then runs the model on each (with `backward`, its gradients too; with `max_batch_tokens`,
+    in micro-batches of that many tokens), must fit: refused before the first batch is made,
+    with the memory it would need."""
     check_fits(
-        data_bytes(n_batches, batch, seq) + forward_bytes(cfg, batch, seq, backward),
+        data_bytes(n_batches, batch, seq)
+        + forward_bytes(cfg, batch, seq, backward, max_batch_tokens, dtype),
         f"{counted(n_batches, 'batch')} of {counted(batch, 'sequence')} of {counted(seq, 'token')}",
         smaller,
+        _in_parts(max_batch_tokens),
     )
 
 

@@ -182,9 +182,9 @@ class Fanout:
 
 
 def _forward(model: Transformer, batch: Batch) -> torch.Tensor:
-    from probe.evaluate import forward_batch
+    from probe.evaluate import features_batch
 
-    return forward_batch(model, batch)
+    return features_batch(model, batch)  # no logits: only the attention is observed
 
 
 def attention_stats(

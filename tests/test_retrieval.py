@@ -153,6 +153,12 @@ class Scripted:
         self.observer.record(call)
         return logits
 
+    def features(self, tokens):  # its "hidden states" are its logits; the head is the identity
+        return self(tokens)
+
+    def logits(self, hidden):
+        return hidden
+
 
 def hand_prompt(k: int = 5) -> NeedlePrompt:
     """Haystack ids 0..9, the needle's k tokens (ids 100..) at positions 10.., filler 20..29,

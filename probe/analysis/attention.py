@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from probe.analysis.roles import head_roles
+from probe.batching import micro_batches
 from probe.errors import ProbeError
 from probe.evaluate import check_lengths, eval_batches, form_for
 from probe.model import Transformer
@@ -64,10 +65,12 @@ def inspect_model(
     streaming: bool | str = "auto",
     period: int | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    max_batch_tokens: int | None = None,
 ) -> Inspection:
     """Attention statistics and head roles of `model` on `task` data at each length.
 
-    `progress(stage, done, total)` is called as batches go (stage "statistics", then "roles")."""
+    `progress(stage, done, total)` is called as batches go (stage "statistics", then "roles").
+    Every pass holds at most `max_batch_tokens` tokens (`inspect_batches`)."""
     lengths = sorted(set(int(n) for n in lengths))
     if not lengths:
         raise ProbeError("Give at least one task length to inspect, e.g. --lengths 8,16,32.")
@@ -81,7 +84,8 @@ def inspect_model(
         )
     batches = eval_batches(task, form_for(model.cfg.arch), lengths, batch_size, n_batches, seed)
     return inspect_batches(model, batches, lengths, statistics=statistics, streaming=streaming,
-                           period=period, seed=seed, progress=progress)  # fmt: skip
+                           period=period, seed=seed, progress=progress,
+                           max_batch_tokens=max_batch_tokens)  # fmt: skip
 
 
 def inspect_batches(
@@ -94,18 +98,22 @@ def inspect_batches(
     period: int | None = None,
     seed: int = 0,
     progress: Callable[[str, int, int], None] | None = None,
+    max_batch_tokens: int | None = None,
 ) -> Inspection:
     """Attention statistics and head roles of `model` on given batches (each batch's `length`
-    labels its rows: a task length, or the tokens per row of text)."""
+    labels its rows: a task length, or the tokens per row of text), run in micro-batches of at
+    most `max_batch_tokens` tokens: both are sums over query rows, so the split changes
+    nothing but memory (None: `probe.batching.DEFAULT_BATCH_TOKENS`)."""
 
     def report(stage: str):
         if progress is None:
             return None
         return lambda done, total: progress(stage, done, total)
 
-    stats = attention_stats(model, batches, statistics, streaming, progress=report("statistics"))
+    parts = list(micro_batches(batches, max_batch_tokens))
+    stats = attention_stats(model, parts, statistics, streaming, progress=report("statistics"))
     period = period or induction_period(model, lengths)
-    roles = head_roles(model, batches, period=period, seed=seed)
+    roles = head_roles(model, parts, period=period, seed=seed, max_batch_tokens=max_batch_tokens)
     if progress is not None:
         progress("roles", 1, 1)
     return Inspection(stats, roles, lengths, period)

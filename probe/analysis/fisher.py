@@ -42,7 +42,8 @@ import torch
 
 from probe.analysis.pruning import check_heads, head_mask, plan_removal, present_heads, prune_heads
 from probe.analysis.pruning import quota as head_quota
-from probe.evaluate import forward_batch
+from probe.batching import micro_batches
+from probe.evaluate import features_batch
 from probe.model import AttentionCall, Transformer
 from probe.tasks import Batch
 
@@ -75,12 +76,13 @@ class _Contributions:
         self.cross[call.layer] = self.cross.get(call.layer, 0) + cross.cpu()
 
 
-def reconstruction_error(model: Transformer, batches: Sequence[Batch], scales: list[torch.Tensor]):
+def reconstruction_error(model: Transformer, batches: Sequence[Batch], scales: list[torch.Tensor],
+                         max_batch_tokens: int | None = None):  # fmt: skip
     """Per site, mean over tokens of || sum_h scales_h c_h - sum_h c_h ||^2 on `batches` (the
     unpruned model's activations): the quantity mask tuning minimises. scales: [head] per site,
     0 for removed heads."""
     observer = _Contributions(model)
-    _collect(model, batches, observer)
+    _collect(model, batches, observer, max_batch_tokens)
     errors = []
     for m, s in zip(model.attention_modules(), scales, strict=True):
         if m.layer not in observer.gram:
@@ -95,7 +97,10 @@ def reconstruction_error(model: Transformer, batches: Sequence[Batch], scales: l
 
 
 @torch.no_grad()
-def _collect(model: Transformer, batches: Sequence[Batch], observer: _Contributions) -> None:
+def _collect(model: Transformer, batches: Sequence[Batch], observer: _Contributions,
+             max_batch_tokens: int | None = None) -> None:  # fmt: skip
+    """The unpruned model's head contributions summed over every token of `batches`, run in
+    micro-batches of `max_batch_tokens` tokens."""
     before = [g.detach().clone() for g in model.gates()]
     was_training = model.training
     model.eval()
@@ -103,9 +108,9 @@ def _collect(model: Transformer, batches: Sequence[Batch], observer: _Contributi
         model.set_gates(None)  # the unpruned model's activations
         device = next(model.parameters()).device
         with model.observe(observer):
-            for batch in batches:
+            for batch in micro_batches(batches, max_batch_tokens):
                 batch = batch.to(device)
-                forward_batch(model, batch)
+                features_batch(model, batch)
                 observer.tokens += batch.inputs.numel()
     finally:
         model.set_gates(before)
@@ -117,18 +122,21 @@ def tune_masks(
     removed: Sequence[tuple[int, int]],
     batches: Sequence[Batch],
     procedure: str = "layer-by-layer",
+    max_batch_tokens: int | None = None,
 ) -> list[torch.Tensor]:
     """Least-squares scales of the kept heads per site (0 for the removed ones): [head] each.
-    `procedure`: "layer-by-layer" (Kwon et al.'s, the default) or "one-pass" (module docstring)."""
+    `procedure`: "layer-by-layer" (Kwon et al.'s, the default) or "one-pass" (module docstring).
+    The normal equations are sums over tokens, accumulated in micro-batches of
+    `max_batch_tokens` tokens."""
     if procedure == "layer-by-layer":
         from probe.analysis.mask_tuning import tune_layer_by_layer
 
-        return tune_layer_by_layer(model, removed, batches)
+        return tune_layer_by_layer(model, removed, batches, max_batch_tokens)
     if procedure != "one-pass":
         raise ValueError(f"procedure must be one of {', '.join(TUNINGS)}, got {procedure!r}")
     remove = check_heads(model, removed)
     observer = _Contributions(model)
-    _collect(model, batches, observer)
+    _collect(model, batches, observer, max_batch_tokens)
     scales = []
     for m in model.attention_modules():
         keep = [i for i, h in enumerate(m.kept_heads) if h not in remove.get(m.layer, ())]
@@ -162,15 +170,18 @@ def fisher_prune(
     tune: bool = True,
     table: pd.DataFrame | None = None,
     progress=None,
+    max_batch_tokens: int | None = None,
 ) -> FisherPruning:
     """Remove `fraction` of the heads present with the least Fisher information (global budget),
     tune the kept heads' scales on the same calibration `batches`, and fold them into the
     weights of a physically pruned copy. The input model is left unchanged. `table`: the Fisher
-    importance already computed on `batches` (computed here when None)."""
+    importance already computed on `batches` (computed here when None). Both run in
+    micro-batches of `max_batch_tokens` tokens."""
     from probe.analysis.importance import head_importance
 
     if table is None:
-        table = head_importance(model, batches, "fisher", progress=progress)
+        table = head_importance(model, batches, "fisher", progress=progress,
+                                max_batch_tokens=max_batch_tokens)  # fmt: skip
     present = present_heads(model)
     chosen = plan_removal(table, present, head_quota(present, fraction, "global"))
     values = table.set_index(["layer", "head"])["value"]
@@ -180,7 +191,8 @@ def fisher_prune(
         columns=["step", "layer", "head", "method", "value"],
     )  # fmt: skip
     masks = head_mask(model, chosen)
-    scales = tune_masks(model, chosen, batches) if tune else [g.double() for g in masks]
+    scales = (tune_masks(model, chosen, batches, max_batch_tokens=max_batch_tokens) if tune
+              else [g.double() for g in masks])  # fmt: skip
     before = [g.detach().clone() for g in model.gates()]
     try:
         model.set_gates([s.to(g.dtype) for s, g in zip(scales, before, strict=True)])

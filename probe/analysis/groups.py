@@ -92,10 +92,12 @@ def select_units(
     normalize: bool = False,
     seed: int = 0,
     progress=None,
+    max_batch_tokens: int | None = None,
     **ignored,
 ) -> pd.DataFrame:
-    """One-shot selection by units (columns as `select_heads`): importance on `batches`, then
-    `plan_units`. The model's gates are left as they were."""
+    """One-shot selection by units (columns as `select_heads`): importance on `batches` (in
+    micro-batches of `max_batch_tokens` tokens), then `plan_units`. The model's gates are left
+    as they were."""
     if ignored.get("iterative"):
         raise ProbeError("--iterative works with --unit head without --uniform only.")
     if ignored.get("min_heads_per_layer", 0):
@@ -105,14 +107,14 @@ def select_units(
     if choice(Unit, unit, "pruning unit") == Unit.LAYER:
         if uniform:
             raise ProbeError("--uniform and --unit layer do not combine; use one.")
-        layers = layer_importance(model, batches)
+        layers = layer_importance(model, batches, max_batch_tokens)
         chosen = plan_layers(layers, model, fraction)
         values = layers.set_index("layer")["value"]
         rows = [{"step": 0, "layer": a, "head": b, "method": "attention-layer",
                  "value": values[a]} for a, b in chosen]  # fmt: skip
         return pd.DataFrame(rows, columns=COLUMNS)
     table = head_importance(model, batches, method, normalize=normalize, seed=seed,
-                            progress=progress)  # fmt: skip
+                            progress=progress, max_batch_tokens=max_batch_tokens)  # fmt: skip
     chosen = plan_units(table, model, fraction, unit, uniform)
     values = table.set_index(["layer", "head"])["value"]
     rows = [{"step": 0, "layer": a, "head": b, "method": str(method), "value": values[(a, b)]}

@@ -23,18 +23,19 @@ original head id. Importance data must be disjoint from the data a pruned model 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 
 import pandas as pd
 import torch
 from scipy.stats import spearmanr
 
+from probe.analysis.gate_gradients import gate_gradients
+from probe.batching import check_budget, micro_batches, split_batch
 from probe.config import choice
-from probe.distributed import active_world, sum_over_ranks
+from probe.distributed import active_world
 from probe.errors import ProbeError
-from probe.evaluate import batch_loss, eval_batches, forward_batch
+from probe.evaluate import batch_loss, eval_batches, features_batch
 from probe.model import AttentionCall, Transformer
 from probe.observe import AttentionStats
 from probe.tasks import Batch, Form, TaskConfig
@@ -106,18 +107,6 @@ def disjoint_splits(
 
 
 # ----------------------------------------------------------------------- observers
-class _HeadOutputs:
-    """Keeps each site's head outputs ([batch, head, q, d_head], in the autograd graph)."""
-
-    needs_weights = False
-
-    def __init__(self) -> None:
-        self.outputs: dict[int, torch.Tensor] = {}
-
-    def record(self, call: AttentionCall) -> None:
-        self.outputs[call.layer] = call.head_out
-
-
 class _HeadMeans:
     """Sum and count of each site's head outputs over examples and positions."""
 
@@ -155,61 +144,13 @@ def _rows(model: Transformer, method: str, values: list[torch.Tensor]) -> list[d
     return rows
 
 
-@contextmanager
-def _gates_in_graph(model: Transformer) -> Iterator[None]:
-    """Within the block only the gates require grad: head outputs are in the graph, and the
-    backward pass computes no weight gradients (nor keeps what they would need)."""
-    params = list(model.parameters())
-    before = [p.requires_grad for p in params]
-    gates = {id(g) for g in model.gates()}
-    try:
-        for p in params:
-            p.requires_grad_(id(p) in gates)
-        yield
-    finally:
-        for p, flag in zip(params, before, strict=True):
-            p.requires_grad_(flag)
-
-
-def _gradient(
-    model: Transformer, batches: Sequence[Batch], progress: Progress | None, power: int = 1
-):
-    """mean over examples of |dL(x)/dxi_h|^power for every head (power 2: diagonal Fisher)."""
-    mods = model.attention_modules()
-    totals = [torch.zeros(m.n_kept, dtype=torch.float64) for m in mods]
-    n = 0
-    world = active_world()  # data-parallel: each rank takes every world.size-th batch
-    batches = batches[world.rank :: world.size]
-    for step, batch in enumerate(batches):
-        observer = _HeadOutputs()
-        with torch.enable_grad(), _gates_in_graph(model), model.observe(observer):
-            losses = batch_loss(model, batch, reduction="none")  # [batch]
-        sites = [m for m in mods if m.n_kept > 0]
-        outs = [observer.outputs[m.layer] for m in sites]  # [batch, head, q, d_head] each
-        grads = torch.autograd.grad(losses.sum(), outs, allow_unused=True)
-        for m, out, g in zip(sites, outs, grads, strict=True):
-            if g is None:  # the loss does not depend on this site (e.g. a later cross-attention)
-                continue
-            gate = m.gate.detach().float().view(1, -1)  # [1, head]
-            # summed in float32 whatever the weights' dtype: [batch, head] = xi * dL/dxi
-            per_example = (g.float() * out.detach().float()).sum(dim=(2, 3))
-            safe = torch.where(gate != 0, gate, torch.ones_like(gate))
-            totals[m.layer] += (per_example / safe).abs().pow(power).sum(0).double().cpu()
-        n += batch.inputs.shape[0]
-        if progress is not None:
-            progress(step + 1, len(batches))
-    *totals, count = sum_over_ranks(
-        [*totals, torch.tensor([float(n)], dtype=torch.float64)], world
-    )  # per-head sums and example counts over the ranks
-    n = int(count.item())
-    return [t / max(n, 1) for t in totals]
-
-
 @torch.no_grad()
-def mean_loss(model: Transformer, batches: Sequence[Batch]) -> float:
-    """Mean per-example loss over all examples of `batches`."""
+def mean_loss(model: Transformer, batches: Sequence[Batch],
+              max_batch_tokens: int | None = None) -> float:  # fmt: skip
+    """Mean per-example loss over all examples of `batches` (micro-batches of at most
+    `max_batch_tokens` tokens; None: `probe.batching.DEFAULT_BATCH_TOKENS`)."""
     total, n = 0.0, 0
-    for batch in batches:
+    for batch in micro_batches(batches, max_batch_tokens):
         total += batch_loss(model, batch, reduction="none").double().sum().item()
         n += batch.inputs.shape[0]
     return total / max(n, 1)
@@ -228,29 +169,30 @@ def _replace_with_mean(attn, local: int, mean: torch.Tensor):
 
 
 @torch.no_grad()
-def _ablation(model, batches, mean: bool, progress: Progress | None):
+def _ablation(model, batches, mean: bool, progress: Progress | None,
+              max_batch_tokens: int | None = None):  # fmt: skip
     mods = model.attention_modules()
     means = None
     if mean:
         observer = _HeadMeans()
         with model.observe(observer):
-            mean_loss(model, batches)
+            mean_loss(model, batches, max_batch_tokens)
         means = {k: observer.sums[k] / observer.counts[k] for k in observer.sums}  # [head, d]
-    base = mean_loss(model, batches)
+    base = mean_loss(model, batches, max_batch_tokens)
     values = [torch.full((m.n_kept,), float("nan")) for m in mods]
     todo = [(m, i) for m in mods for i in range(m.n_kept) if float(m.gate[i]) != 0.0]
     for step, (m, i) in enumerate(todo):
         if mean:
             handle = _replace_with_mean(m, i, means[m.layer][i])
             try:
-                values[m.layer][i] = mean_loss(model, batches) - base
+                values[m.layer][i] = mean_loss(model, batches, max_batch_tokens) - base
             finally:
                 handle.remove()
         else:
             old = float(m.gate[i])
             m.gate[i] = 0.0
             try:
-                values[m.layer][i] = mean_loss(model, batches) - base
+                values[m.layer][i] = mean_loss(model, batches, max_batch_tokens) - base
             finally:
                 m.gate[i] = old
         if progress is not None:
@@ -259,12 +201,14 @@ def _ablation(model, batches, mean: bool, progress: Progress | None):
 
 
 @torch.no_grad()
-def _attention(model, batches, statistic: str, progress: Progress | None):
+def _attention(model, batches, statistic: str, progress: Progress | None,
+               max_batch_tokens: int | None = None):  # fmt: skip
     """Mean over query rows and examples of one `probe.observe` statistic, per head."""
     observer = AttentionStats([statistic])
     with model.observe(_SkipEmpty(observer)):
         for step, batch in enumerate(batches):
-            forward_batch(model, batch)
+            for part in split_batch(batch, max_batch_tokens):
+                features_batch(model, part)
             if progress is not None:
                 progress(step + 1, len(batches))
     table = observer.table().set_index(["layer", "head"])["value"]
@@ -284,12 +228,17 @@ def head_importance(
     normalize: bool = False,
     seed: int = 0,
     progress: Progress | None = None,
+    max_batch_tokens: int | None = None,
 ) -> pd.DataFrame:
     """Importance of every unmasked head on `batches`: tidy columns layer, head, method, value.
 
     normalize: divide each layer's values by their L2 norm (Michel et al.'s per-layer
-    normalization). seed: only the random baseline uses it.
+    normalization). seed: only the random baseline uses it. max_batch_tokens: tokens per
+    forward (and backward) pass; each batch runs in micro-batches of that size and every
+    estimator sums over examples, so the values do not depend on it beyond float rounding
+    (None: `probe.batching.DEFAULT_BATCH_TOKENS`).
     """
+    budget = check_budget(max_batch_tokens)
     method = choice(Method, method, "importance method")
     if active_world().size > 1 and method not in (Method.GRADIENT, Method.FISHER):
         raise ProbeError(
@@ -310,14 +259,14 @@ def head_importance(
     model.eval()
     try:
         if method == Method.GRADIENT:
-            values = _gradient(model, batches, progress)
+            values = gate_gradients(model, batches, progress, 1, budget)
         elif method == Method.FISHER:
-            values = _gradient(model, batches, progress, power=2)
+            values = gate_gradients(model, batches, progress, 2, budget)
         elif method in (Method.ABLATION, Method.MEAN_ABLATION):
-            values = _ablation(model, batches, method == Method.MEAN_ABLATION, progress)
+            values = _ablation(model, batches, method == Method.MEAN_ABLATION, progress, budget)
         elif method in (Method.CONFIDENCE, Method.ENTROPY):
             stat = "p_max" if method == Method.CONFIDENCE else "entropy"
-            values = _attention(model, batches, stat, progress)
+            values = _attention(model, batches, stat, progress, budget)
         else:
             gen = torch.Generator().manual_seed(int(seed))
             values = [torch.rand(m.n_kept, generator=gen) for m in model.attention_modules()]
@@ -383,14 +332,15 @@ def compare_estimators(
     normalize: bool = False,
     seed: int = 0,
     progress: Callable[[str, int, int], None] | None = None,
+    max_batch_tokens: int | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(importance table of every method, Spearman correlations between them);
     progress(method, done, total)."""
     tables = []
     for method in parse_methods(methods):
         report = None if progress is None else (lambda d, t, m=method: progress(m, d, t))
-        tables.append(
-            head_importance(model, batches, method, normalize=normalize, seed=seed, progress=report)
-        )
+        table = head_importance(model, batches, method, normalize=normalize, seed=seed,
+                                progress=report, max_batch_tokens=max_batch_tokens)  # fmt: skip
+        tables.append(table)
     table = pd.concat(tables, ignore_index=True)
     return table, importance_correlations(table)

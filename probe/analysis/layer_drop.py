@@ -16,8 +16,9 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from probe.batching import micro_batches
 from probe.config import Norm
-from probe.evaluate import forward_batch
+from probe.evaluate import features_batch
 from probe.model import Transformer
 from probe.tasks import Batch
 
@@ -25,9 +26,11 @@ COLUMNS = ["layer", "site", "method", "value"]
 
 
 @torch.no_grad()
-def layer_importance(model: Transformer, batches: Sequence[Batch]) -> pd.DataFrame:
-    """1 - cos(x, x + attn(norm(x))) per attention site, averaged over every token of `batches`:
-    columns layer, site, method ("attention-layer"), value. Sites without heads get 0."""
+def layer_importance(model: Transformer, batches: Sequence[Batch],
+                     max_batch_tokens: int | None = None) -> pd.DataFrame:  # fmt: skip
+    """1 - cos(x, x + attn(norm(x))) per attention site, averaged over every token of `batches`
+    (run in micro-batches of `max_batch_tokens` tokens): columns layer, site, method
+    ("attention-layer"), value. Sites without heads get 0."""
     blocks = list(model.encoder or []) + list(model.blocks)
     pre = model.cfg.norm == Norm.PRE
     sums: dict[int, float] = {}
@@ -59,8 +62,8 @@ def layer_importance(model: Transformer, batches: Sequence[Batch]) -> pd.DataFra
                     handles.append(norm.register_forward_pre_hook(keep_stream(attn.layer)))
                 handles.append(attn.register_forward_hook(score(attn.layer)))
         device = next(model.parameters()).device
-        for batch in batches:
-            forward_batch(model, batch.to(device))
+        for batch in micro_batches(batches, max_batch_tokens):
+            features_batch(model, batch.to(device))
     finally:
         for h in handles:
             h.remove()

@@ -20,8 +20,9 @@ from torch import nn
 
 from probe.analysis.fisher import MAX_SCALE, RIDGE
 from probe.analysis.pruning import check_heads, head_mask
+from probe.batching import micro_batches
 from probe.config import Norm
-from probe.evaluate import forward_batch
+from probe.evaluate import features_batch
 from probe.model import Transformer
 from probe.tasks import Batch
 
@@ -98,7 +99,7 @@ def site_pass(model: Transformer, batches: Sequence[Batch], only: int | None = N
         for batch in batches:
             seen = {}
             with contextlib.suppress(_Stop):
-                forward_batch(model, batch.to(device))
+                features_batch(model, batch.to(device))
             result.append(seen)
     finally:
         for h in handles:
@@ -217,7 +218,7 @@ class _InStep:
             ident.b = b
             try:
                 with torch.no_grad():  # grad mode is per thread
-                    forward_batch(self.model, batch.to(device))
+                    features_batch(self.model, batch.to(device))
             except (_Stop, threading.BrokenBarrierError):
                 pass
             except BaseException as exc:  # re-raised in the calling thread
@@ -249,17 +250,24 @@ class _InStep:
 
 @torch.no_grad()
 def tune_layer_by_layer(
-    model: Transformer, removed: Sequence[tuple[int, int]], batches: Sequence[Batch]
+    model: Transformer,
+    removed: Sequence[tuple[int, int]],
+    batches: Sequence[Batch],
+    max_batch_tokens: int | None = None,
 ) -> list[torch.Tensor]:
-    """Kwon et al.'s mask tuning: [head] scales per site, 0 for the removed heads."""
+    """Kwon et al.'s mask tuning: [head] scales per site, 0 for the removed heads. The batches
+    run in micro-batches of `max_batch_tokens` tokens (the normal equations sum over tokens)."""
     remove = check_heads(model, removed)
     scales = [g.double().cpu() for g in head_mask(model, removed)]
     if not remove or not batches:
         return scales
-    # the unpruned model's x_t + attn_t(x_t) at every site (float32: all sites are held)
-    teacher = [
-        {layer: d.x + d.out for layer, d in seen.items()} for seen in site_pass(model, batches)
-    ]
+    batches = list(micro_batches(batches, max_batch_tokens))
+    # the unpruned model's x_t + attn_t(x_t) at every site (float32: all sites are held), one
+    # micro-batch at a time so that x_t and attn_t(x_t) are never held apart for all of them
+    teacher = []
+    for batch in batches:
+        (seen,) = site_pass(model, [batch])
+        teacher.append({layer: d.x + d.out for layer, d in seen.items()})
     first = min(remove)  # below it the student is the teacher and the full mask is exact
     before = [g.detach().clone() for g in model.gates()]
     was_training = model.training

@@ -263,8 +263,10 @@ def select_heads(
     normalize: bool = False,
     seed: int = 0,
     progress: Progress | None = None,
+    max_batch_tokens: int | None = None,
 ) -> pd.DataFrame:
     """Which heads to prune: columns step, layer, head, method, value (importance when chosen).
+    Importance runs in micro-batches of `max_batch_tokens` tokens (`head_importance`).
 
     One-shot ranks once. Iterative removes `step` of the heads at a time (per layer for layer
     scope) and re-estimates importance on the masked model before each step. The fraction is
@@ -296,6 +298,7 @@ def select_heads(
                 normalize=normalize,
                 seed=seed + i,
                 progress=None if iterative else progress,
+                max_batch_tokens=max_batch_tokens,
             )
             chosen = plan_removal(
                 table, present_heads(model), now, min_heads_per_layer=min_heads_per_layer

@@ -11,6 +11,7 @@ shows how much a ranking depends on the data it was estimated on.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -24,7 +25,6 @@ from probe.analysis.layer_drop import layer_importance, plan_layers
 from probe.analysis.pruning import (
     check_counts,
     head_mask,
-    masked,
     plan_removal,
     present_heads,
     prune_heads,
@@ -32,9 +32,11 @@ from probe.analysis.pruning import (
     select_heads,
 )
 from probe.analysis.timing import COLUMNS as TIMING_COLUMNS
-from probe.analysis.timing import time_forward, timing_batches
+from probe.analysis.timing import Gated, time_forward, timing_batches
+from probe.batching import micro_batches, split_batch
 from probe.errors import ProbeError
-from probe.evaluate import batch_loss, forward_batch, text_metrics
+from probe.evaluate import batch_loss, features_batch, forward_batch, text_metrics
+from probe.loss import LOSS_CHUNK
 from probe.model import Transformer
 from probe.tasks import Batch, score
 from probe.words import counted
@@ -44,18 +46,20 @@ COLUMNS = ["fraction", "method", "seed", "metric", "value"]
 
 
 @torch.no_grad()
-def score_batches(model: Transformer, batches: Sequence[Batch]) -> dict[str, float]:
+def score_batches(model: Transformer, batches: Sequence[Batch],
+                  max_batch_tokens: int | None = None) -> dict[str, float]:  # fmt: skip
     """exact_match, token_accuracy and loss, each a mean over every example of `batches`; for an
-    imported model's text batches what fits its objective (`text_metrics`)."""
+    imported model's text batches what fits its objective (`text_metrics`). The batches run in
+    micro-batches of `max_batch_tokens` tokens."""
     if batches and batches[0].objective is not None:
-        return score_text(model, batches)
+        return score_text(model, batches, max_batch_tokens)
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     sums = {"exact_match": 0.0, "token_accuracy": 0.0, "loss": 0.0}
     n = 0
     try:
-        for batch in batches:
+        for batch in micro_batches(batches, max_batch_tokens):
             batch = batch.to(device)
             logits = forward_batch(model, batch)  # [batch, seq, vocab]
             exact, tokens = score(logits, batch)
@@ -70,14 +74,15 @@ def score_batches(model: Transformer, batches: Sequence[Batch]) -> dict[str, flo
 
 
 @torch.no_grad()
-def score_text(model: Transformer, batches: Sequence[Batch]) -> dict[str, float]:
+def score_text(model: Transformer, batches: Sequence[Batch],
+               max_batch_tokens: int | None = None) -> dict[str, float]:  # fmt: skip
     """Language models: loss and perplexity over the scored tokens, and token accuracy;
     sentence encoders: mean cosine similarity to the reference embeddings."""
     was_training = model.training
     model.eval()
     try:
         objective = batches[0].objective
-        metrics = text_metrics(model, batches, objective, accuracy=True)
+        metrics = text_metrics(model, batches, objective, True, max_batch_tokens)
         if objective == "embedding":
             return {k: metrics[k] for k in ("similarity", "neighbours") if k in metrics}
         return {k: metrics[k] for k in ("token_accuracy", "loss", "perplexity")}
@@ -106,22 +111,22 @@ CURVE_EXTRAS = ("fisher+tune", "attention-layer")
 
 
 def _extra_points(model, method: str, split, scoring, fractions, n_heads: int, unit: str = "head",
-                  seed: int = 0):  # fmt: skip
+                  seed: int = 0, budget: int | None = None):  # fmt: skip
     """(fraction, metrics, n_pruned) for each fraction, for one of CURVE_EXTRAS on one split, or
     for any estimator by key/value group (unit "group": `fraction` is then the share of groups,
     the recorded fraction the share of heads they held)."""
     present = present_heads(model)
     scales = None
     if unit == "group" and method not in CURVE_EXTRAS:
-        table = head_importance(model, split, method, seed=seed)
+        table = head_importance(model, split, method, seed=seed, max_batch_tokens=budget)
         plans = [plan_units(table, model, f, "group", uniform=False) for f in fractions]
     elif method == "attention-layer":
-        layers = layer_importance(model, split)
+        layers = layer_importance(model, split, budget)
         plans = [plan_layers(layers, model, f) for f in fractions]
     else:
-        table = head_importance(model, split, "fisher")
+        table = head_importance(model, split, "fisher", max_batch_tokens=budget)
         plans = [plan_removal(table, present, quota(present, f, "global")) for f in fractions]
-        scales = [tune_masks(model, plan, split) for plan in plans]
+        scales = [tune_masks(model, plan, split, max_batch_tokens=budget) for plan in plans]
     before = [g.detach().clone() for g in model.gates()]
     points = []
     seen = set()
@@ -134,7 +139,7 @@ def _extra_points(model, method: str, split, scoring, fractions, n_heads: int, u
             s.to(g.dtype) for s, g in zip(scales[i], before, strict=True)
         ]  # fmt: skip
         model.set_gates(gates)
-        points.append((len(plan) / n_heads, score_batches(model, scoring), len(plan)))
+        points.append((len(plan) / n_heads, score_batches(model, scoring, budget), len(plan)))
         model.set_gates(before)
     return points
 
@@ -153,6 +158,7 @@ def pruning_curve(
     unit: str = "head",
     seeds: Sequence[int] | None = None,
     progress: Progress | None = None,
+    max_batch_tokens: int | None = None,
 ) -> pd.DataFrame:
     """Metrics on `scoring` after pruning each fraction of heads: tidy columns fraction, method,
     seed, metric, value (plus n_pruned). One seed per importance split: `seeds` (default 0, 1,
@@ -163,7 +169,8 @@ def pruning_curve(
 
     One-shot ranks heads once per (method, seed); iterative re-estimates importance on the masked
     model before each further fraction. `fraction` is the share of heads actually removed.
-    The model's gates are restored afterwards.
+    The model's gates are restored afterwards. Every forward (and backward) pass holds at most
+    `max_batch_tokens` tokens (micro-batches; None: `probe.batching.DEFAULT_BATCH_TOKENS`).
     """
     present = present_heads(model)
     n_heads = sum(len(h) for h in present)
@@ -198,8 +205,9 @@ def pruning_curve(
                             "A curve by key/value group is one-shot, from a head estimator."
                         )
                     for fraction, metrics, n_pruned in _extra_points(
-                        model, method, split, scoring, fractions, n_heads, unit, seed
-                    ):
+                        model, method, split, scoring, fractions, n_heads, unit, seed,
+                        max_batch_tokens,
+                    ):  # fmt: skip
                         rows += [{"fraction": fraction, "method": method, "seed": seed,
                                   "metric": k, "value": v, "n_pruned": n_pruned}
                                  for k, v in metrics.items()]  # fmt: skip
@@ -211,8 +219,9 @@ def pruning_curve(
                 for count in counts:
                     if table is None or iterative:
                         table = head_importance(
-                            model, split, method, normalize=normalize, seed=seed
-                        )
+                            model, split, method, normalize=normalize, seed=seed,
+                            max_batch_tokens=max_batch_tokens,
+                        )  # fmt: skip
                     more = _difference(count, removed, present)
                     if not _empty(more):
                         chosen = plan_removal(
@@ -223,7 +232,7 @@ def pruning_curve(
                         )
                         removed += chosen
                         model.set_gates(head_mask(model, chosen))
-                    metrics = score_batches(model, scoring)
+                    metrics = score_batches(model, scoring, max_batch_tokens)
                     rows += [
                         {
                             "fraction": len(removed) / n_heads,
@@ -267,7 +276,10 @@ class PruneComparison:
     metrics: pd.DataFrame  # variant (original, masked, pruned), metric, value
     parameters: pd.DataFrame  # variant, part (attention, cross-attention, ..., total), count
     timing: pd.DataFrame  # variant, batch_size, part, seconds, ... (empty without timing)
-    max_logit_gap: float  # max |pruned logits - masked logits| on the first scoring batch
+    max_logit_gap: float  # max |pruned logits - masked logits| on the first scoring micro-batch
+    work_seconds: float = 0.0  # what choosing, pruning and scoring took
+    timing_budget: float | None = None  # seconds the timing was given (None: no budget)
+    timing_seconds: float = 0.0  # what the timing took
 
 
 def parameter_table(variants: dict[str, Transformer]) -> pd.DataFrame:
@@ -301,63 +313,93 @@ def prune_and_compare(
     batch_sizes: Sequence[int] = (1, 16, 64),
     repeats: int = 10,
     threads: int | None = None,
+    timing_budget: float | None = None,
+    timing_share: float | None = None,
+    max_batch_tokens: int | None = None,
     progress: Phase | None = None,
     **select,
 ) -> PruneComparison:
     """Prune `fraction` of the heads chosen on `importance` (keywords as `select_heads`), then
     score original, masked and pruned models on `scoring` and time their forward passes on the
-    longest scoring batch. The input model is left unchanged."""
+    longest scoring batch. The input model is left unchanged; the masked model is the input
+    model run with the removed heads' gates at 0 (`Gated`), not a copy of its weights.
+
+    Every pass holds at most `max_batch_tokens` tokens (micro-batches). The timing takes at
+    most `timing_budget` seconds, or `timing_share` times what choosing, pruning and scoring
+    took (neither: `repeats` exactly at every size; `time_forward`)."""
+    started = time.perf_counter()
 
     def phase(name: str):
         return None if progress is None else (lambda done, total: progress(name, done, total))
 
     unit, uniform = select.pop("unit", "head"), select.pop("uniform", False)
     tune = select.pop("tune", False)
-    if tune:  # Fisher mask search + mask tuning: the masked copy carries the tuned scales
+    budget = max_batch_tokens
+    before = [g.detach().clone() for g in model.gates()]
+    if tune:  # Fisher mask search + mask tuning: the masked model runs with the tuned scales
         result = fisher_prune(model, importance, fraction, progress=phase("importance"),
-                              **_fisher_options(select))  # fmt: skip
+                              max_batch_tokens=budget, **_fisher_options(select))  # fmt: skip
         removed, pruned = result.removed, result.model
-        before = [g.detach().clone() for g in model.gates()]
-        try:
-            model.set_gates([s.to(g.dtype) for s, g in zip(result.scales, before, strict=True)])
-            masked_model = prune_heads(model, [])
-        finally:
-            model.set_gates(before)
+        gates = [s.to(g.dtype) for s, g in zip(result.scales, before, strict=True)]
     else:
         if str(unit) != "head" or uniform:
             removed = select_units(model, importance, fraction, unit=unit, uniform=uniform,
-                                   progress=phase("importance"), **select)  # fmt: skip
+                                   progress=phase("importance"), max_batch_tokens=budget,
+                                   **select)  # fmt: skip
         else:
             removed = select_heads(model, importance, fraction, progress=phase("importance"),
-                                   **select)  # fmt: skip
+                                   max_batch_tokens=budget, **select)  # fmt: skip
         heads = list(zip(removed["layer"], removed["head"], strict=True))
         pruned = prune_heads(model, heads)
-        with masked(model, heads):
-            masked_model = prune_heads(model, [])  # a same-size copy, removed gates at 0
-    variants = {"original": model, "masked": masked_model, "pruned": pruned}
-    first = scoring[0].to(next(model.parameters()).device)
-    with torch.no_grad():
-        logits = forward_batch(masked_model, first) - forward_batch(pruned, first)
+        gates = head_mask(model, heads)
+    variants = {"original": model, "masked": Gated(model, gates), "pruned": pruned}
     rows = []
-    for i, (name, variant) in enumerate(variants.items()):
-        metrics = score_batches(variant, scoring)
-        rows += [{"variant": name, "metric": k, "value": v} for k, v in metrics.items()]
-        if progress is not None:
-            progress("scoring", i + 1, len(variants))
+    try:
+        gap = _max_logit_gap(variants["masked"], pruned, scoring[0], budget)
+        for i, (name, variant) in enumerate(variants.items()):
+            runner = variant.model if isinstance(variant, Gated) else variant
+            model.set_gates(variant.gates if isinstance(variant, Gated) else before)
+            metrics = score_batches(runner, scoring, budget)
+            rows += [{"variant": name, "metric": k, "value": v} for k, v in metrics.items()]
+            if progress is not None:
+                progress("scoring", i + 1, len(variants))
+    finally:
+        model.set_gates(before)
+    work = time.perf_counter() - started
+    if timing_budget is None and timing_share is not None:
+        timing_budget = timing_share * work
     table = pd.DataFrame(columns=TIMING_COLUMNS)
+    timed = time.perf_counter()
     if timing:
         longest = max(scoring, key=lambda b: b.inputs.shape[1])
-        table = time_forward(
-            variants,
-            timing_batches(longest, batch_sizes),
-            repeats=repeats,
-            progress=phase("timing"),
-        )
+        table = time_forward(variants, timing_batches(longest, batch_sizes), repeats=repeats,
+                             threads=threads, progress=phase("timing"),
+                             budget=timing_budget)  # fmt: skip
     return PruneComparison(
         model=pruned,
         removed=removed,
         metrics=pd.DataFrame(rows, columns=["variant", "metric", "value"]),
         parameters=parameter_table({"original": model, "pruned": pruned}),
         timing=table,
-        max_logit_gap=float(logits.abs().max()),
+        max_logit_gap=gap,
+        work_seconds=work,
+        timing_budget=timing_budget if timing else None,
+        timing_seconds=time.perf_counter() - timed,
     )
+
+
+@torch.no_grad()
+def _max_logit_gap(masked: Gated, pruned: Transformer, batch: Batch, budget: int | None) -> float:
+    """max |masked logits - pruned logits| over the first micro-batch of `batch`, the
+    vocabulary projection LOSS_CHUNK logits at a time."""
+    first = split_batch(batch, budget)[0].to(next(pruned.parameters()).device)
+    masked.model.set_gates(masked.gates)
+    a = features_batch(masked.model, first).flatten(0, 1)  # [token, d_model]
+    b = features_batch(pruned, first).flatten(0, 1)  # [token, d_model]
+    per = max(1, LOSS_CHUNK // pruned.cfg.vocab_size)
+    gap = 0.0
+    for start in range(0, a.shape[0], per):
+        rows = slice(start, start + per)
+        diff = masked.model.logits(a[rows]).float() - pruned.logits(b[rows]).float()
+        gap = max(gap, float(diff.abs().max()))
+    return gap

@@ -112,12 +112,15 @@ class _TopKey:
 
 
 def _observed(model: Transformer, tokens: torch.Tensor, steps: torch.Tensor | None):
-    """(logits [seq, vocab], {layer: (site, top [head, k])}) of one forward pass."""
+    """(logits [k, vocab] at the positions `steps` (None: the last one), {layer: (site, top
+    [head, k])}) of one forward pass; only those positions go through the vocabulary
+    projection."""
     device = next(model.parameters()).device
     observer = _TopKey(steps)
     with model.observe(observer):
-        logits = model(tokens.to(device).unsqueeze(0))[0]  # [seq, vocab]
-    return logits, observer.top
+        hidden = model.features(tokens.to(device).unsqueeze(0))[0]  # [seq, d_model]
+    rows = hidden[-1:] if steps is None else hidden[steps.to(device)]  # [k, d_model]
+    return model.logits(rows), observer.top  # [k, vocab]
 
 
 def _hits(top: torch.Tensor, generated: torch.Tensor, tokens: torch.Tensor,
@@ -137,13 +140,14 @@ class _Greedy:
 
 
 def _greedy(model: Transformer, p: NeedlePrompt, logits: torch.Tensor, teacher: dict) -> _Greedy:
-    """Greedy decoding of k = len(answer) tokens after the question. While the output equals the
-    answer, the decoding step sees exactly the teacher-forced prefix, so its attention and
-    prediction are read from the teacher-forced pass (a causal model); from the first token that
-    differs on, each step is one more forward pass."""
+    """Greedy decoding of k = len(answer) tokens after the question (`logits` [k, vocab]: the
+    teacher-forced pass's at the answer steps). While the output equals the answer, the
+    decoding step sees exactly the teacher-forced prefix, so its attention and prediction are
+    read from the teacher-forced pass (a causal model); from the first token that differs on,
+    each step is one more forward pass."""
     k = len(p.answer)
     start = int(p.answer_steps[0]) + 1  # where the answer begins
-    predicted = logits[p.answer_steps.to(logits.device)].argmax(-1).cpu()  # [k]
+    predicted = logits.argmax(-1).cpu()  # [k]
     wrong = (predicted != p.answer).nonzero()
     same = k if len(wrong) == 0 else int(wrong[0]) + 1  # steps read off the teacher pass
     generated = predicted[:same].tolist()
@@ -189,7 +193,7 @@ def retrieval_scores(model: Transformer, prompts: Sequence[NeedlePrompt]) -> pd.
     try:
         for p in prompts:
             logits, teacher = _observed(model, p.tokens, p.answer_steps)
-            right = logits[p.answer_steps.to(logits.device)].argmax(-1).cpu() == p.answer  # [k]
+            right = logits.argmax(-1).cpu() == p.answer  # [k]: logits at the answer steps
             correct += int(right.sum())
             total += len(p.answer)
             greedy = _greedy(model, p, logits, teacher)

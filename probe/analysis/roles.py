@@ -25,7 +25,8 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
-from probe.evaluate import forward_batch
+from probe.batching import micro_batches, rows_per_pass
+from probe.evaluate import features_batch
 from probe.model import AttentionCall, Transformer
 from probe.tasks import BOS, N_SPECIAL, Batch
 
@@ -183,23 +184,27 @@ def head_roles(
     period: int = 16,
     induction_batch: int = 32,
     seed: int = 0,
+    max_batch_tokens: int | None = None,
 ) -> pd.DataFrame:
     """Role scores of every head: a tidy table with columns layer, site, head, role, score,
     offset. Previous-token, positional and sink scores come from `batches` (the task's data);
-    the induction score from repeated random sequences of `period` tokens."""
+    the induction score from repeated random sequences of `period` tokens. Every pass holds
+    at most `max_batch_tokens` tokens (the scores are sums over rows, whatever the split)."""
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     try:
         profile = OffsetProfile()
         with model.observe(profile):
-            for batch in batches:
-                forward_batch(model, batch.to(device))
+            for batch in micro_batches(batches, max_batch_tokens):
+                features_batch(model, batch.to(device))
         induction = InductionProbe(period)
         tokens = repeated_tokens(model.cfg.vocab_size, period, induction_batch, seed).to(device)
-        source = tokens if model.encoder is not None else None
+        per = rows_per_pass(tokens.shape[1] * (2 if model.encoder is not None else 1),
+                            max_batch_tokens)  # fmt: skip
         with model.observe(induction):
-            model(tokens, source=source)
+            for part in tokens.split(per):  # [rows, 2 * period + 1] each
+                model.features(part, source=part if model.encoder is not None else None)
     finally:
         model.train(was_training)
     table = pd.concat([profile.table(), induction.table()], ignore_index=True)

@@ -24,11 +24,13 @@ def checkpoint_splits(
     max_tokens: int = 128,
     task: TaskConfig | None = None,
     options=None,
+    max_batch_tokens: int | None = None,
 ) -> tuple[list[list[Batch]], list[Batch]]:
     """(n_importance importance splits, a scoring split) for `ckpt`: text rows of `max_tokens`
     tokens from `text` (None: the shipped corpus) for an imported model, else `task` (default:
     the one trained on) at `lengths`, with every scoring example removed from the importance
-    splits; `options` (a `probe.text.TextOptions`) names the caller's text settings in messages."""
+    splits; `options` (a `probe.text.TextOptions`) names the caller's text settings in messages.
+    A sentence encoder's reference embeddings are made `max_batch_tokens` tokens at a time."""
     from probe.analysis.importance import disjoint_splits
     from probe.evaluate import form_for, text_splits_for
     from probe.text import read_documents
@@ -36,8 +38,8 @@ def checkpoint_splits(
     if ckpt.imported:
         docs = read_documents(text, whole=whole)
         return text_splits_for(ckpt.model, ckpt.tokenizer(), ckpt.objective, docs, max_tokens,
-                               batch_size, batches, n_importance, seed,
-                               options=options)  # fmt: skip
+                               batch_size, batches, n_importance, seed, options=options,
+                               max_batch_tokens=max_batch_tokens)  # fmt: skip
     form = form_for(ckpt.model_cfg.arch)
     return disjoint_splits(
         task or ckpt.task, form, lengths, batch_size=batch_size, n_batches=batches, seed=seed,

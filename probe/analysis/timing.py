@@ -1,17 +1,25 @@
 """Forward-pass timing done right: no grad, warm-up passes, repeats, the median, several batch
-sizes.
+sizes, and a budget in seconds.
 
 Each variant (e.g. original, masked, pruned) is timed on the same inputs, interleaved repeat by
 repeat so that machine load drifts hit every variant alike. Two parts are timed: the whole model
 forward and its attention sub-layers alone (each site called on the very inputs it received during
-a forward pass, so layer norms, FFNs and embeddings are left out).
+a forward pass, so layer norms, FFNs and embeddings are left out). A variant is a model, or a
+`Gated` model: the same weights run with other gates (a masked model without a copy of them).
+
+With a `budget` the timing takes about that many seconds at most: one warm-up round per batch
+size measures what a round costs, the repeats (at most `repeats`) share what is left among the
+sizes still to time, and a larger size whose first round would not fit is left out. So a large
+model's timing follows the time the caller gives it, not the other way round.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
@@ -23,6 +31,15 @@ from probe.tasks import Batch
 
 Progress = Callable[[int, int], None]
 COLUMNS = ["variant", "batch_size", "part", "seconds", "min_seconds", "repeats"]
+
+
+@dataclass(frozen=True)
+class Gated:
+    """`model` run with `gates` ([head] per site) in place of its own: a masked variant that
+    shares the model's weights."""
+
+    model: Transformer
+    gates: list[torch.Tensor]
 
 
 def _sync(device: torch.device) -> None:
@@ -59,13 +76,14 @@ def _timers(model: Transformer, batch: Batch) -> dict[str, Callable[[], object]]
 
 @torch.no_grad()
 def time_forward(
-    variants: Mapping[str, Transformer],
+    variants: Mapping[str, Transformer | Gated],
     batches: Mapping[int, Batch],
     *,
     warmup: int = 3,
     repeats: int = 10,
     threads: int | None = None,
     progress: Progress | None = None,
+    budget: float | None = None,
 ) -> pd.DataFrame:
     """Median seconds per forward pass: tidy columns variant, batch_size, part, seconds (the
     median), min_seconds, repeats.
@@ -74,37 +92,72 @@ def time_forward(
     attention sub-layers only). threads: CPU threads torch uses while timing (restored after;
     None leaves the setting alone). On a shared CPU one thread gives stable numbers: idle
     threads waiting on a busy core can make a multi-threaded pass 100x slower.
+    budget: seconds the whole timing may take (None: `warmup` and `repeats` exactly); with
+    one, a size gets one warm-up round and at most `repeats` repeats, and sizes that would
+    not fit get no rows (the module docstring).
     """
     if warmup < 0 or repeats < 1:
         raise ProbeError(f"Timing needs warmup >= 0 and repeats >= 1, got {warmup}, {repeats}.")
     if threads is not None and threads < 1:
         raise ProbeError(f"Timing needs at least one thread, got {threads}.")
+    if budget is not None and not budget >= 0:
+        raise ProbeError(f"A timing budget is a number of seconds >= 0, got {budget}.")
     before = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
+    models = {id(m): m for m in (v.model if isinstance(v, Gated) else v for v in variants.values())}
+    saved = {key: [g.detach().clone() for g in m.gates()] for key, m in models.items()}
     try:
-        return _time(variants, batches, warmup, repeats, progress)
+        return _time(variants, batches, warmup, repeats, progress, budget)
     finally:
         torch.set_num_threads(before)
+        for key, model in models.items():  # a Gated variant leaves its model as it found it
+            model.set_gates(saved[key])
 
 
-def _time(variants, batches, warmup: int, repeats: int, progress) -> pd.DataFrame:
+def _runner(variant: Transformer | Gated) -> tuple[Transformer, list[torch.Tensor]]:
+    """(model, the gates it runs with)."""
+    if isinstance(variant, Gated):
+        return variant.model, variant.gates
+    return variant, [g.detach().clone() for g in variant.gates()]
+
+
+def _time(variants, batches, warmup: int, repeats: int, progress, budget) -> pd.DataFrame:
     rows = []
-    for done, (size, batch) in enumerate(batches.items(), start=1):
+    runners = {name: _runner(v) for name, v in variants.items()}
+    sizes = sorted(batches)
+    spent, last = 0.0, None  # seconds used; (size, seconds of one round) timed before
+    for done, size in enumerate(sizes, start=1):
+        if budget is not None and last is not None:
+            guess = last[1] * size / last[0]  # a round's cost grows with the batch
+            if spent + 2 * guess > budget:
+                break  # this size's warm-up and one repeat would not fit, nor a larger one's
+        started = time.perf_counter()
         timers = {}
-        for name, model in variants.items():
+        for name, (model, gates) in runners.items():
             model.eval()
             device = next(model.parameters()).device
-            on_device = batch.to(device)
+            on_device = batches[size].to(device)
+            model.set_gates(gates)
             for part, fn in _timers(model, on_device).items():
-                timers[(name, part)] = (fn, device)
+                timers[(name, part)] = (fn, device, model, gates)
         samples: dict[tuple[str, str], list[float]] = {key: [] for key in timers}
-        for _ in range(warmup):
-            for fn, device in timers.values():
+        warm = warmup if budget is None else 1
+        round_start = time.perf_counter()
+        for _ in range(warm):
+            for fn, device, model, gates in timers.values():
+                model.set_gates(gates)
                 fn()
                 _sync(device)
-        for _ in range(repeats):
-            for key, (fn, device) in timers.items():
+        one_round = (time.perf_counter() - round_start) / max(warm, 1)
+        n = repeats
+        if budget is not None:
+            left = budget - spent - (time.perf_counter() - started)
+            share = left / (len(sizes) - done + 1)  # what is left, shared with larger sizes
+            n = max(1, min(repeats, math.floor(share / max(one_round, 1e-9))))
+        for _ in range(n):
+            for key, (fn, device, model, gates) in timers.items():
+                model.set_gates(gates)
                 _sync(device)
                 start = time.perf_counter()
                 fn()
@@ -118,9 +171,11 @@ def _time(variants, batches, warmup: int, repeats: int, progress) -> pd.DataFram
                     "part": part,
                     "seconds": statistics.median(times),
                     "min_seconds": min(times),
-                    "repeats": repeats,
+                    "repeats": n,
                 }
             )
+        spent += time.perf_counter() - started
+        last = (size, one_round)
         if progress is not None:
             progress(done, len(batches))
     return pd.DataFrame(rows, columns=COLUMNS)

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from probe.evaluate import forward_batch
+from probe.evaluate import features_batch
 from probe.model import AttentionCall, Transformer
 from probe.tasks import Batch
 
@@ -60,7 +60,7 @@ def record_patterns(model: Transformer, batch: Batch) -> dict[int, dict[int, np.
     model.eval()
     try:
         with model.observe(recorder):
-            forward_batch(model, first)
+            features_batch(model, first)
     finally:
         model.train(was_training)
     return recorder.patterns
@@ -145,23 +145,28 @@ def build_view(
     title: str,
     subtitle: str = "",
     seed: int = 0,
+    max_batch_tokens: int | None = None,
 ) -> dict:
     """Measure and gather everything the viewer shows: statistics and role scores on all the
     batches, importance by `importance` (None: none) on `importance_batches` (default: all the
     batches), and patterns on the first example of each label's first batch.
-    `token_name(id) -> str` labels the pattern's axes."""
+    `token_name(id) -> str` labels the pattern's axes. Every pass holds at most
+    `max_batch_tokens` tokens (`probe.batching`)."""
     from probe.analysis.attention import induction_period
     from probe.analysis.importance import head_importance
     from probe.analysis.roles import head_roles
+    from probe.batching import micro_batches
     from probe.observe import attention_stats
 
     batches = [b for _, group in examples for b in group]
-    stats = attention_stats(model, batches, list(STATISTICS))
+    stats = attention_stats(model, list(micro_batches(batches, max_batch_tokens)), list(STATISTICS))
     lengths = sorted({int(b.inputs.shape[1]) for b in batches})
-    roles = head_roles(model, batches, period=induction_period(model, lengths), seed=seed)
+    roles = head_roles(model, batches, period=induction_period(model, lengths), seed=seed,
+                       max_batch_tokens=max_batch_tokens)  # fmt: skip
     table = None
     if importance is not None:
-        table = head_importance(model, importance_batches or batches, importance, seed=seed)
+        table = head_importance(model, importance_batches or batches, importance, seed=seed,
+                                max_batch_tokens=max_batch_tokens)  # fmt: skip
     shown = []
     for label, group in examples:
         first = group[0]
@@ -227,6 +232,7 @@ def checkpoint_view(
     importance: str | None = "gradient",
     seed: int = 0,
     options=None,
+    max_batch_tokens: int | None = None,
 ) -> dict:
     """The viewer's data for a checkpoint: task data at `lengths` (default L and 2L) for a
     model trained here, text rows of `lengths` tokens (default 64) for an imported one.
@@ -249,8 +255,8 @@ def checkpoint_view(
         for n in lengths or [64]:  # the importance split: the text's first rows, as scored
             sets, first = checkpoint_splits(ckpt, [], batch_size, batches, seed,
                                             int(importance is not None), text=text,
-                                            whole=whole, max_tokens=n,
-                                            options=options)  # fmt: skip
+                                            whole=whole, max_tokens=n, options=options,
+                                            max_batch_tokens=max_batch_tokens)  # fmt: skip
             split = sets[0] if sets else first  # no importance: the same rows, nothing after
             groups.append((f"text rows of {n}", split))
             scored += split
@@ -275,4 +281,5 @@ def checkpoint_view(
 
     return build_view(ckpt.model, groups, namer, importance=importance,
                       importance_batches=scored, seed=seed, title=title,
-                      subtitle=_subtitle(ckpt, shown))  # fmt: skip
+                      subtitle=_subtitle(ckpt, shown),
+                      max_batch_tokens=max_batch_tokens)  # fmt: skip
