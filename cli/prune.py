@@ -356,14 +356,15 @@ def prune_cli(
             ckpt.model, split, scoring, fraction, timing=timing, repeats=repeats,
             batch_sizes=parse_lengths(timing_sizes), threads=timing_threads,
             timing_budget=timing_budget, timing_share=share, max_batch_tokens=max_batch_tokens,
-            progress=phased(bar), method=method, step=step, seed=seed, **select,
+            in_place=False if tune else None, progress=phased(bar), method=method, step=step,
+            seed=seed, **select,
         )  # fmt: skip
     record = {
         "source": str(ckpt.path), "method": method, "fraction": fraction, "step": step,
         **select, "removed": result.removed[["layer", "head"]].values.tolist(),
         "kept": [list(s.kept_heads) for s in result.model.cfg.sites()],
         "metrics": result.metrics.to_dict("records"), "max_batch_tokens": max_batch_tokens,
-        "timing_budget": result.timing_budget,
+        "timing_budget": result.timing_budget, "in_place": result.in_place,
         "device": device_name(model_device(ckpt)),
         "runtime": Runtime.cpu().record(ckpt.model),
     }  # fmt: skip
@@ -377,6 +378,10 @@ def prune_cli(
     if not result.timing.empty:
         atomic_write_csv(out / "prune_timing.csv", result.timing)
     _report(result, fraction)
+    if result.in_place:
+        console.print("a pruned copy would not fit in memory beside the model: it was pruned in "
+                      "place, and the original and pruned models timed one after the other, not "
+                      "interleaved")  # fmt: skip
     if timing:
         console.print(_timing_line(result, parse_lengths(timing_sizes), share))
     sites = [s.name for s in ckpt.model_cfg.sites()]

@@ -90,6 +90,21 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:,.1f} PiB"
 
 
+def model_bytes(model) -> int:
+    """Bytes a model's parameters and buffers hold."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * t.element_size() for t in {id(t): t for t in tensors}.values())
+
+
+def room_for(need: int) -> bool:
+    """Whether `need` more bytes fit in HEADROOM of the memory available (True where it cannot
+    be read, or with PROBE_MEMORY_CHECK=off)."""
+    if os.environ.get(ENV, "").lower() in ("off", "0", "no"):
+        return True
+    have = available_bytes()
+    return have is None or need <= HEADROOM * have
+
+
 def check_fits(need: int, what: str, smaller: str = "a smaller size", how: str = "") -> None:
     """Refuse `what` when `need` bytes exceed HEADROOM of the memory available, saying what to
     make smaller and (`how`) how it would run (PROBE_MEMORY_CHECK=off skips this)."""

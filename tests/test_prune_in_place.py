@@ -1,6 +1,7 @@
 """Pruning in place: the same function as pruning a copy, with no second copy of the weights,
 and a checkpoint of it that loads."""
 
+import pandas as pd
 import pytest
 import torch
 
@@ -38,3 +39,30 @@ def test_pruning_in_place_equals_pruning_a_copy(tmp_path, dtype):
     assert loaded.model.embed.weight.dtype == dtype
     with torch.no_grad():
         assert torch.equal(loaded.model(tokens), expected)
+
+
+@pytest.mark.parametrize("unit", ["head", "group"])
+def test_prune_and_compare_in_place_gives_what_a_copy_gives(unit):
+    from probe.analysis.pruning_runs import prune_and_compare
+    from tests.test_pruning import data, make_model
+
+    results = {}
+    for in_place in (False, True):
+        model = make_model(n_kv_head=2)
+        weights = model.embed.weight.data_ptr()
+        results[in_place] = prune_and_compare(
+            model, data(), data(seed=7), 0.5, method="gradient", unit=unit, batch_sizes=(1, 4),
+            repeats=1, in_place=in_place,
+        )  # fmt: skip
+        if in_place:  # the input model became the pruned one: no copy of its weights
+            assert results[True].model is model and model.embed.weight.data_ptr() == weights
+    copy, same = results[False], results[True]
+    assert copy.in_place is False and same.in_place is True
+    assert copy.removed.equals(same.removed)
+    pd.testing.assert_frame_equal(copy.metrics, same.metrics)
+    pd.testing.assert_frame_equal(copy.parameters, same.parameters)
+    assert same.max_logit_gap == copy.max_logit_gap < 1e-5
+    assert set(same.timing["variant"]) == {"original", "masked", "pruned"}
+    state = same.model.state_dict()
+    for name, tensor in copy.model.state_dict().items():
+        assert torch.equal(state[name], tensor), name
