@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import torch
 
 from probe.model.attention import AttentionCall
-from probe.model.mask import softmax
 
 # statistic -> the running sums it needs: "softmax" (m, l, u), "distance", "sink", "raw", "logit",
 # "output" (the head's output), "count" (visible keys)
@@ -116,76 +115,111 @@ def _row_factor(call: AttentionCall) -> torch.Tensor:
     return factor
 
 
+PAD = 16  # short key rows are padded to a multiple of this, at least 2 * PAD keys: torch's CPU
+# row reductions (amax) run vectorized only on rows that long, and padding keys act as hidden ones
+LOG2E = 1.4426950408889634  # exp(x) = exp2(x log2 e): torch's exp2 is several times faster on CPU
+
+
+def _width(k_len: int) -> int:
+    """Keys per materialized row: k_len, or under 64 keys padded to a multiple of PAD."""
+    if k_len >= 4 * PAD:
+        return k_len
+    return max(2 * PAD, -(-k_len // PAD) * PAD)
+
+
+def _key_masks(call: AttentionCall, width: int):
+    """(seen, hide): [batch|1, 1, q_len|1, width] float, 1/0 and 0/-inf by key visibility,
+    the padding keys beyond k_len hidden; (None, None) when every key is seen."""
+    k_len = call.k.shape[2]
+    visible = call.visible
+    if visible is None and width == k_len:
+        return None, None
+    if visible is None:
+        visible = torch.ones(1, 1, 1, k_len, dtype=torch.bool, device=call.q.device)
+    if width > k_len:
+        visible = torch.nn.functional.pad(visible, (0, width - k_len), value=False)
+    seen = visible.float()
+    return seen, torch.zeros_like(seen).masked_fill_(~visible, float("-inf"))
+
+
+def _moments(x: torch.Tensor, seen: torch.Tensor | None, n: torch.Tensor):
+    """(mean, variance) of x's visible entries per row; zeroes the hidden ones in place."""
+    if seen is not None:
+        x.mul_(seen)  # [chunk, head, q, width]
+    mean = x.sum(-1) / n
+    square = torch.linalg.vector_norm(x, dim=-1).square_()
+    return mean, square.div_(n).sub_(mean.square()).clamp_min_(0.0)
+
+
 def _materialized(
     call: AttentionCall, need: set[str], outputs: list[torch.Tensor] | None = None
 ) -> RowSums:
     """Row sums from the full logits of a few examples at a time (about CHUNK_ELEMENTS logits,
-    so the passes over them stay in cache).
+    so the passes over them stay in cache), written for few passes over memory.
 
-    Written for few passes over memory: the scale is folded into q, masks are multiplied and
-    added rather than filled, the softmax runs once, and the raw q.k statistics are those of
-    (q x factor).k divided by the row's factor when that factor is positive."""
+    The factor on q.k is folded into q, the logits are worked in place (masks are multiplied
+    and added, not filled), and the softmax is exp2 of the logits less their maximum, with
+    l = sum exp(s - m) read off on the way. Raw q.k statistics are those of (q x factor).k
+    divided by the row's factor when that factor is positive. Rows shorter than 64 keys are
+    padded with hidden keys (see PAD)."""
     b, h, q_len, _ = call.q.shape
     k_len = call.k.shape[2]
+    width = _width(k_len)
     factor = _row_factor(call)  # [1, head, q|1, 1]
-    seen = keep = None  # [batch|1, 1, q, k]: 1/0 and 0/-inf versions of the mask
-    if call.visible is not None:
-        seen = call.visible.float()
-        keep = torch.zeros_like(seen).masked_fill_(~call.visible, float("-inf"))
     count = _visible_count(call, 0, k_len)
+    seen, hide = _key_masks(call, width)  # [batch|1, 1, q|1, width] or None
     divide = "raw" in need and bool((factor > 0).all())  # raw = (q x factor).k / factor
     bias = call.bias
-    gap = _gap(call, 0, k_len) if "distance" in need else None  # [q, k]
-    size = max(1, CHUNK_ELEMENTS // max(1, h * q_len * k_len))
+    gap = None
+    if "distance" in need:
+        gap = torch.nn.functional.pad(_gap(call, 0, k_len), (0, width - k_len))  # [q, width]
+    size = max(1, CHUNK_ELEMENTS // max(1, h * q_len * width))
     parts: list[dict[str, torch.Tensor]] = []
     for lo in range(0, b, size):
         sl = slice(lo, lo + size)
-        q, k = call.q[sl].float(), call.k[sl].float()  # [chunk, head, seq, d_head]
         n = count[sl].clamp_min(1)
         mask = None if seen is None else seen[sl] if seen.shape[0] > 1 else seen
-        plus = None if keep is None else keep[sl] if keep.shape[0] > 1 else keep
-        vis = None if seen is None else call.visible[sl] if seen.shape[0] > 1 else call.visible
+        plus = None if hide is None else hide[sl] if hide.shape[0] > 1 else hide
+        k = call.k[sl].float()  # [chunk, head, k_len, d_head]
+        if width > k_len:  # zero keys for the padding: their logits are 0, then hidden
+            k = torch.nn.functional.pad(k, (0, 0, 0, width - k_len))
+        k_t = k.transpose(-2, -1)  # [chunk, head, d_head, width]
         part: dict[str, torch.Tensor] = {}
-
-        def moments(x, n=n, mask=mask):
-            """(mean, variance) over the visible keys."""
-            zeroed = x if mask is None else x * mask  # [chunk, head, q, k]
-            mean = zeroed.sum(-1) / n
-            return mean, (zeroed.square().sum(-1) / n - mean.square()).clamp_min(0.0)
-
-        def top(x, plus=plus):
-            return (x if plus is None else x + plus).amax(-1)  # [chunk, head, q]
-
-        scaled = None
-        if {"logit", "softmax"} & need or divide:
-            scaled = (q * factor) @ k.transpose(-2, -1)  # [chunk, head, q, k] raw x factor
-        if divide and bias is not None:
-            part["raw_mean"], part["raw_var"] = moments(scaled)
-            part["raw_max"] = top(scaled)
-        elif "raw" in need and not divide:
-            raw = q @ k.transpose(-2, -1)  # [chunk, head, q, k]
-            part["raw_mean"], part["raw_var"] = moments(raw)
-            part["raw_max"] = top(raw)
-        if scaled is None:
+        if "raw" in need and not divide:
+            raw = call.q[sl].float() @ k_t  # [chunk, head, q, width]
+            part["raw_mean"], part["raw_var"] = _moments(raw, mask, n)
+            part["raw_max"] = (raw if plus is None else raw.add_(plus)).amax(-1)
+        if not ({"logit", "softmax"} & need or divide):
             parts.append(part)
             continue
-        scores = scaled if bias is None else scaled + bias[sl].float()  # finite
-        logits = scores if plus is None else scores + plus  # -inf where invisible
-        part["m"] = logits.amax(-1)  # [chunk, head, q]
+        s = (call.q[sl].float() * factor) @ k_t  # [chunk, head, q, width]: raw x factor
+        if divide and bias is not None:  # raw statistics before the bias
+            part["raw_mean"], part["raw_var"] = _moments(s, mask, n)
+            part["raw_max"] = (s if plus is None else s + plus).amax(-1)
+        if bias is not None:
+            s[..., :k_len].add_(bias[sl])  # scores
         if "logit" in need or (divide and bias is None):
-            part["logit_mean"], part["logit_var"] = moments(scores)
+            part["logit_mean"], part["logit_var"] = _moments(s, mask, n)  # 0 where hidden
+        e = None if plus is None else s + plus  # logits: -inf where hidden
+        part["m"] = m = (s if e is None else e).amax(-1)  # [chunk, head, q]
         if divide and bias is None:  # the same numbers: no second pass
             part["raw_mean"], part["raw_var"] = part["logit_mean"], part["logit_var"]
-            part["raw_max"] = part["m"]
-        if "softmax" in need:
-            part["sink"] = logits[..., 0]
-            p = softmax(logits, vis)  # [chunk, head, q, k], 0 where invisible (and blind rows)
-            part["lsum"] = lsum = 1.0 / p.amax(-1)  # p_max = exp(m - m) / l
-            part["u"] = lsum * ((p * scores).sum(-1) - part["m"])
-            if gap is not None:
-                part["dist"] = lsum * (p * gap).sum(-1)
-            if outputs is not None:  # the attention output itself, from the same weights
-                outputs.append(p.to(call.v.dtype) @ call.v[sl])  # [chunk, head, q, d_head]
+            part["raw_max"] = m
+        if "softmax" not in need:
+            parts.append(part)
+            continue
+        part["sink"] = (s if e is None else e)[..., 0].clone()
+        shift = m.clamp_min(torch.finfo(torch.float32).min).unsqueeze(-1)  # finite
+        e = s - shift if e is None else e.sub_(shift)
+        e.mul_(LOG2E).exp2_()  # exp(s - m), 0 where hidden
+        part["lsum"] = lsum = e.sum(-1)  # [chunk, head, q]
+        inv = torch.where(lsum > 0, lsum.reciprocal(), 0.0)  # a row that sees nothing: 0
+        p = e.mul_(inv.unsqueeze(-1))  # softmax, 0 where hidden and on blind rows
+        part["u"] = lsum * (s.mul_(p).sum(-1) - m)  # sum_j e_j (s_j - m); s is finite
+        if gap is not None:
+            part["dist"] = lsum * torch.mul(p, gap, out=s).sum(-1)
+        if outputs is not None:  # the attention output itself, from the same weights
+            outputs.append(p[..., :k_len].to(call.v.dtype) @ call.v[sl])  # [chunk, head, q, d]
         parts.append(part)
     rows = RowSums(count=count)
     for name in parts[0]:
