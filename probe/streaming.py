@@ -362,18 +362,20 @@ def _finish(statistics: Sequence[str], rows: RowSums, call: AttentionCall) -> to
     """[statistic, batch, head, q] from the row sums, with as few small ops as possible."""
     count = rows.count
     nan = float("nan")
-    empty = torch.where(count > 0, 0.0, nan)  # added to every statistic
-    single = torch.where(count > 1, 0.0, nan)  # added where one key says nothing
+    # the fewest keys a row sees: rows seeing none, or one, are NaN only when there are some
+    fewest = call.k.shape[2] if call.visible is None else int(count.amin()) if count.numel() else 0
+    single = torch.where(count > 1, 0.0, nan) if fewest < 2 else None  # one key says nothing
     cache: dict[str, torch.Tensor] = {}
 
     def get(key: str) -> torch.Tensor:
         if key not in cache:
             if key == "inv_l":
-                cache[key] = 1.0 / rows.lsum
+                cache[key] = rows.lsum.reciprocal()
             elif key == "log_l":
                 cache[key] = rows.lsum.log()
-            elif key == "entropy":
-                cache[key] = (get("log_l") - rows.u * get("inv_l")).clamp_min(0.0)
+            elif key == "entropy":  # log l - u / l
+                cache[key] = torch.addcmul(get("log_l"), rows.u, get("inv_l"), value=-1.0)
+                cache[key].clamp_min_(0.0)
         return cache[key]
 
     values: list[torch.Tensor] = []
@@ -381,14 +383,16 @@ def _finish(statistics: Sequence[str], rows: RowSums, call: AttentionCall) -> to
         if name == "entropy":
             value = get("entropy")
         elif name == "normalized_entropy":
-            value = get("entropy") / count.clamp_min(2).log() + single
+            value = get("entropy") / count.clamp_min(2).log()
+            value = value if single is None else value + single
         elif name == "effective_keys":
             value = get("entropy").exp()
         elif name == "p_max":
             value = get("inv_l")
         elif name in ("p_max_gt_0.9", "p_max_gt_0.99"):
             threshold = 0.9 if name == "p_max_gt_0.9" else 0.99
-            value = (rows.lsum < 1 / threshold).float() + single
+            value = (rows.lsum < 1 / threshold).float()
+            value = value if single is None else value + single
         elif name == "sink_mass":
             value = (rows.sink - rows.m).exp() * get("inv_l")
         elif name == "attention_distance":
@@ -416,9 +420,13 @@ def _finish(statistics: Sequence[str], rows: RowSums, call: AttentionCall) -> to
                 value = call.head_out.float().norm(dim=-1)  # [batch, head, q]
         else:
             raise KeyError(f"unknown attention statistic {name!r}")
-        values.append(value.expand_as(count).transpose(0, 1))  # [head, batch, q]
+        if value.shape != count.shape:
+            value = value.expand_as(count)
+        values.append(value.transpose(0, 1))  # [head, batch, q]
     # stored head-major, so that per-head reductions read contiguous memory
-    stacked = torch.stack(values) + empty.transpose(0, 1)  # [statistic, head, batch, q]
+    stacked = torch.stack(values)  # [statistic, head, batch, q]
+    if fewest < 1:  # rows that see no key are NaN in every statistic
+        stacked += torch.where(count > 0, 0.0, nan).transpose(0, 1)
     return stacked.transpose(1, 2)  # [statistic, batch, head, q]
 
 

@@ -145,9 +145,14 @@ def test_streaming_equals_materialized(case, tile):
     assert_close(got, want, atol=1e-5)
 
 
+@pytest.mark.parametrize("n", [5, 40, 150])
 @pytest.mark.parametrize("case", list(CASES))
-def test_one_tile_equals_reference(case):
-    call = make_call(seed=7, **CASES[case])
+def test_one_tile_equals_reference(case, n):
+    """The materialized path, at lengths whose rows it pads with hidden keys (5, 40) and not."""
+    kw = dict(CASES[case])
+    if "q_len" in kw:
+        kw["q_len"] = min(kw["q_len"], n - 2)
+    call = make_call(seed=7, n=n, **kw)
     got = row_statistics(call, [s for s in STATISTICS if s != "head_out_norm"], stream=False)
     assert_close(got, reference(call), atol=1e-5)
 
