@@ -13,18 +13,20 @@ running sums kept per row while the keys go past tile by tile (Milakov & Gimelsh
 subtract two large numbers). Means and standard deviations of the logits combine across tiles with
 Chan's parallel formula. Memory is O(rows x tile) instead of O(rows x keys).
 
-Short inputs take the materialized path instead: the full logits once, a fused softmax, and the
-same row sums read off it (l = 1 / p_max, u = l (sum_j p_j s_j - m)), in fewer passes over memory.
+Short inputs take the materialized path instead (`probe.materialized`): the full logits of a few
+examples at a time, worked in place, and the same row sums read off them in fewer passes over
+memory.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 import torch
 
+from probe.materialized import materialized_rows
 from probe.model.attention import AttentionCall
+from probe.rowsums import RowSums, key_gap, visible_count
 
 # statistic -> the running sums it needs: "softmax" (m, l, u), "distance", "sink", "raw", "logit",
 # "output" (the head's output), "count" (visible keys)
@@ -53,7 +55,6 @@ MAX_STATISTICS = ("max_logit", "raw_logit_max")
 
 STREAM_ABOVE = 512  # keys: above this many, "auto" streams over tiles
 TILE_ELEMENTS = 2**20  # batch x head x query x tile elements per tile when streaming
-CHUNK_ELEMENTS = 2**18  # logits per group of examples on the materialized path
 
 
 def needs(statistics: Iterable[str]) -> set[str]:
@@ -67,169 +68,6 @@ def tile_size(call: AttentionCall, tile: int | None = None) -> int:
         return max(1, int(tile))
     b, h, q_len, _ = call.q.shape
     return max(16, TILE_ELEMENTS // max(1, b * h * q_len))
-
-
-@dataclass
-class RowSums:
-    """What every statistic is derived from, per query row ([batch, head, q_len] each)."""
-
-    count: torch.Tensor  # visible keys
-    m: torch.Tensor | None = None  # max logit
-    lsum: torch.Tensor | None = None  # l = sum exp(s - m)
-    u: torch.Tensor | None = None  # sum exp(s - m) (s - m)
-    dist: torch.Tensor | None = None  # sum exp(s - m) |i - j|
-    sink: torch.Tensor | None = None  # logit of key 0
-    raw_mean: torch.Tensor | None = None
-    raw_var: torch.Tensor | None = None
-    raw_max: torch.Tensor | None = None
-    logit_mean: torch.Tensor | None = None
-    logit_var: torch.Tensor | None = None
-
-
-def _visible_count(call: AttentionCall, start: int, stop: int) -> torch.Tensor:
-    """Visible keys in [start, stop) per row, [batch, head, q_len] (from the unexpanded mask)."""
-    b, h, q_len, _ = call.q.shape
-    if call.visible is None:
-        return torch.full((b, h, q_len), float(stop - start), device=call.q.device)
-    n = call.visible[..., start:stop].sum(-1, dtype=torch.float32)  # [batch|1, 1, q]
-    return n.expand(b, h, q_len)
-
-
-def _gap(call: AttentionCall, start: int, stop: int) -> torch.Tensor:
-    """|i - j| for queries i and keys j in [start, stop): [q_len, tile]. Queries of a
-    self-attention call are the last q_len key positions; cross-attention compares indices."""
-    q_len, k_len = call.q.shape[2], call.k.shape[2]
-    device = call.q.device
-    i = torch.arange(q_len, device=device, dtype=torch.float32)
-    if not call.site.cross:
-        i = i + (k_len - q_len)
-    j = torch.arange(start, stop, device=device, dtype=torch.float32)
-    return (i.view(-1, 1) - j.view(1, -1)).abs()
-
-
-def _row_factor(call: AttentionCall) -> torch.Tensor:
-    """The positive factor on each row's q.k: scale x length factor, [1, head, q_len|1, 1]."""
-    factor = call.scale.float().view(1, -1, 1, 1)
-    if call.length_factor is not None:
-        factor = factor * call.length_factor.float().view(1, 1, -1, 1)
-    return factor
-
-
-PAD = 16  # short key rows are padded to a multiple of this, at least 2 * PAD keys: torch's CPU
-# row reductions (amax) run vectorized only on rows that long, and padding keys act as hidden ones
-LOG2E = 1.4426950408889634  # exp(x) = exp2(x log2 e): torch's exp2 is several times faster on CPU
-
-
-def _width(k_len: int) -> int:
-    """Keys per materialized row: k_len, or under 64 keys padded to a multiple of PAD."""
-    if k_len >= 4 * PAD:
-        return k_len
-    return max(2 * PAD, -(-k_len // PAD) * PAD)
-
-
-def _key_masks(call: AttentionCall, width: int):
-    """(seen, hide): [batch|1, 1, q_len|1, width] float, 1/0 and 0/-inf by key visibility,
-    the padding keys beyond k_len hidden; (None, None) when every key is seen."""
-    k_len = call.k.shape[2]
-    visible = call.visible
-    if visible is None and width == k_len:
-        return None, None
-    if visible is None:
-        visible = torch.ones(1, 1, 1, k_len, dtype=torch.bool, device=call.q.device)
-    if width > k_len:
-        visible = torch.nn.functional.pad(visible, (0, width - k_len), value=False)
-    seen = visible.float()
-    return seen, torch.zeros_like(seen).masked_fill_(~visible, float("-inf"))
-
-
-def _moments(x: torch.Tensor, seen: torch.Tensor | None, n: torch.Tensor):
-    """(mean, variance) of x's visible entries per row; zeroes the hidden ones in place."""
-    if seen is not None:
-        x.mul_(seen)  # [chunk, head, q, width]
-    mean = x.sum(-1) / n
-    square = torch.linalg.vector_norm(x, dim=-1).square_()
-    return mean, square.div_(n).sub_(mean.square()).clamp_min_(0.0)
-
-
-def _materialized(
-    call: AttentionCall, need: set[str], outputs: list[torch.Tensor] | None = None
-) -> RowSums:
-    """Row sums from the full logits of a few examples at a time (about CHUNK_ELEMENTS logits,
-    so the passes over them stay in cache), written for few passes over memory.
-
-    The factor on q.k is folded into q, the logits are worked in place (masks are multiplied
-    and added, not filled), and the softmax is exp2 of the logits less their maximum, with
-    l = sum exp(s - m) read off on the way. Raw q.k statistics are those of (q x factor).k
-    divided by the row's factor when that factor is positive. Rows shorter than 64 keys are
-    padded with hidden keys (see PAD)."""
-    b, h, q_len, _ = call.q.shape
-    k_len = call.k.shape[2]
-    width = _width(k_len)
-    factor = _row_factor(call)  # [1, head, q|1, 1]
-    count = _visible_count(call, 0, k_len)
-    seen, hide = _key_masks(call, width)  # [batch|1, 1, q|1, width] or None
-    divide = "raw" in need and bool((factor > 0).all())  # raw = (q x factor).k / factor
-    bias = call.bias
-    gap = None
-    if "distance" in need:
-        gap = torch.nn.functional.pad(_gap(call, 0, k_len), (0, width - k_len))  # [q, width]
-    size = max(1, CHUNK_ELEMENTS // max(1, h * q_len * width))
-    parts: list[dict[str, torch.Tensor]] = []
-    for lo in range(0, b, size):
-        sl = slice(lo, lo + size)
-        n = count[sl].clamp_min(1)
-        mask = None if seen is None else seen[sl] if seen.shape[0] > 1 else seen
-        plus = None if hide is None else hide[sl] if hide.shape[0] > 1 else hide
-        k = call.k[sl].float()  # [chunk, head, k_len, d_head]
-        if width > k_len:  # zero keys for the padding: their logits are 0, then hidden
-            k = torch.nn.functional.pad(k, (0, 0, 0, width - k_len))
-        k_t = k.transpose(-2, -1)  # [chunk, head, d_head, width]
-        part: dict[str, torch.Tensor] = {}
-        if "raw" in need and not divide:
-            raw = call.q[sl].float() @ k_t  # [chunk, head, q, width]
-            part["raw_mean"], part["raw_var"] = _moments(raw, mask, n)
-            part["raw_max"] = (raw if plus is None else raw.add_(plus)).amax(-1)
-        if not ({"logit", "softmax"} & need or divide):
-            parts.append(part)
-            continue
-        s = (call.q[sl].float() * factor) @ k_t  # [chunk, head, q, width]: raw x factor
-        if divide and bias is not None:  # raw statistics before the bias
-            part["raw_mean"], part["raw_var"] = _moments(s, mask, n)
-            part["raw_max"] = (s if plus is None else s + plus).amax(-1)
-        if bias is not None:
-            s[..., :k_len].add_(bias[sl])  # scores
-        if "logit" in need or (divide and bias is None):
-            part["logit_mean"], part["logit_var"] = _moments(s, mask, n)  # 0 where hidden
-        e = None if plus is None else s + plus  # logits: -inf where hidden
-        part["m"] = m = (s if e is None else e).amax(-1)  # [chunk, head, q]
-        if divide and bias is None:  # the same numbers: no second pass
-            part["raw_mean"], part["raw_var"] = part["logit_mean"], part["logit_var"]
-            part["raw_max"] = m
-        if "softmax" not in need:
-            parts.append(part)
-            continue
-        part["sink"] = (s if e is None else e)[..., 0].clone()
-        shift = m.clamp_min(torch.finfo(torch.float32).min).unsqueeze(-1)  # finite
-        e = s - shift if e is None else e.sub_(shift)
-        e.mul_(LOG2E).exp2_()  # exp(s - m), 0 where hidden
-        part["lsum"] = lsum = e.sum(-1)  # [chunk, head, q]
-        inv = torch.where(lsum > 0, lsum.reciprocal(), 0.0)  # a row that sees nothing: 0
-        p = e.mul_(inv.unsqueeze(-1))  # softmax, 0 where hidden and on blind rows
-        part["u"] = lsum * (s.mul_(p).sum(-1) - m)  # sum_j e_j (s_j - m); s is finite
-        if gap is not None:
-            part["dist"] = lsum * torch.mul(p, gap, out=s).sum(-1)
-        if outputs is not None:  # the attention output itself, from the same weights
-            outputs.append(p[..., :k_len].to(call.v.dtype) @ call.v[sl])  # [chunk, head, q, d]
-        parts.append(part)
-    rows = RowSums(count=count)
-    for name in parts[0]:
-        joined = parts[0][name] if len(parts) == 1 else torch.cat([p[name] for p in parts])
-        setattr(rows, name, joined)
-    if divide:
-        factor = factor.squeeze(-1)  # [1, head, q|1]
-        rows.raw_mean, rows.raw_max = rows.raw_mean / factor, rows.raw_max / factor
-        rows.raw_var = rows.raw_var / factor.square()
-    return rows
 
 
 def _chan(n, mean, m2, n_t, mean_t, m2_t):
@@ -265,7 +103,7 @@ def _streamed(call: AttentionCall, need: set[str], width: int) -> RowSums:
         stop = min(k_len, start + width)
         raw_t, logits = call.logits(start, stop)  # [batch, head, q_len, tile] each
         hidden = None if call.visible is None else ~call.visible[..., start:stop]
-        n_t = _visible_count(call, start, stop)
+        n_t = visible_count(call, start, stop)
         count = count + n_t
         if "raw" in need:
             top = raw_t if hidden is None else raw_t.masked_fill(hidden, float("-inf"))
@@ -290,7 +128,7 @@ def _streamed(call: AttentionCall, need: set[str], width: int) -> RowSums:
         u = alpha * (u + lsum * shift) + (e * z).nan_to_num_(nan=0.0).sum(-1)
         lsum = alpha * lsum + e.sum(-1)
         if "distance" in need:
-            dist = alpha * dist + (e * _gap(call, start, stop)).sum(-1)
+            dist = alpha * dist + (e * key_gap(call, start, stop)).sum(-1)
         m = m_new
     n = count.clamp_min(1)
     return RowSums(
@@ -319,12 +157,12 @@ def row_values(
     Rows that see no key are NaN, and so are rows that see a single key for normalized_entropy
     and the p_max_gt fractions. With `stream`, keys go past in tiles of `tile` (default: about
     TILE_ELEMENTS logits per tile); otherwise the logits are materialized, a few examples at a
-    time (about CHUNK_ELEMENTS logits, which keeps the passes over them in cache).
+    time (`probe.materialized`).
     """
     need = needs(statistics)
     if stream:
         return _finish(statistics, _streamed(call, need, tile_size(call, tile)), call)
-    return _finish(statistics, _materialized(call, need), call)
+    return _finish(statistics, materialized_rows(call, need)[0], call)
 
 
 def rows_and_output(
@@ -333,11 +171,7 @@ def rows_and_output(
     """Materialized row sums, plus the attention output softmax(logits) @ v computed from the
     same weights when the statistics need the softmax (None otherwise): an observer can hand
     that output to the model instead of letting it run attention a second time."""
-    need = needs(statistics)
-    outputs: list[torch.Tensor] | None = [] if "softmax" in need else None
-    rows = _materialized(call, need, outputs)
-    out = None if not outputs else torch.cat(outputs) if len(outputs) > 1 else outputs[0]
-    return rows, out
+    return materialized_rows(call, needs(statistics), output=True)
 
 
 def finish_rows(call: AttentionCall, statistics: Sequence[str], rows: RowSums) -> torch.Tensor:

@@ -129,6 +129,7 @@ CASES = {
     "alibi": dict(causal=False, alibi=True),
     "sharp": dict(causal=True, scale=1.0, d=64),  # unscaled: std of logits 8, near one-hot rows
     "decode-suffix": dict(causal=True, q_len=37, alibi=True),  # queries are the last 37 keys
+    "long-suffix": dict(causal=True, q_len=100, key_mask=True),  # in blocks of 64 queries
     "padding": dict(causal=True, key_mask=True),  # some keys hidden, one example sees nothing
     "log-length": dict(causal=True, factor=True),
 }

@@ -1,0 +1,170 @@
+"""Row sums of short attention calls from their full logits, worked in place.
+
+The materialized path of `probe.streaming` (inputs up to STREAM_ABOVE keys): the logits of a few
+examples at a time (about CHUNK_ELEMENTS of them, so the passes over them stay in cache) and, for
+causal self-attention, of a block of QUERY_BLOCK queries with only the keys those queries can see
+(a causal call of n queries in blocks of 64 computes about half of the n x n logits at n = 512).
+Written for few passes over memory, since observation should cost little more than the fused
+attention it replaces:
+
+- the factor on q.k is folded into q; one buffer of logits is worked in place, masks multiplied
+  and added rather than filled;
+- the softmax is exp2 of the logits less their maximum (torch's exp2 is several times faster than
+  its exp on the CPU), and l = sum exp(s - m) is read off on the way, so p_max = 1 / l needs no
+  second maximum;
+- rows shorter than 64 keys are padded with hidden keys to a multiple of PAD, at least 2 * PAD:
+  torch's row reductions run vectorized only on rows that long;
+- raw q.k statistics are those of (q x factor).k divided by the row's factor when it is positive.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from probe.model.attention import AttentionCall
+from probe.rowsums import RowSums, key_gap, row_factor, visible_count
+
+CHUNK_ELEMENTS = 2**18  # logits per group of examples
+QUERY_BLOCK = 64  # queries per block of a causal self-attention call (see the module docstring)
+PAD = 16  # short rows are padded with hidden keys to a multiple of this, at least 2 * PAD
+LOG2E = 1.4426950408889634  # exp(x) = exp2(x log2 e)
+
+
+def width_for(k_len: int) -> int:
+    """Keys per materialized row: k_len, or under 4 * PAD keys padded to a multiple of PAD."""
+    if k_len >= 4 * PAD:
+        return k_len
+    return max(2 * PAD, -(-k_len // PAD) * PAD)
+
+
+def _masks(visible: torch.Tensor | None, k_len: int, width: int, device):
+    """(seen, hide): [batch|1, 1, q|1, width] float, 1/0 and 0/-inf by key visibility, the
+    padding keys beyond k_len hidden; (None, None) when every key is seen."""
+    if visible is None and width == k_len:
+        return None, None
+    if visible is None:
+        visible = torch.ones(1, 1, 1, k_len, dtype=torch.bool, device=device)
+    if width > k_len:
+        visible = F.pad(visible, (0, width - k_len), value=False)
+    seen = visible.float()
+    return seen, torch.zeros_like(seen).masked_fill_(~visible, float("-inf"))
+
+
+def _moments(x: torch.Tensor, seen: torch.Tensor | None, n: torch.Tensor):
+    """(mean, variance) of x's visible entries per row; zeroes the hidden ones in place."""
+    if seen is not None:
+        x.mul_(seen)  # [chunk, head, q, width]
+    mean = x.sum(-1) / n
+    square = torch.linalg.vector_norm(x, dim=-1).square_()
+    return mean, square.div_(n).sub_(mean.square()).clamp_min_(0.0)
+
+
+def _blocks(call: AttentionCall) -> list[tuple[int, int, int]]:
+    """(first query, last query + 1, keys seen) per block of queries: blocks of QUERY_BLOCK for
+    causal self-attention (query i sees no key after position k_len - q_len + i), else one."""
+    q_len, k_len = call.q.shape[2], call.k.shape[2]
+    causal = call.site.causal and not call.site.cross and call.visible is not None
+    if not causal or q_len <= QUERY_BLOCK:
+        return [(0, q_len, k_len)]
+    starts = range(0, q_len, QUERY_BLOCK)
+    return [
+        (a, min(a + QUERY_BLOCK, q_len), k_len - q_len + min(a + QUERY_BLOCK, q_len))
+        for a in starts
+    ]
+
+
+def _rows(q, k, v, bias, seen, hide, gap, n, need, divide, k_len) -> dict[str, torch.Tensor]:
+    """Row sums of one chunk: q [chunk, head, q, d] x factor, k [chunk, head, width, d] (zero
+    rows for the padding keys), v [chunk, head, k_len, d] or None, bias [chunk, head, q, k_len]."""
+    part: dict[str, torch.Tensor] = {}
+    s = q @ k.transpose(-2, -1)  # [chunk, head, q, width]: raw x factor, 0 on padding keys
+    if divide and bias is not None:  # raw statistics before the bias
+        part["raw_mean"], part["raw_var"] = _moments(s, seen, n)
+        part["raw_max"] = (s if hide is None else s + hide).amax(-1)
+    if bias is not None:
+        s[..., :k_len].add_(bias)  # scores
+    if "logit" in need or (divide and bias is None):
+        part["logit_mean"], part["logit_var"] = _moments(s, seen, n)  # 0 where hidden
+    e = None if hide is None else s + hide  # logits: -inf where hidden
+    part["m"] = m = (s if e is None else e).amax(-1)  # [chunk, head, q]
+    if divide and bias is None:  # the same numbers: no second pass
+        part["raw_mean"], part["raw_var"] = part["logit_mean"], part["logit_var"]
+        part["raw_max"] = m
+    if "softmax" not in need:
+        return part
+    part["sink"] = (s if e is None else e)[..., 0].clone()
+    shift = m.clamp_min(torch.finfo(torch.float32).min).unsqueeze(-1)  # finite
+    e = s - shift if e is None else e.sub_(shift)
+    e.mul_(LOG2E).exp2_()  # exp(s - m), 0 where hidden
+    part["lsum"] = lsum = e.sum(-1)  # [chunk, head, q]
+    inv = torch.where(lsum > 0, lsum.reciprocal(), 0.0)  # a row that sees nothing: 0
+    p = e.mul_(inv.unsqueeze(-1))  # softmax, 0 where hidden and on blind rows
+    part["u"] = lsum * (s.mul_(p).sum(-1) - m)  # sum_j e_j (s_j - m); s is finite
+    if gap is not None:
+        part["dist"] = lsum * torch.mul(p, gap, out=s).sum(-1)
+    if v is not None:  # the attention output itself, from the same weights
+        part["out"] = p[..., :k_len].to(v.dtype) @ v  # [chunk, head, q, d_head]
+    return part
+
+
+def materialized_rows(
+    call: AttentionCall, need: set[str], output: bool = False
+) -> tuple[RowSums, torch.Tensor | None]:
+    """Row sums of `call` from its full logits, and with `output` (when the statistics need the
+    softmax) the attention output softmax(logits) @ v from the same weights, else None."""
+    b, h = call.q.shape[:2]
+    k_len = call.k.shape[2]
+    factor = row_factor(call)  # [1, head, q|1, 1]
+    count = visible_count(call, 0, k_len)
+    divide = "raw" in need and bool((factor > 0).all())  # raw = (q x factor).k / factor
+    output = output and "softmax" in need
+    q_all, k_all = call.q.float(), call.k.float()
+    blocks: list[dict[str, torch.Tensor]] = []
+    for q0, q1, keys in _blocks(call):
+        width = width_for(keys)
+        visible = call.visible
+        if visible is not None:
+            visible = visible[..., q0:q1, :keys] if visible.shape[2] > 1 else visible[..., :keys]
+        seen, hide = _masks(visible, keys, width, call.q.device)  # [b|1, 1, q|1, width]
+        gap = None
+        if "distance" in need:
+            gap = F.pad(key_gap(call, 0, keys)[q0:q1], (0, width - keys))  # [q, width]
+        f = factor[:, :, q0:q1] if factor.shape[2] > 1 else factor
+        size = max(1, CHUNK_ELEMENTS // max(1, h * (q1 - q0) * width))
+        parts = []
+        for lo in range(0, b, size):
+            sl = slice(lo, lo + size)
+            n = count[sl, :, q0:q1].clamp_min(1)
+            mask = None if seen is None else seen[sl] if seen.shape[0] > 1 else seen
+            plus = None if hide is None else hide[sl] if hide.shape[0] > 1 else hide
+            k = k_all[sl, :, :keys]  # [chunk, head, keys, d_head]
+            if width > keys:  # zero keys for the padding: their logits are 0, then hidden
+                k = F.pad(k, (0, 0, 0, width - keys))
+            q = q_all[sl, :, q0:q1]  # [chunk, head, q, d_head]
+            part: dict[str, torch.Tensor] = {}
+            if "raw" in need and not divide:
+                raw = q @ k.transpose(-2, -1)  # [chunk, head, q, width]
+                part["raw_mean"], part["raw_var"] = _moments(raw, mask, n)
+                part["raw_max"] = (raw if plus is None else raw.add_(plus)).amax(-1)
+            if {"logit", "softmax"} & need or divide:
+                bias = None if call.bias is None else call.bias[sl, :, q0:q1, :keys]
+                v = call.v[sl, :, :keys] if output else None
+                part |= _rows(q * f, k, v, bias, mask, plus, gap, n, need, divide, keys)
+            parts.append(part)
+        blocks.append(_joined(parts, 0))
+    joined = _joined(blocks, 2)
+    out = joined.pop("out", None)
+    rows = RowSums(count=count, **joined)
+    if divide:
+        factor = factor.squeeze(-1)  # [1, head, q|1]
+        rows.raw_mean, rows.raw_max = rows.raw_mean / factor, rows.raw_max / factor
+        rows.raw_var = rows.raw_var / factor.square()
+    return rows, out
+
+
+def _joined(parts: list[dict[str, torch.Tensor]], dim: int) -> dict[str, torch.Tensor]:
+    """Each entry of the parts concatenated along `dim` (examples: 0, queries: 2)."""
+    if len(parts) == 1:
+        return parts[0]
+    return {name: torch.cat([p[name] for p in parts], dim) for name in parts[0]}
