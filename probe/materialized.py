@@ -74,11 +74,13 @@ def _blocks(call: AttentionCall) -> list[tuple[int, int, int]]:
     ]
 
 
-def _rows(q, k, v, bias, seen, hide, gap, n, need, divide, k_len) -> dict[str, torch.Tensor]:
-    """Row sums of one chunk: q [chunk, head, q, d] x factor, k [chunk, head, width, d] (zero
-    rows for the padding keys), v [chunk, head, k_len, d] or None, bias [chunk, head, q, k_len]."""
+def _rows(q, f, k, k_len, v, bias, seen, hide, gap, n, need, divide, blind):
+    """Row sums of one chunk: q [chunk, head, q, d], f the factor on q.k, k [chunk, head, width,
+    d] (zero rows for the padding keys beyond k_len), v [chunk, head, k_len, d] or None, bias
+    [chunk, head, q, k_len]; `seen` is None when the only hidden keys are padding (whose logits
+    are exactly 0), and `blind` says whether a row may see no key at all."""
     part: dict[str, torch.Tensor] = {}
-    s = q @ k.transpose(-2, -1)  # [chunk, head, q, width]: raw x factor, 0 on padding keys
+    s = (q @ k.transpose(-2, -1)).mul_(f)  # [chunk, head, q, width]: raw x factor, 0 on padding
     if divide and bias is not None:  # raw statistics before the bias
         part["raw_mean"], part["raw_var"] = _moments(s, seen, n)
         part["raw_max"] = (s if hide is None else s + hide).amax(-1)
@@ -98,7 +100,9 @@ def _rows(q, k, v, bias, seen, hide, gap, n, need, divide, k_len) -> dict[str, t
     e = s - shift if e is None else e.sub_(shift)
     e.mul_(LOG2E).exp2_()  # exp(s - m), 0 where hidden
     part["lsum"] = lsum = e.sum(-1)  # [chunk, head, q]
-    inv = torch.where(lsum > 0, lsum.reciprocal(), 0.0)  # a row that sees nothing: 0
+    inv = lsum.reciprocal()
+    if blind:  # a row that sees nothing: 0
+        inv = torch.where(lsum > 0, inv, 0.0)
     p = e.mul_(inv.unsqueeze(-1))  # softmax, 0 where hidden and on blind rows
     part["u"] = lsum * (s.mul_(p).sum(-1) - m)  # sum_j e_j (s_j - m); s is finite
     if gap is not None:
@@ -119,6 +123,7 @@ def materialized_rows(
     count = visible_count(call, 0, k_len)
     divide = "raw" in need and bool((factor > 0).all())  # raw = (q x factor).k / factor
     output = output and "softmax" in need
+    blind = call.visible is not None and bool((count == 0).any())  # rows that see no key
     q_all, k_all = call.q.float(), call.k.float()
     blocks: list[dict[str, torch.Tensor]] = []
     for q0, q1, keys in _blocks(call):
@@ -150,7 +155,8 @@ def materialized_rows(
             if {"logit", "softmax"} & need or divide:
                 bias = None if call.bias is None else call.bias[sl, :, q0:q1, :keys]
                 v = call.v[sl, :, :keys] if output else None
-                part |= _rows(q * f, k, v, bias, mask, plus, gap, n, need, divide, keys)
+                zeros = None if call.visible is None else mask  # padding logits are 0 already
+                part |= _rows(q, f, k, keys, v, bias, zeros, plus, gap, n, need, divide, blind)
             parts.append(part)
         blocks.append(_joined(parts, 0))
     joined = _joined(blocks, 2)
