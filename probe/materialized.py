@@ -117,16 +117,18 @@ def materialized_rows(
 ) -> tuple[RowSums, torch.Tensor | None]:
     """Row sums of `call` from its full logits, and with `output` (when the statistics need the
     softmax) the attention output softmax(logits) @ v from the same weights, else None."""
-    b, h = call.q.shape[:2]
+    b, h, q_len, _ = call.q.shape
     k_len = call.k.shape[2]
     factor = row_factor(call)  # [1, head, q|1, 1]
     count = visible_count(call, 0, k_len)
     divide = "raw" in need and bool((factor > 0).all())  # raw = (q x factor).k / factor
     output = output and "softmax" in need
     blind = call.visible is not None and bool((count == 0).any())  # rows that see no key
-    q_all, k_all = call.q.float(), call.k.float()
-    blocks: list[dict[str, torch.Tensor]] = []
-    for q0, q1, keys in _blocks(call):
+    blocks = _blocks(call)
+    q_all, k_all = call.q.float(), call.k.float()  # [batch, head, q_len|k_len, d_head]
+    single = len(blocks) == 1 and b * h * q_len * width_for(k_len) <= CHUNK_ELEMENTS
+    rows: dict[str, torch.Tensor] = {}
+    for q0, q1, keys in blocks:
         width = width_for(keys)
         visible = call.visible
         if visible is not None:
@@ -137,16 +139,15 @@ def materialized_rows(
             gap = F.pad(key_gap(call, 0, keys)[q0:q1], (0, width - keys))  # [q, width]
         f = factor[:, :, q0:q1] if factor.shape[2] > 1 else factor
         size = max(1, CHUNK_ELEMENTS // max(1, h * (q1 - q0) * width))
-        parts = []
         for lo in range(0, b, size):
             sl = slice(lo, lo + size)
             n = count[sl, :, q0:q1].clamp_min(1)
             mask = None if seen is None else seen[sl] if seen.shape[0] > 1 else seen
             plus = None if hide is None else hide[sl] if hide.shape[0] > 1 else hide
+            q = q_all[sl, :, q0:q1]  # [chunk, head, q, d_head]
             k = k_all[sl, :, :keys]  # [chunk, head, keys, d_head]
             if width > keys:  # zero keys for the padding: their logits are 0, then hidden
                 k = F.pad(k, (0, 0, 0, width - keys))
-            q = q_all[sl, :, q0:q1]  # [chunk, head, q, d_head]
             part: dict[str, torch.Tensor] = {}
             if "raw" in need and not divide:
                 raw = q @ k.transpose(-2, -1)  # [chunk, head, q, width]
@@ -157,20 +158,17 @@ def materialized_rows(
                 v = call.v[sl, :, :keys] if output else None
                 zeros = None if call.visible is None else mask  # padding logits are 0 already
                 part |= _rows(q, f, k, keys, v, bias, zeros, plus, gap, n, need, divide, blind)
-            parts.append(part)
-        blocks.append(_joined(parts, 0))
-    joined = _joined(blocks, 2)
-    out = joined.pop("out", None)
-    rows = RowSums(count=count, **joined)
+            if single:
+                rows = part
+                continue
+            for name, value in part.items():  # into [batch, head, q_len(, d_head)]
+                if name not in rows:
+                    rows[name] = value.new_empty((b, h, q_len, *value.shape[3:]))
+                rows[name][sl, :, q0:q1] = value
+    out = rows.pop("out", None)
+    sums = RowSums(count=count, **rows)
     if divide:
         factor = factor.squeeze(-1)  # [1, head, q|1]
-        rows.raw_mean, rows.raw_max = rows.raw_mean / factor, rows.raw_max / factor
-        rows.raw_var = rows.raw_var / factor.square()
-    return rows, out
-
-
-def _joined(parts: list[dict[str, torch.Tensor]], dim: int) -> dict[str, torch.Tensor]:
-    """Each entry of the parts concatenated along `dim` (examples: 0, queries: 2)."""
-    if len(parts) == 1:
-        return parts[0]
-    return {name: torch.cat([p[name] for p in parts], dim) for name in parts[0]}
+        sums.raw_mean, sums.raw_max = sums.raw_mean / factor, sums.raw_max / factor
+        sums.raw_var = sums.raw_var / factor.square()
+    return sums, out
