@@ -12,12 +12,14 @@ attention it replaces:
 - the softmax is exp2 of the logits less their maximum (torch's exp2 is several times faster than
   its exp on the CPU), and l = sum exp(s - m) is read off on the way, so p_max = 1 / l needs no
   second maximum;
-- rows shorter than 64 keys are padded with hidden keys to a multiple of PAD, at least 2 * PAD:
-  torch's row reductions run vectorized only on rows that long;
+- short rows are padded with hidden keys (see `width_for`): torch's CPU row maximum runs
+  vectorized only on whole steps of 32 floats;
 - raw q.k statistics are those of (q x factor).k divided by the row's factor when it is positive.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 import torch.nn.functional as F
@@ -27,15 +29,20 @@ from probe.rowsums import RowSums, key_gap, row_factor, visible_count
 
 CHUNK_ELEMENTS = 2**18  # logits per group of examples
 QUERY_BLOCK = 64  # queries per block of a causal self-attention call (see the module docstring)
-PAD = 16  # short rows are padded with hidden keys to a multiple of this, at least 2 * PAD
+ROW_STEP = 32  # floats per vectorized step of torch's CPU row maximum (see width_for)
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x log2 e)
 
 
 def width_for(k_len: int) -> int:
-    """Keys per materialized row: k_len, or under 4 * PAD keys padded to a multiple of PAD."""
-    if k_len >= 4 * PAD:
-        return k_len
-    return max(2 * PAD, -(-k_len // PAD) * PAD)
+    """Keys per materialized row: k_len, or k_len padded with hidden keys to 32 (up to 32 keys)
+    or 64 (41 to 63 keys). torch's CPU row maximum runs vectorized in steps of ROW_STEP floats
+    and takes about ten times as long per element on a row's remainder, which outweighs the
+    padding there."""
+    if k_len <= ROW_STEP:
+        return ROW_STEP
+    if 40 < k_len < 2 * ROW_STEP:
+        return 2 * ROW_STEP
+    return k_len
 
 
 def _masks(visible: torch.Tensor | None, k_len: int, width: int, device):
@@ -51,6 +58,15 @@ def _masks(visible: torch.Tensor | None, k_len: int, width: int, device):
     return seen, torch.zeros_like(seen).masked_fill_(~visible, float("-inf"))
 
 
+def _batched(x: torch.Tensor) -> torch.Tensor:
+    """x [chunk, head, n, d_head] as a batch of row-major matrices (itself when it is one): q, k
+    and v arrive as views of one projection, and a product with such a view of k transposed
+    gathers it element by element."""
+    if x.stride(-1) == 1 and x.stride(0) == x.shape[1] * x.stride(1):
+        return x
+    return x.contiguous()
+
+
 def _moments(x: torch.Tensor, seen: torch.Tensor | None, n: torch.Tensor):
     """(mean, variance) of x's visible entries per row; zeroes the hidden ones in place."""
     if seen is not None:
@@ -61,50 +77,56 @@ def _moments(x: torch.Tensor, seen: torch.Tensor | None, n: torch.Tensor):
 
 
 def _blocks(call: AttentionCall) -> list[tuple[int, int, int]]:
-    """(first query, last query + 1, keys seen) per block of queries: blocks of QUERY_BLOCK for
-    causal self-attention (query i sees no key after position k_len - q_len + i), else one."""
+    """(first query, last query + 1, keys seen) per block of queries: for causal self-attention
+    (query i sees no key after position k_len - q_len + i) about QUERY_BLOCK queries each, else
+    one block."""
     q_len, k_len = call.q.shape[2], call.k.shape[2]
     causal = call.site.causal and not call.site.cross and call.visible is not None
-    if not causal or q_len <= QUERY_BLOCK:
-        return [(0, q_len, k_len)]
-    starts = range(0, q_len, QUERY_BLOCK)
-    return [
-        (a, min(a + QUERY_BLOCK, q_len), k_len - q_len + min(a + QUERY_BLOCK, q_len))
-        for a in starts
-    ]
+    n = max(1, round(q_len / QUERY_BLOCK)) if causal else 1
+    cuts = [i * q_len // n for i in range(n + 1)]
+    return [(a, z, k_len - q_len + z) for a, z in itertools.pairwise(cuts)]
 
 
 def _rows(q, f, k, k_len, v, bias, seen, hide, gap, n, need, divide, blind):
-    """Row sums of one chunk: q [chunk, head, q, d], f the factor on q.k, k [chunk, head, width,
-    d] (zero rows for the padding keys beyond k_len), v [chunk, head, k_len, d] or None, bias
-    [chunk, head, q, k_len]; `seen` is None when the only hidden keys are padding (whose logits
-    are exactly 0), and `blind` says whether a row may see no key at all."""
+    """Row sums of one chunk: q [chunk, head, q, d], f [1, head, q|1, 1] the factor on q.k, k
+    [chunk, head, width, d] (zero rows for the padding keys beyond k_len), v [chunk, head,
+    k_len, d] or None, bias [chunk, head, q, k_len] or None; `seen` is None when the only hidden
+    keys are padding (whose logits are exactly 0), `divide` says whether every factor is
+    positive, and `blind` whether a row may see no key at all."""
     part: dict[str, torch.Tensor] = {}
-    s = (q @ k.transpose(-2, -1)).mul_(f)  # [chunk, head, q, width]: raw x factor, 0 on padding
-    if divide and bias is not None:  # raw statistics before the bias
-        part["raw_mean"], part["raw_var"] = _moments(s, seen, n)
+    fr = f.squeeze(-1)  # [1, head, q|1]
+    s = q @ k.transpose(-2, -1)  # [chunk, head, q, width]: raw q.k, 0 on padding keys
+    if "raw" in need or ("logit" in need and bias is None):
+        mean, var = _moments(s, seen, n)  # 0 where hidden from here on
+        if "raw" in need:
+            part["raw_mean"], part["raw_var"] = mean, var
+        if "logit" in need and bias is None:  # the logits are raw x factor
+            part["logit_mean"], part["logit_var"] = mean * fr, var * fr.square()
+    softmax = "softmax" in need
+    if "raw" in need and not (softmax and divide and bias is None):  # else from max_logit
         part["raw_max"] = (s if hide is None else s + hide).amax(-1)
-    if bias is not None:
-        s[..., :k_len].add_(bias)  # scores
-    if "logit" in need or (divide and bias is None):
-        part["logit_mean"], part["logit_var"] = _moments(s, seen, n)  # 0 where hidden
-    e = None if hide is None else s + hide  # logits: -inf where hidden
-    part["m"] = m = (s if e is None else e).amax(-1)  # [chunk, head, q]
-    if divide and bias is None:  # the same numbers: no second pass
-        part["raw_mean"], part["raw_var"] = part["logit_mean"], part["logit_var"]
-        part["raw_max"] = m
-    if "softmax" not in need:
+    if bias is not None and ("logit" in need or softmax):
+        s.mul_(f)[..., :k_len].add_(bias)  # scores
+        if "logit" in need:
+            part["logit_mean"], part["logit_var"] = _moments(s, seen, n)
+    if not softmax:
         return part
-    part["sink"] = (s if e is None else e)[..., 0].clone()
-    shift = m.clamp_min(torch.finfo(torch.float32).min).unsqueeze(-1)  # finite
-    e = s - shift if e is None else e.sub_(shift)
-    e.mul_(LOG2E).exp2_()  # exp(s - m), 0 where hidden
+    # logits x log2(e), so that exp(s - m) is exp2 of the difference
+    scale = f * LOG2E if bias is None else LOG2E
+    e = s * scale if hide is None else torch.addcmul(hide, s, torch.as_tensor(scale))
+    m2 = e.amax(-1)  # [chunk, head, q]
+    part["m"] = m = m2 / LOG2E
+    if "raw" in need and "raw_max" not in part:
+        part["raw_max"] = m / fr
+    part["sink"] = e[..., 0] / LOG2E
+    e.sub_(m2.clamp_min(torch.finfo(torch.float32).min).unsqueeze(-1)).exp2_()  # exp(s - m)
     part["lsum"] = lsum = e.sum(-1)  # [chunk, head, q]
     inv = lsum.reciprocal()
     if blind:  # a row that sees nothing: 0
         inv = torch.where(lsum > 0, inv, 0.0)
     p = e.mul_(inv.unsqueeze(-1))  # softmax, 0 where hidden and on blind rows
-    part["u"] = lsum * (s.mul_(p).sum(-1) - m)  # sum_j e_j (s_j - m); s is finite
+    mean_s = s.mul_(p).sum(-1)  # sum_j p_j s_j: of the scores, or of raw q.k without a bias
+    part["u"] = lsum * ((mean_s if bias is not None else mean_s * fr) - m)  # sum e (s - m)
     if gap is not None:
         part["dist"] = lsum * torch.mul(p, gap, out=s).sum(-1)
     if v is not None:  # the attention output itself, from the same weights
@@ -121,7 +143,7 @@ def materialized_rows(
     k_len = call.k.shape[2]
     factor = row_factor(call)  # [1, head, q|1, 1]
     count = visible_count(call, 0, k_len)
-    divide = "raw" in need and bool((factor > 0).all())  # raw = (q x factor).k / factor
+    divide = "raw" in need and bool((factor > 0).all())  # raw max = max logit / factor
     output = output and "softmax" in need
     blind = call.visible is not None and bool((count == 0).any())  # rows that see no key
     blocks = _blocks(call)
@@ -144,20 +166,13 @@ def materialized_rows(
             n = count[sl, :, q0:q1].clamp_min(1)
             mask = None if seen is None else seen[sl] if seen.shape[0] > 1 else seen
             plus = None if hide is None else hide[sl] if hide.shape[0] > 1 else hide
-            q = q_all[sl, :, q0:q1]  # [chunk, head, q, d_head]
+            q = _batched(q_all[sl, :, q0:q1])  # [chunk, head, q, d_head]
             k = k_all[sl, :, :keys]  # [chunk, head, keys, d_head]
-            if width > keys:  # zero keys for the padding: their logits are 0, then hidden
-                k = F.pad(k, (0, 0, 0, width - keys))
-            part: dict[str, torch.Tensor] = {}
-            if "raw" in need and not divide:
-                raw = q @ k.transpose(-2, -1)  # [chunk, head, q, width]
-                part["raw_mean"], part["raw_var"] = _moments(raw, mask, n)
-                part["raw_max"] = (raw if plus is None else raw.add_(plus)).amax(-1)
-            if {"logit", "softmax"} & need or divide:
-                bias = None if call.bias is None else call.bias[sl, :, q0:q1, :keys]
-                v = call.v[sl, :, :keys] if output else None
-                zeros = None if call.visible is None else mask  # padding logits are 0 already
-                part |= _rows(q, f, k, keys, v, bias, zeros, plus, gap, n, need, divide, blind)
+            k = F.pad(k, (0, 0, 0, width - keys)) if width > keys else _batched(k)
+            bias = None if call.bias is None else call.bias[sl, :, q0:q1, :keys]
+            v = _batched(call.v[sl, :, :keys]) if output else None
+            zeros = None if call.visible is None else mask  # padding logits are 0 already
+            part = _rows(q, f, k, keys, v, bias, zeros, plus, gap, n, need, divide, blind)
             if single:
                 rows = part
                 continue
@@ -166,9 +181,4 @@ def materialized_rows(
                     rows[name] = value.new_empty((b, h, q_len, *value.shape[3:]))
                 rows[name][sl, :, q0:q1] = value
     out = rows.pop("out", None)
-    sums = RowSums(count=count, **rows)
-    if divide:
-        factor = factor.squeeze(-1)  # [1, head, q|1]
-        sums.raw_mean, sums.raw_max = sums.raw_mean / factor, sums.raw_max / factor
-        sums.raw_var = sums.raw_var / factor.square()
-    return sums, out
+    return RowSums(count=count, **rows), out

@@ -188,6 +188,17 @@ def test_uniform_and_one_hot_rows():
     assert float(got["sink_mass"].abs().max()) < 1e-12
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["materialized", "streamed"])
+@pytest.mark.parametrize("case", ["causal+alibi", "padding", "log-length"])
+def test_each_statistic_alone_equals_reference(case, stream):
+    """Asked for alone, each statistic takes only the sums it needs: still the reference."""
+    call = make_call(seed=5, n=40, **CASES[case])
+    want = reference(call)
+    for name in want:
+        got = row_statistics(call, [name], tile=16, stream=stream)
+        assert_close(got, {name: want[name]}, atol=1e-5)
+
+
 def test_only_asked_statistics_are_returned():
     call = make_call(seed=1, n=20)
     assert set(row_statistics(call, ["raw_logit_std"])) == {"raw_logit_std"}
