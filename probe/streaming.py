@@ -195,10 +195,11 @@ def row_statistics(
 def _finish(statistics: Sequence[str], rows: RowSums, call: AttentionCall) -> torch.Tensor:
     """[statistic, batch, head, q] from the row sums, with as few small ops as possible."""
     count = rows.count
+    seen = count[:, :1]  # [batch, 1, q]: keys seen, the same for every head
     nan = float("nan")
     # the fewest keys a row sees: rows seeing none, or one, are NaN only when there are some
-    fewest = call.k.shape[2] if call.visible is None else int(count.amin()) if count.numel() else 0
-    single = torch.where(count > 1, 0.0, nan) if fewest < 2 else None  # one key says nothing
+    fewest = call.k.shape[2] if call.visible is None else int(seen.amin()) if seen.numel() else 0
+    single = torch.where(seen > 1, 0.0, nan) if fewest < 2 else None  # one key says nothing
     cache: dict[str, torch.Tensor] = {}
 
     def get(key: str) -> torch.Tensor:
@@ -217,7 +218,7 @@ def _finish(statistics: Sequence[str], rows: RowSums, call: AttentionCall) -> to
         if name == "entropy":
             value = get("entropy")
         elif name == "normalized_entropy":
-            value = get("entropy") / count.clamp_min(2).log()
+            value = get("entropy") / seen.clamp_min(2).log()
             value = value if single is None else value + single
         elif name == "effective_keys":
             value = get("entropy").exp()
@@ -236,7 +237,7 @@ def _finish(statistics: Sequence[str], rows: RowSums, call: AttentionCall) -> to
         elif name == "max_logit":
             value = rows.m
         elif name == "uniform_entropy":
-            value = count.clamp_min(1).log()
+            value = seen.clamp_min(1).log()
         elif name == "logit_mean":
             value = rows.logit_mean
         elif name == "logit_std":
@@ -260,7 +261,7 @@ def _finish(statistics: Sequence[str], rows: RowSums, call: AttentionCall) -> to
     # stored head-major, so that per-head reductions read contiguous memory
     stacked = torch.stack(values)  # [statistic, head, batch, q]
     if fewest < 1:  # rows that see no key are NaN in every statistic
-        stacked += torch.where(count > 0, 0.0, nan).transpose(0, 1)
+        stacked += torch.where(seen > 0, 0.0, nan).transpose(0, 1)
     return stacked.transpose(1, 2)  # [statistic, batch, head, q]
 
 
