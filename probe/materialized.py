@@ -7,14 +7,16 @@ causal self-attention, of a block of QUERY_BLOCK queries with only the keys thos
 Written for few passes over memory, since observation should cost little more than the fused
 attention it replaces:
 
-- the factor on q.k is folded into q; one buffer of logits is worked in place, masks multiplied
-  and added rather than filled;
-- the softmax is exp2 of the logits less their maximum (torch's exp2 is several times faster than
-  its exp on the CPU), and l = sum exp(s - m) is read off on the way, so p_max = 1 / l needs no
-  second maximum;
+- one buffer of raw q.k per chunk is worked in place (masks multiplied and added rather than
+  filled); the raw statistics are read off it, and the logits' too when there is no bias (they
+  are raw x factor);
+- the logits are kept in units of log 2 (factor and log2 e applied in the pass that hides keys),
+  so the softmax is exp2 of their difference from the maximum (torch's exp2 is several times
+  faster than its exp on the CPU), and l = sum exp(s - m) is read off on the way: p_max = 1 / l
+  needs no second maximum;
 - short rows are padded with hidden keys (see `width_for`): torch's CPU row maximum runs
   vectorized only on whole steps of 32 floats;
-- raw q.k statistics are those of (q x factor).k divided by the row's factor when it is positive.
+- q, k and v, which arrive as views of one projection, are copied per chunk to row-major matrices.
 """
 
 from __future__ import annotations
