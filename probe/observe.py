@@ -70,12 +70,19 @@ class _SiteTotals:
 
     def add(self, values: torch.Tensor) -> None:
         """values [statistic, batch, head, q], NaN where a row does not count."""
-        s, _, h, _ = values.shape
+        s, b, h, q = values.shape
         values = values.transpose(1, 2).reshape(s, h, -1)  # [statistic, head, rows]
-        total = values.nansum(-1)  # [statistic, head]
-        count = (~values.isnan()).sum(-1)
-        low = values.nan_to_num(nan=float("inf")).amin(-1)
-        high = values.nan_to_num(nan=float("-inf")).amax(-1)
+        total = values.sum(-1)  # [statistic, head]
+        count = torch.full_like(total, b * q, dtype=torch.long)
+        low, high = values.amin(-1), values.amax(-1)
+        partial = total.isnan().any(-1).nonzero().squeeze(-1)  # statistics with NaN rows
+        if partial.numel():  # only these pay for leaving their NaN rows out
+            part = values.index_select(0, partial)  # [partial, head, rows]
+            hidden = part.isnan()
+            total[partial] = part.nansum(-1)
+            count[partial] = b * q - hidden.sum(-1)
+            low[partial] = part.masked_fill(hidden, float("inf")).amin(-1)
+            high[partial] = part.masked_fill(hidden, float("-inf")).amax(-1)
         if self.sum is None:
             self.sum, self.count, self.min, self.max = total, count, low, high
             return

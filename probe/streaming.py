@@ -13,19 +13,20 @@ running sums kept per row while the keys go past tile by tile (Milakov & Gimelsh
 subtract two large numbers). Means and standard deviations of the logits combine across tiles with
 Chan's parallel formula. Memory is O(rows x tile) instead of O(rows x keys).
 
-Short inputs take the materialized path instead: the full logits once, a fused softmax, and the
-same row sums read off it (l = 1 / p_max, u = l (sum_j p_j s_j - m)), in fewer passes over memory.
+Short inputs take the materialized path instead (`probe.materialized`): the full logits of a few
+examples at a time, worked in place, and the same row sums read off them in fewer passes over
+memory.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 import torch
 
+from probe.materialized import materialized_rows
 from probe.model.attention import AttentionCall
-from probe.model.mask import softmax
+from probe.rowsums import RowSums, key_gap, visible_count
 
 # statistic -> the running sums it needs: "softmax" (m, l, u), "distance", "sink", "raw", "logit",
 # "output" (the head's output), "count" (visible keys)
@@ -54,7 +55,6 @@ MAX_STATISTICS = ("max_logit", "raw_logit_max")
 
 STREAM_ABOVE = 512  # keys: above this many, "auto" streams over tiles
 TILE_ELEMENTS = 2**20  # batch x head x query x tile elements per tile when streaming
-CHUNK_ELEMENTS = 2**18  # logits per group of examples on the materialized path
 
 
 def needs(statistics: Iterable[str]) -> set[str]:
@@ -68,134 +68,6 @@ def tile_size(call: AttentionCall, tile: int | None = None) -> int:
         return max(1, int(tile))
     b, h, q_len, _ = call.q.shape
     return max(16, TILE_ELEMENTS // max(1, b * h * q_len))
-
-
-@dataclass
-class RowSums:
-    """What every statistic is derived from, per query row ([batch, head, q_len] each)."""
-
-    count: torch.Tensor  # visible keys
-    m: torch.Tensor | None = None  # max logit
-    lsum: torch.Tensor | None = None  # l = sum exp(s - m)
-    u: torch.Tensor | None = None  # sum exp(s - m) (s - m)
-    dist: torch.Tensor | None = None  # sum exp(s - m) |i - j|
-    sink: torch.Tensor | None = None  # logit of key 0
-    raw_mean: torch.Tensor | None = None
-    raw_var: torch.Tensor | None = None
-    raw_max: torch.Tensor | None = None
-    logit_mean: torch.Tensor | None = None
-    logit_var: torch.Tensor | None = None
-
-
-def _visible_count(call: AttentionCall, start: int, stop: int) -> torch.Tensor:
-    """Visible keys in [start, stop) per row, [batch, head, q_len] (from the unexpanded mask)."""
-    b, h, q_len, _ = call.q.shape
-    if call.visible is None:
-        return torch.full((b, h, q_len), float(stop - start), device=call.q.device)
-    n = call.visible[..., start:stop].sum(-1, dtype=torch.float32)  # [batch|1, 1, q]
-    return n.expand(b, h, q_len)
-
-
-def _gap(call: AttentionCall, start: int, stop: int) -> torch.Tensor:
-    """|i - j| for queries i and keys j in [start, stop): [q_len, tile]. Queries of a
-    self-attention call are the last q_len key positions; cross-attention compares indices."""
-    q_len, k_len = call.q.shape[2], call.k.shape[2]
-    device = call.q.device
-    i = torch.arange(q_len, device=device, dtype=torch.float32)
-    if not call.site.cross:
-        i = i + (k_len - q_len)
-    j = torch.arange(start, stop, device=device, dtype=torch.float32)
-    return (i.view(-1, 1) - j.view(1, -1)).abs()
-
-
-def _row_factor(call: AttentionCall) -> torch.Tensor:
-    """The positive factor on each row's q.k: scale x length factor, [1, head, q_len|1, 1]."""
-    factor = call.scale.float().view(1, -1, 1, 1)
-    if call.length_factor is not None:
-        factor = factor * call.length_factor.float().view(1, 1, -1, 1)
-    return factor
-
-
-def _materialized(
-    call: AttentionCall, need: set[str], outputs: list[torch.Tensor] | None = None
-) -> RowSums:
-    """Row sums from the full logits of a few examples at a time (about CHUNK_ELEMENTS logits,
-    so the passes over them stay in cache).
-
-    Written for few passes over memory: the scale is folded into q, masks are multiplied and
-    added rather than filled, the softmax runs once, and the raw q.k statistics are those of
-    (q x factor).k divided by the row's factor when that factor is positive."""
-    b, h, q_len, _ = call.q.shape
-    k_len = call.k.shape[2]
-    factor = _row_factor(call)  # [1, head, q|1, 1]
-    seen = keep = None  # [batch|1, 1, q, k]: 1/0 and 0/-inf versions of the mask
-    if call.visible is not None:
-        seen = call.visible.float()
-        keep = torch.zeros_like(seen).masked_fill_(~call.visible, float("-inf"))
-    count = _visible_count(call, 0, k_len)
-    divide = "raw" in need and bool((factor > 0).all())  # raw = (q x factor).k / factor
-    bias = call.bias
-    gap = _gap(call, 0, k_len) if "distance" in need else None  # [q, k]
-    size = max(1, CHUNK_ELEMENTS // max(1, h * q_len * k_len))
-    parts: list[dict[str, torch.Tensor]] = []
-    for lo in range(0, b, size):
-        sl = slice(lo, lo + size)
-        q, k = call.q[sl].float(), call.k[sl].float()  # [chunk, head, seq, d_head]
-        n = count[sl].clamp_min(1)
-        mask = None if seen is None else seen[sl] if seen.shape[0] > 1 else seen
-        plus = None if keep is None else keep[sl] if keep.shape[0] > 1 else keep
-        vis = None if seen is None else call.visible[sl] if seen.shape[0] > 1 else call.visible
-        part: dict[str, torch.Tensor] = {}
-
-        def moments(x, n=n, mask=mask):
-            """(mean, variance) over the visible keys."""
-            zeroed = x if mask is None else x * mask  # [chunk, head, q, k]
-            mean = zeroed.sum(-1) / n
-            return mean, (zeroed.square().sum(-1) / n - mean.square()).clamp_min(0.0)
-
-        def top(x, plus=plus):
-            return (x if plus is None else x + plus).amax(-1)  # [chunk, head, q]
-
-        scaled = None
-        if {"logit", "softmax"} & need or divide:
-            scaled = (q * factor) @ k.transpose(-2, -1)  # [chunk, head, q, k] raw x factor
-        if divide and bias is not None:
-            part["raw_mean"], part["raw_var"] = moments(scaled)
-            part["raw_max"] = top(scaled)
-        elif "raw" in need and not divide:
-            raw = q @ k.transpose(-2, -1)  # [chunk, head, q, k]
-            part["raw_mean"], part["raw_var"] = moments(raw)
-            part["raw_max"] = top(raw)
-        if scaled is None:
-            parts.append(part)
-            continue
-        scores = scaled if bias is None else scaled + bias[sl].float()  # finite
-        logits = scores if plus is None else scores + plus  # -inf where invisible
-        part["m"] = logits.amax(-1)  # [chunk, head, q]
-        if "logit" in need or (divide and bias is None):
-            part["logit_mean"], part["logit_var"] = moments(scores)
-        if divide and bias is None:  # the same numbers: no second pass
-            part["raw_mean"], part["raw_var"] = part["logit_mean"], part["logit_var"]
-            part["raw_max"] = part["m"]
-        if "softmax" in need:
-            part["sink"] = logits[..., 0]
-            p = softmax(logits, vis)  # [chunk, head, q, k], 0 where invisible (and blind rows)
-            part["lsum"] = lsum = 1.0 / p.amax(-1)  # p_max = exp(m - m) / l
-            part["u"] = lsum * ((p * scores).sum(-1) - part["m"])
-            if gap is not None:
-                part["dist"] = lsum * (p * gap).sum(-1)
-            if outputs is not None:  # the attention output itself, from the same weights
-                outputs.append(p.to(call.v.dtype) @ call.v[sl])  # [chunk, head, q, d_head]
-        parts.append(part)
-    rows = RowSums(count=count)
-    for name in parts[0]:
-        joined = parts[0][name] if len(parts) == 1 else torch.cat([p[name] for p in parts])
-        setattr(rows, name, joined)
-    if divide:
-        factor = factor.squeeze(-1)  # [1, head, q|1]
-        rows.raw_mean, rows.raw_max = rows.raw_mean / factor, rows.raw_max / factor
-        rows.raw_var = rows.raw_var / factor.square()
-    return rows
 
 
 def _chan(n, mean, m2, n_t, mean_t, m2_t):
@@ -231,7 +103,7 @@ def _streamed(call: AttentionCall, need: set[str], width: int) -> RowSums:
         stop = min(k_len, start + width)
         raw_t, logits = call.logits(start, stop)  # [batch, head, q_len, tile] each
         hidden = None if call.visible is None else ~call.visible[..., start:stop]
-        n_t = _visible_count(call, start, stop)
+        n_t = visible_count(call, start, stop)
         count = count + n_t
         if "raw" in need:
             top = raw_t if hidden is None else raw_t.masked_fill(hidden, float("-inf"))
@@ -256,7 +128,7 @@ def _streamed(call: AttentionCall, need: set[str], width: int) -> RowSums:
         u = alpha * (u + lsum * shift) + (e * z).nan_to_num_(nan=0.0).sum(-1)
         lsum = alpha * lsum + e.sum(-1)
         if "distance" in need:
-            dist = alpha * dist + (e * _gap(call, start, stop)).sum(-1)
+            dist = alpha * dist + (e * key_gap(call, start, stop)).sum(-1)
         m = m_new
     n = count.clamp_min(1)
     return RowSums(
@@ -285,12 +157,12 @@ def row_values(
     Rows that see no key are NaN, and so are rows that see a single key for normalized_entropy
     and the p_max_gt fractions. With `stream`, keys go past in tiles of `tile` (default: about
     TILE_ELEMENTS logits per tile); otherwise the logits are materialized, a few examples at a
-    time (about CHUNK_ELEMENTS logits, which keeps the passes over them in cache).
+    time (`probe.materialized`).
     """
     need = needs(statistics)
     if stream:
         return _finish(statistics, _streamed(call, need, tile_size(call, tile)), call)
-    return _finish(statistics, _materialized(call, need), call)
+    return _finish(statistics, materialized_rows(call, need)[0], call)
 
 
 def rows_and_output(
@@ -299,11 +171,7 @@ def rows_and_output(
     """Materialized row sums, plus the attention output softmax(logits) @ v computed from the
     same weights when the statistics need the softmax (None otherwise): an observer can hand
     that output to the model instead of letting it run attention a second time."""
-    need = needs(statistics)
-    outputs: list[torch.Tensor] | None = [] if "softmax" in need else None
-    rows = _materialized(call, need, outputs)
-    out = None if not outputs else torch.cat(outputs) if len(outputs) > 1 else outputs[0]
-    return rows, out
+    return materialized_rows(call, needs(statistics), output=True)
 
 
 def finish_rows(call: AttentionCall, statistics: Sequence[str], rows: RowSums) -> torch.Tensor:
@@ -327,19 +195,22 @@ def row_statistics(
 def _finish(statistics: Sequence[str], rows: RowSums, call: AttentionCall) -> torch.Tensor:
     """[statistic, batch, head, q] from the row sums, with as few small ops as possible."""
     count = rows.count
+    seen = count[:, :1]  # [batch, 1, q]: keys seen, the same for every head
     nan = float("nan")
-    empty = torch.where(count > 0, 0.0, nan)  # added to every statistic
-    single = torch.where(count > 1, 0.0, nan)  # added where one key says nothing
+    # the fewest keys a row sees: rows seeing none, or one, are NaN only when there are some
+    fewest = call.k.shape[2] if call.visible is None else int(seen.amin()) if seen.numel() else 0
+    single = torch.where(seen > 1, 0.0, nan) if fewest < 2 else None  # one key says nothing
     cache: dict[str, torch.Tensor] = {}
 
     def get(key: str) -> torch.Tensor:
         if key not in cache:
             if key == "inv_l":
-                cache[key] = 1.0 / rows.lsum
+                cache[key] = rows.lsum.reciprocal()
             elif key == "log_l":
                 cache[key] = rows.lsum.log()
-            elif key == "entropy":
-                cache[key] = (get("log_l") - rows.u * get("inv_l")).clamp_min(0.0)
+            elif key == "entropy":  # log l - u / l
+                cache[key] = torch.addcmul(get("log_l"), rows.u, get("inv_l"), value=-1.0)
+                cache[key].clamp_min_(0.0)
         return cache[key]
 
     values: list[torch.Tensor] = []
@@ -347,14 +218,16 @@ def _finish(statistics: Sequence[str], rows: RowSums, call: AttentionCall) -> to
         if name == "entropy":
             value = get("entropy")
         elif name == "normalized_entropy":
-            value = get("entropy") / count.clamp_min(2).log() + single
+            value = get("entropy") / seen.clamp_min(2).log()
+            value = value if single is None else value + single
         elif name == "effective_keys":
             value = get("entropy").exp()
         elif name == "p_max":
             value = get("inv_l")
         elif name in ("p_max_gt_0.9", "p_max_gt_0.99"):
             threshold = 0.9 if name == "p_max_gt_0.9" else 0.99
-            value = (rows.lsum < 1 / threshold).float() + single
+            value = (rows.lsum < 1 / threshold).float()
+            value = value if single is None else value + single
         elif name == "sink_mass":
             value = (rows.sink - rows.m).exp() * get("inv_l")
         elif name == "attention_distance":
@@ -364,7 +237,7 @@ def _finish(statistics: Sequence[str], rows: RowSums, call: AttentionCall) -> to
         elif name == "max_logit":
             value = rows.m
         elif name == "uniform_entropy":
-            value = count.clamp_min(1).log()
+            value = seen.clamp_min(1).log()
         elif name == "logit_mean":
             value = rows.logit_mean
         elif name == "logit_std":
@@ -382,9 +255,13 @@ def _finish(statistics: Sequence[str], rows: RowSums, call: AttentionCall) -> to
                 value = call.head_out.float().norm(dim=-1)  # [batch, head, q]
         else:
             raise KeyError(f"unknown attention statistic {name!r}")
-        values.append(value.expand_as(count).transpose(0, 1))  # [head, batch, q]
+        if value.shape != count.shape:
+            value = value.expand_as(count)
+        values.append(value.transpose(0, 1))  # [head, batch, q]
     # stored head-major, so that per-head reductions read contiguous memory
-    stacked = torch.stack(values) + empty.transpose(0, 1)  # [statistic, head, batch, q]
+    stacked = torch.stack(values)  # [statistic, head, batch, q]
+    if fewest < 1:  # rows that see no key are NaN in every statistic
+        stacked += torch.where(seen > 0, 0.0, nan).transpose(0, 1)
     return stacked.transpose(1, 2)  # [statistic, batch, head, q]
 
 

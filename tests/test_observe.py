@@ -13,7 +13,7 @@ from probe.config import ModelConfig
 from probe.errors import ProbeError
 from probe.evaluate import eval_batches, form_for
 from probe.model import Transformer
-from probe.observe import AttentionStats, Fanout, attention_stats
+from probe.observe import AttentionStats, Fanout, _SiteTotals, attention_stats
 from probe.streaming import STATISTICS
 from probe.tasks import TaskConfig
 
@@ -193,3 +193,26 @@ def test_observed_model_gives_the_same_logits(pe, arch):
             observed = model(tokens, source)
     assert (plain - observed).abs().max() < 1e-5
     assert len(stats.table()) > 0
+
+
+def test_site_totals_leave_out_nan_rows_only_where_there_are_some():
+    """Per-(statistic, head) sum, count, min and max over rows, NaN rows left out, against a
+    direct loop: statistics without NaN rows, with some, and one head with no row at all."""
+    g = torch.Generator().manual_seed(0)
+    passes = [torch.randn(5, 3, 4, 7, generator=g) for _ in range(2)]  # [stat, batch, head, q]
+    passes[0][1, :, :, 0] = float("nan")  # statistic 1: the first query row never counts
+    passes[1][3, 0, 2, 4] = float("nan")  # statistic 3: one row of head 2
+    passes[0][4, :, 1], passes[1][4, :, 1] = float("nan"), float("nan")  # no row of head 1
+    totals = _SiteTotals("blocks.0.attn", (0, 1, 2, 3))
+    for values in passes:
+        totals.add(values)
+    rows = torch.cat([v.transpose(1, 2).reshape(5, 4, -1) for v in passes], -1).double()
+    for s in range(5):
+        for h in range(4):
+            kept = rows[s, h][~rows[s, h].isnan()]
+            assert int(totals.count[s, h]) == len(kept)
+            if len(kept):
+                assert float(totals.sum[s, h]) == pytest.approx(float(kept.sum()), abs=1e-5)
+                assert float(totals.min[s, h]) == float(kept.min())
+                assert float(totals.max[s, h]) == float(kept.max())
+    assert int(totals.count[4, 1]) == 0 and int(totals.count[0, 0]) == 2 * 3 * 7

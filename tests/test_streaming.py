@@ -129,6 +129,7 @@ CASES = {
     "alibi": dict(causal=False, alibi=True),
     "sharp": dict(causal=True, scale=1.0, d=64),  # unscaled: std of logits 8, near one-hot rows
     "decode-suffix": dict(causal=True, q_len=37, alibi=True),  # queries are the last 37 keys
+    "long-suffix": dict(causal=True, q_len=100, key_mask=True),  # in blocks of 64 queries
     "padding": dict(causal=True, key_mask=True),  # some keys hidden, one example sees nothing
     "log-length": dict(causal=True, factor=True),
 }
@@ -145,9 +146,14 @@ def test_streaming_equals_materialized(case, tile):
     assert_close(got, want, atol=1e-5)
 
 
+@pytest.mark.parametrize("n", [5, 40, 150])
 @pytest.mark.parametrize("case", list(CASES))
-def test_one_tile_equals_reference(case):
-    call = make_call(seed=7, **CASES[case])
+def test_one_tile_equals_reference(case, n):
+    """The materialized path, at lengths whose rows it pads with hidden keys (5, 40) and not."""
+    kw = dict(CASES[case])
+    if "q_len" in kw:
+        kw["q_len"] = min(kw["q_len"], n - 2)
+    call = make_call(seed=7, n=n, **kw)
     got = row_statistics(call, [s for s in STATISTICS if s != "head_out_norm"], stream=False)
     assert_close(got, reference(call), atol=1e-5)
 
@@ -180,6 +186,17 @@ def test_uniform_and_one_hot_rows():
     assert torch.allclose(got["entropy"], torch.zeros_like(got["entropy"]), atol=1e-6)
     assert torch.allclose(got["p_max"], torch.ones_like(got["p_max"]))
     assert float(got["sink_mass"].abs().max()) < 1e-12
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["materialized", "streamed"])
+@pytest.mark.parametrize("case", ["causal+alibi", "padding", "log-length"])
+def test_each_statistic_alone_equals_reference(case, stream):
+    """Asked for alone, each statistic takes only the sums it needs: still the reference."""
+    call = make_call(seed=5, n=40, **CASES[case])
+    want = reference(call)
+    for name in want:
+        got = row_statistics(call, [name], tile=16, stream=stream)
+        assert_close(got, {name: want[name]}, atol=1e-5)
 
 
 def test_only_asked_statistics_are_returned():
