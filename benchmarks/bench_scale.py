@@ -19,7 +19,8 @@ process (wait4's ru_maxrss) and its time the wall clock:
     import      probe import DIR --out CKPT (kept in bf16)
     info        probe info CKPT
     importance  probe importance CKPT --method gradient, 1 x 128 tokens
-    prune       probe prune CKPT --unit group --fraction 0.25, 1 x 128 tokens
+    prune       probe prune CKPT --unit group --uniform --fraction 0.25 (2 of 8 key/value
+                groups in every layer: exportable), 1 x 128 tokens
     export      probe export PRUNED --out HF
 
     .venv/bin/python benchmarks/bench_scale.py --sizes 0.4b,1b [--steps import,info] [--keep]
@@ -193,7 +194,8 @@ def run_size(size: str, scratch: Path, steps: tuple[str, ...], tokenizer: Path,
         "info": probe_cmd("info", str(ckpt)),
         "importance": probe_cmd("importance", str(ckpt), "--method", "gradient", *data,
                                 "--out", str(base / "importance"), "--overwrite"),
-        "prune": probe_cmd("prune", str(ckpt), "--unit", "group", "--fraction", "0.25", *data,
+        "prune": probe_cmd("prune", str(ckpt), "--unit", "group", "--uniform", "--fraction", "0.25",
+                           *data,
                            "--out", str(pruned), "--overwrite"),
         "export": probe_cmd("export", str(pruned), "--out", str(hf), "--overwrite"),
     }  # fmt: skip
