@@ -276,7 +276,7 @@ def prune_cli(
     overwrite: OverwriteOpt = False,
 ) -> None:
     """Remove heads for real (writes a smaller checkpoint), or with --sweep the pruning curve."""
-    from probe.analysis.pruning_runs import prune_and_compare
+    from probe.analysis.prune_compare import prune_and_compare
     from probe.checkpoint import (
         CHECKPOINT_FILES,
         TOKENIZER,

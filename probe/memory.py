@@ -29,7 +29,8 @@ def parameter_estimate(cfg: ModelConfig) -> int:
     """Parameters of the model `cfg` describes (biases and norms included, within a few %)."""
     d, inner, kv = cfg.d_model, cfg.n_head * (cfg.d_head or 0), cfg.kv_heads * (cfg.d_head or 0)
     attention = 2 * d * (inner + kv) + 2 * (inner + kv)
-    ffn = 2 * d * cfg.d_ff + cfg.d_ff + d if str(cfg.ffn) != "none" else 0
+    matrices = 3 if str(cfg.ffn) == "swiglu" else 2  # SwiGLU: gate, up and down projections
+    ffn = matrices * d * cfg.d_ff + cfg.d_ff + d if str(cfg.ffn) != "none" else 0
     sites = cfg.n_sites
     blocks = cfg.n_layer + (cfg.decoder_layers if str(cfg.arch) == "encoder-decoder" else 0)
     table = cfg.max_len * d if cfg.pe == PE.LEARNED else 0

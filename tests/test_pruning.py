@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
+from probe.analysis.prune_compare import prune_and_compare
 from probe.analysis.pruning import (
     check_heads,
     head_mask,
@@ -16,7 +17,7 @@ from probe.analysis.pruning import (
     prune_model,
     select_heads,
 )
-from probe.analysis.pruning_runs import prune_and_compare, pruning_curve, score_batches
+from probe.analysis.pruning_runs import pruning_curve, score_batches
 from probe.analysis.timing import time_forward, time_ratios, timing_batches
 from probe.checkpoint import load_checkpoint, save_checkpoint
 from probe.config import ModelConfig, TrainConfig
