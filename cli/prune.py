@@ -356,7 +356,10 @@ def prune_cli(
             ckpt.model, split, scoring, fraction, timing=timing, repeats=repeats,
             batch_sizes=parse_lengths(timing_sizes), threads=timing_threads,
             timing_budget=timing_budget, timing_share=share, max_batch_tokens=max_batch_tokens,
-            in_place=False if tune else None, progress=phased(bar), method=method, step=step,
+            # a real model is pruned in place (memory: its weights once), a trained one beside
+            # a copy unless that would not fit (its timing interleaves the two)
+            in_place=False if tune else (True if ckpt.imported else None),
+            progress=phased(bar), method=method, step=step,
             seed=seed, **select,
         )  # fmt: skip
     record = {
@@ -379,9 +382,9 @@ def prune_cli(
         atomic_write_csv(out / "prune_timing.csv", result.timing)
     _report(result, fraction)
     if result.in_place:
-        console.print("a pruned copy would not fit in memory beside the model: it was pruned in "
-                      "place, and the original and pruned models timed one after the other, not "
-                      "interleaved")  # fmt: skip
+        why = "an imported model" if ckpt.imported else "a pruned copy would not fit beside it"
+        console.print(f"pruned in place ({why}): no second copy of the weights; original and "
+                      "pruned were timed one after the other, not interleaved")  # fmt: skip
     if timing:
         console.print(_timing_line(result, parse_lengths(timing_sizes), share))
     sites = [s.name for s in ckpt.model_cfg.sites()]
