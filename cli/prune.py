@@ -133,6 +133,8 @@ def _timing_line(result, sizes: list[int], share: float | None) -> str:
     left = [s for s in sizes if s not in timed]
     if left:
         line += f"; batch sizes {', '.join(map(str, left))} left out to keep to the budget"
+    if len(runs) and int(runs.min()) < 3:
+        line += "; under 3 repeats the speed-ups are rough (--timing-budget or --repeats for more)"
     return line
 
 
