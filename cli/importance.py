@@ -25,6 +25,7 @@ from probe_cli.common import (
     console,
     inputs_of,
     launching,
+    load_model,
     relaunch,
     require_heads,
     shown,
@@ -35,7 +36,6 @@ from probe_cli.selection import (
     LengthsOpt,
     NormalizeOpt,
     lengths_for,
-    load,
     phased,
     progress_bar,
     splits,
@@ -156,7 +156,7 @@ def importance_cli(
               "importance_groups.csv", "importance_layers.csv", "manifest.json")  # fmt: skip
     earlier = claim_output(out, writes, overwrite, inputs=inputs_of(checkpoint, text),
                            inside_ok=True) if world.main else []  # fmt: skip
-    ckpt = load(checkpoint, "cpu" if launcher else device, allow_pickle, dtype)
+    ckpt = load_model(checkpoint, "cpu" if launcher else device, dtype, allow_pickle)
     require_heads(ckpt)
     check_data_options(ckpt, text, lengths)
     chosen = lengths_for(ckpt, lengths)

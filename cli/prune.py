@@ -23,6 +23,7 @@ from probe_cli.common import (
     check_positive,
     console,
     inputs_of,
+    load_model,
     model_device,
     require_heads,
     shown,
@@ -34,7 +35,6 @@ from probe_cli.selection import (
     NormalizeOpt,
     data_name,
     lengths_for,
-    load,
     phased,
     progress_bar,
     splits,
@@ -307,7 +307,7 @@ def prune_cli(
     writes = SWEEP_FILES if sweep else (*CHECKPOINT_FILES, *PRUNED_FILES)
     earlier = claim_output(out, writes, overwrite, inputs=inputs_of(checkpoint, text),
                            inside_ok=sweep)  # fmt: skip
-    ckpt = load(checkpoint, device, allow_pickle, dtype)
+    ckpt = load_model(checkpoint, device, dtype, allow_pickle)
     require_heads(ckpt)
     check_data_options(ckpt, text, lengths)
     chosen = lengths_for(ckpt, lengths)

@@ -4,14 +4,12 @@ imported model), option types and progress bars."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 from probe_cli.common import (
     check_data_fits,
     console,
-    load_model,
     note_text,
 )
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -27,11 +25,6 @@ BatchesOpt = Annotated[int, typer.Option("--batches", help="Batches per length i
 NormalizeOpt = Annotated[
     bool, typer.Option("--normalize", help="L2-normalize importance within each layer.")
 ]
-
-
-def load(checkpoint: Path, device: str, allow_pickle: bool, dtype: str | None = None
-         ) -> Checkpoint:  # fmt: skip
-    return load_model(checkpoint, device, dtype, allow_pickle)
 
 
 def lengths_for(ckpt: Checkpoint, spec: str | None) -> list[int]:

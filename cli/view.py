@@ -20,11 +20,11 @@ from probe_cli.common import (
     check_positive,
     console,
     inputs_of,
+    load_model,
     note_text,
     require_heads,
     shown,
 )
-from probe_cli.selection import load
 
 from probe.batching import DEFAULT_BATCH_TOKENS
 from probe.errors import ProbeError
@@ -97,7 +97,7 @@ def view_cli(
         title, target = f"Heads of {target.name}: {picked.label}", model
     elif cell is not None:
         raise ProbeError("--cell picks a cell of a study's results directory; drop it here.")
-    ckpt = load(target, device, allow_pickle, dtype)
+    ckpt = load_model(target, device, dtype, allow_pickle)
     require_heads(ckpt)
     if importance == "auto":
         importance = "ablation" if ckpt.objective == "embedding" else "gradient"

@@ -80,7 +80,23 @@ def read_index(folder: Path) -> dict[str, Path]:
     return {tensor: folder / shard for tensor, shard in weight_map.items()}
 
 
-class Weights(Mapping):
+class HeaderTensors(Mapping):
+    """Tensors named, shaped and typed by their files' headers (`shapes`), each read only when
+    `self[name]` asks: membership, iteration and length read nothing."""
+
+    shapes: dict[str, tuple[int, ...]]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.shapes  # (Mapping's own would read the tensor)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+
+class Weights(HeaderTensors):
     """The tensors of one safetensors file or of a shard index, read when asked for: names,
     shapes and dtypes come from the headers, each `weights[name]` reads that tensor alone."""
 
@@ -117,15 +133,6 @@ class Weights(Mapping):
         except Exception as exc:  # a file cut short after its header was read
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise ProbeError(f"tensor '{name}' cannot be read ({reason}); {self.advice}") from None
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.shapes  # (Mapping's own would read the tensor)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.shapes)
-
-    def __len__(self) -> int:
-        return len(self.shapes)
 
     def source_dtype(self) -> torch.dtype:
         """The floating-point dtype that holds most of the weights (float32 when none does)."""

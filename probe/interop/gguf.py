@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import mmap
 import re
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ import torch
 
 from probe.errors import ProbeError
 from probe.interop.fields import REQUIRED, Fields
+from probe.weights import HeaderTensors
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 
@@ -78,7 +78,7 @@ _STORED = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 _INTEGERS = {"I8": torch.int8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64}
 
 
-class GGUFTensors(Mapping):
+class GGUFTensors(HeaderTensors):
     """A GGUF file's tensors under their Hugging Face names, each read when asked for (F32, F16
     and BF16 as stored, quantized types dequantized to float32), q/k rows put back in Hugging
     Face's rotary order. The file's pages read are handed back to the system after each tensor,
@@ -138,15 +138,6 @@ class GGUFTensors(Mapping):
         if heads_key is not None:
             weight = _unpermute_rotary(weight, self.config[heads_key])
         return weight
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.shapes  # (Mapping's own would read the tensor)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.shapes)
-
-    def __len__(self) -> int:
-        return len(self.shapes)
 
 
 def read_gguf(path: str | Path) -> GGUFModel:
