@@ -29,6 +29,7 @@ from probe_cli.common import (
     shown,
     write_manifest,
 )
+from probe_cli.prune_output import report
 from probe_cli.selection import (
     BatchesOpt,
     LengthsOpt,
@@ -115,72 +116,6 @@ def _sweep(ckpt, out, methods, seeds, fractions, lengths, batch_size, batches, s
     console.print(view)
     console.print(f"wrote {shown(out / 'pruning.csv')} and {shown(out / 'pruning.png')}")
     return names
-
-
-def _timing_line(result, sizes: list[int], share: float | None) -> str:
-    """What the timing did, in one line: repeats, batch sizes, its budget and what it took."""
-    runs = result.timing.groupby("batch_size")["repeats"].first()
-    timed = [int(size) for size in runs.index]
-    line = "timing: " + ", ".join(f"{counted(int(n), 'repeat')} at batch size {size}"
-                                  for size, n in runs.items())  # fmt: skip
-    if result.timing_budget is None:
-        line += ", no budget (--repeats given)"
-    else:
-        line += f", budget {result.timing_budget:.1f} s"
-        if share is not None:
-            line += f" ({share:.0%} of the {result.work_seconds:.1f} s the pruning took)"
-    line += f"; took {result.timing_seconds:.1f} s"
-    left = [s for s in sizes if s not in timed]
-    if left:
-        line += f"; batch sizes {', '.join(map(str, left))} left out to keep to the budget"
-    if len(runs) and int(runs.min()) < 3:
-        line += "; under 3 repeats the speed-ups are rough (--timing-budget or --repeats for more)"
-    return line
-
-
-def _report(result, fraction: float) -> None:
-    import torch
-
-    wide = result.metrics.pivot(index="metric", columns="variant", values="value")
-    view = Table(title=f"before / after pruning {counted(len(result.removed), 'head')} "
-                 f"({fraction:.0%})")  # fmt: skip
-    view.add_column("metric")
-    variants = ("original", "masked", "pruned")
-    for v in variants:
-        view.add_column(v, justify="right")
-    for metric in wide.index:
-        view.add_row(metric, *(f"{wide.loc[metric, v]:.4f}" for v in variants))
-    console.print(view)
-    params = result.parameters.pivot(index="part", columns="variant", values="count")
-    view = Table(title="parameters")
-    for col in ("part", "original", "pruned", "pruned / original"):
-        view.add_column(col, justify="right" if col != "part" else "left")
-    for part, row in params.iterrows():
-        ratio = row.pruned / row.original if row.original else float("nan")
-        view.add_row(part, f"{row.original:,.0f}", f"{row.pruned:,.0f}", f"{ratio:.2f}")
-    console.print(view)
-    if not result.timing.empty:
-        t = result.timing.pivot_table(
-            index=["batch_size", "part"], columns="variant", values=["seconds", "min_seconds"]
-        )
-        view = Table(
-            title="forward time, median ms (speed-up = original / pruned; the min is the "
-            "steadier figure on a busy machine)"
-        )
-        for col in ("batch", "part", "original", "masked", "pruned", "speed-up", "by min"):
-            view.add_column(col, justify="right")
-        for (size, part), row in t.iterrows():
-            med, low = row["seconds"], row["min_seconds"]
-            view.add_row(
-                str(size), part, *(f"{med[v] * 1e3:.2f}" for v in variants),
-                f"{med.original / med.pruned:.2f}x", f"{low.original / low.pruned:.2f}x",
-            )  # fmt: skip
-        console.print(view)
-    dtype = next(result.model.parameters()).dtype
-    note = "" if dtype == torch.float32 else (
-        f" ({str(dtype).removeprefix('torch.')} arithmetic: pruned and masked round in a "
-        "different order; in float32 they agree to about 1e-5)")  # fmt: skip
-    console.print(f"max |pruned - masked| logit: {result.max_logit_gap:.2e}{note}")
 
 
 def prune_cli(
@@ -388,13 +323,8 @@ def prune_cli(
     atomic_write_csv(out / "prune_metrics.csv", result.metrics)
     if not result.timing.empty:
         atomic_write_csv(out / "prune_timing.csv", result.timing)
-    _report(result, fraction)
-    if result.in_place:
-        why = "an imported model" if ckpt.imported else "a pruned copy would not fit beside it"
-        console.print(f"pruned in place ({why}): no second copy of the weights; original and "
-                      "pruned were timed one after the other, not interleaved")  # fmt: skip
-    if timing:
-        console.print(_timing_line(result, parse_lengths(timing_sizes), share))
+    report(result, fraction, ckpt.imported, parse_lengths(timing_sizes) if timing else None,
+           share)  # fmt: skip
     sites = [s.name for s in ckpt.model_cfg.sites()]
     for site, heads in zip(sites, [s.kept_heads for s in result.model.cfg.sites()], strict=True):
         console.print(f"  {site}: keeps heads {list(heads) if heads else 'none'}")
