@@ -23,10 +23,9 @@ from probe.files import check_output_dir, claim_file
 from probe.words import counted
 
 if TYPE_CHECKING:  # the study modules import torch: commands import them when they run
+    from probe.study.engine import Event
     from probe.study.expect import Outcome
-    from probe.study.heads_runner import StepEvent
     from probe.study.heads_spec import HeadStudy
-    from probe.study.runner import StudyEvent
     from probe.study.spec import Study
 
 app = typer.Typer(
@@ -47,26 +46,28 @@ def default_out(study: Study) -> Path:
     return Path("runs") / (f"{study.name}-smoke" if study.is_smoke else study.name)
 
 
-class CellProgress:
-    """Renders StudyEvents: one bar over cells, one bar per running cell."""
+class UnitProgress:
+    """Renders the engine's Events: one bar over the units (cells, steps), one per running
+    unit."""
 
-    def __init__(self, bar: Progress) -> None:
+    def __init__(self, bar: Progress, noun: str) -> None:
         self.bar = bar
+        self.noun = noun
         self.overall: TaskID | None = None
         self.running: dict[int, TaskID] = {}
 
-    def __call__(self, event: StudyEvent) -> None:
+    def __call__(self, event: Event) -> None:
         bar = self.bar
         if event.kind == "start":
-            self.overall = bar.add_task("[bold]cells", total=event.n_cells, note="")
-        elif event.kind == "cell-start":
+            self.overall = bar.add_task(f"[bold]{self.noun}s", total=event.n_units, note="")
+        elif event.kind == "unit-start":
             self.running[event.index] = bar.add_task(f"  {shown(event.label)}", total=None, note="")
-        elif event.kind == "cell" and event.index in self.running:
+        elif event.kind == "unit" and event.index in self.running:
             bar.update(self.running[event.index], completed=event.done, total=event.total,
                        note=f"{event.phase} {event.note}".strip())  # fmt: skip
-        elif event.kind == "cell-stale":
+        elif event.kind == "unit-stale":
             bar.console.print(f"  [yellow]recomputing[/] {shown(event.label)}: {event.note}")
-        elif event.kind == "cell-done":
+        elif event.kind == "unit-done":
             task = self.running.pop(event.index, None)
             if task is not None:
                 bar.remove_task(task)
@@ -127,117 +128,66 @@ def run_cli(
         ),
     ] = None,
 ) -> None:
-    """Run a study (finished cells are reused), write its report and check its expectations;
-    exit code 1 when an expectation fails."""
+    """Run a study (finished cells or steps are reused), write its report and check its
+    expectations; exit code 1 when an expectation fails."""
+    from probe.interop.bundled import resolve
     from probe.runtime import Runtime
-    from probe.study.grid import expand
     from probe.study.heads_checks import check_threads
-    from probe.study.heads_spec import HeadStudy, load_any
-    from probe.study.reporting import write_report
+    from probe.study.heads_spec import HeadStudy, load_any, smoke_head_study
     from probe.study.reproduce import verdict
-    from probe.study.runner import run_study
+    from probe.study.runner import plan_for, run_study
     from probe.study.spec import smoke_version
 
-    runtime = Runtime.resolve(device, dtype)  # a bad name is one line now, not after a cell
+    Runtime.resolve(device, dtype)  # a bad name is one line now, not after a unit
     if junit is not None:
         claim_file(junit, overwrite=True, what="--junit", inputs=[file])
     study = load_any(file)
-    if executor != "local" and isinstance(study, HeadStudy):
-        raise ProbeError("--executor ray runs the cells of a grid study; a head study's steps "
-                         "share one model and run here.")  # fmt: skip
+    heads = isinstance(study, HeadStudy)
     check_threads(threads, "--threads")
-    if isinstance(study, HeadStudy):  # measurements without expectations: an empty JUnit file
-        finish(study.name, [], junit,
-               *run_heads(study, file, smoke, out, threads, overwrite, runtime))  # fmt: skip
-        return
-    if dtype is not None:
+    if dtype is not None and not heads:
         raise ProbeError("--dtype sets the weights' dtype of a head study's real model; a grid "
                          "study trains its models in float32 (bf16 autocast on CUDA): drop "
                          "--dtype.")  # fmt: skip
     if smoke:
         if study.smoke is None:
             raise ProbeError(f"{file} has no [smoke] section; run it without --smoke.")
-        study = smoke_version(study)
+        study = smoke_head_study(study) if heads else smoke_version(study)
     out = out or default_out(study)
-    check_output_dir(out, inputs=[file])
+    plan = plan_for(study, out)
+    inputs = [file, *((resolve(study.source),) if heads else ()), *plan.inputs()]
+    check_output_dir(out, inputs=inputs, inside_ok=heads)  # a head study's inputs may be near
+    size = plan.size()
+    what = f"{shown(study.source)}, {counted(size, 'step')}" if heads else counted(size, "cell")
+    console.print(f"study [bold]{shown(study.name)}[/]{' (smoke)' if smoke else ''}: "
+                  f"{what} -> {shown(out)}")  # fmt: skip
     columns = (
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[note]}"), TimeElapsedColumn(), TimeRemainingColumn(),
     )  # fmt: skip
-    console.print(f"study [bold]{shown(study.name)}[/]{' (smoke)' if smoke else ''}: "
-                  f"{counted(len(expand(study)), 'cell')} -> {shown(out)}")  # fmt: skip
     with Progress(*columns, console=console) as bar:
-        result = run_study(study, out, jobs=jobs, device=device, threads=threads,
-                           progress=CellProgress(bar), overwrite=overwrite, executor=executor,
-                           address=address)  # fmt: skip
-    cached = sum(r.cached for r in result.records)
-    trained = sum(not r.cached and r.train_s > 0 for r in result.records)
-    console.print(f"{counted(len(result.records) - cached, 'cell')} run "
-                  f"({counted(trained, 'model')} trained), {cached} reused from the cache, "
-                  f"{result.manifest['wall_s']:.0f} s")  # fmt: skip
-    path, outcomes = write_report(out, study, result.tables, result.manifest)
+        result = run_study(study, out, jobs=jobs, device=device, dtype=dtype, threads=threads,
+                           progress=UnitProgress(bar, plan.noun), overwrite=overwrite,
+                           executor=executor, address=address)  # fmt: skip
+    seconds = float(result.manifest["wall_s"])
+    trained = sum(not r.cached and r.facts.get("train_s", 0) > 0 for r in result.records)
+    models = "" if heads else f" ({counted(trained, 'model')} trained)"
+    console.print(f"{counted(result.n_run, plan.noun)} run{models}, {result.n_cached} reused "
+                  f"from the cache, {seconds:.0f} s")  # fmt: skip
+    path, outcomes = _write_report(out, study, result)
     console.print(f"report: [bold]{shown(path)}[/]", soft_wrap=True)
     last = verdict(out, study.name, study.is_smoke, result.tables, result.manifest)
-    finish(study.name, outcomes, junit, result.manifest["wall_s"], last)
+    finish(study.name, outcomes, junit, seconds, last)
 
 
-def run_heads(study: HeadStudy, file: Path, smoke: bool, out: Path | None, threads: int,
-              overwrite: bool, runtime=None) -> tuple[float, str]:  # fmt: skip
-    """`probe study run` of a head study: its steps, then its report; the seconds it took and
-    the reproduction verdict."""
-    from probe.interop.bundled import resolve
+def _write_report(out: Path, study, result) -> tuple[Path, list[Outcome]]:
+    """The report of a finished run of either kind, and its expectations' outcomes."""
     from probe.study.heads_report import write_head_report
-    from probe.study.heads_runner import run_head_study
-    from probe.study.heads_spec import smoke_head_study
-    from probe.study.reproduce import verdict
+    from probe.study.heads_spec import HeadStudy
+    from probe.study.reporting import write_report
 
-    if smoke:
-        if study.smoke is None:
-            raise ProbeError(f"{file} has no [smoke] section; run it without --smoke.")
-        study = smoke_head_study(study)
-    out = out or default_out(study)
-    text = study.text_file()  # a given [text] file is read too: never under --out
-    inputs = [file, resolve(study.source), *([text] if text is not None else [])]
-    check_output_dir(out, inputs=inputs, inside_ok=True)
-    console.print(f"study [bold]{shown(study.name)}[/]{' (smoke)' if smoke else ''}: "
-                  f"{shown(study.source)} -> {shown(out)}")  # fmt: skip
-    columns = (
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), TimeRemainingColumn(),
-    )  # fmt: skip
-    with Progress(*columns, console=console) as bar:
-        result = run_head_study(study, out, threads=threads, progress=StepProgress(bar),
-                                overwrite=overwrite, runtime=runtime)  # fmt: skip
-    console.print(f"{counted(result.n_run, 'step')} run, {result.n_cached} reused from the cache, "
-                  f"{result.manifest['wall_s']:.0f} s")  # fmt: skip
-    console.print(f"report: [bold]{shown(write_head_report(out))}[/]", soft_wrap=True)
-    last = verdict(out, study.name, study.is_smoke, result.tables, result.manifest)
-    return float(result.manifest["wall_s"]), last
-
-
-class StepProgress:
-    """Renders a head study's StepEvents: one bar over steps, one for the running step."""
-
-    def __init__(self, bar: Progress) -> None:
-        self.bar = bar
-        self.overall: TaskID | None = None
-        self.current: TaskID | None = None
-
-    def __call__(self, event: StepEvent) -> None:
-        bar = self.bar
-        if event.kind == "start":
-            self.overall = bar.add_task("[bold]steps", total=event.n_steps)
-        elif event.kind == "step-start":
-            self.current = bar.add_task(f"  {shown(event.key)}", total=None)
-        elif event.kind == "step" and self.current is not None:
-            bar.update(self.current, completed=event.done, total=event.total)
-        elif event.kind == "step-done":
-            if self.current is not None:
-                bar.remove_task(self.current)
-                self.current = None
-            if event.cached:
-                bar.console.print(f"  [dim]cached[/] {shown(event.key)}")
-            bar.advance(self.overall)
+    if isinstance(study, HeadStudy):
+        return write_head_report(out), []
+    return write_report(out, study, result.tables, result.manifest)
 
 
 def finish(name: str, outcomes: list[Outcome], junit: Path | None, seconds: float,

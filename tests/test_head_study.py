@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -244,6 +245,7 @@ def test_each_knockout_run_masks_only_its_own_heads(llama_dir, monkeypatch):
     import tomllib
 
     import probe.analysis.retrieval as retrieval
+    from probe.study import heads_steps
     from probe.study.heads_runner import Subject
     from probe.study.heads_steps import knockout
 
@@ -255,8 +257,8 @@ def test_each_knockout_run_masks_only_its_own_heads(llama_dir, monkeypatch):
         return table.assign(copy_accuracy=float(closed))
 
     subject = Subject(parse_head_study(tomllib.loads(study_text(llama_dir))))
-    monkeypatch.setattr(retrieval, "retrieval_scores", closed_gates)
-    table = knockout(subject, lambda done, total: None)
+    monkeypatch.setattr(heads_steps, "retrieval_scores", closed_gates)
+    table = knockout(subject, None, lambda done, total: None)
     assert list(table.copy_accuracy) == list(table.k.astype(float))
     assert all((g == 1).all() for g in subject.model.gates())  # and nothing is left masked
 
@@ -270,7 +272,7 @@ def test_only_the_steps_whose_definition_changed_carry_it_in_their_key():
     from probe.study.heads_steps import MASK_TUNING, RETRIEVAL_SCORE, plan_steps
 
     raw = tomllib.loads(Path("studies/smollm2-heads.toml").read_text())
-    steps = plan_steps(parse_head_study(raw), None)
+    steps = [SimpleNamespace(key=k, options=o) for k, _, o in plan_steps(parse_head_study(raw))]
     marked = {s.key for s in steps if {"score", "tune"} & set(s.options)}
     want = {"retrieval", "knockout"} | {f"curve-head-fisher+tune-s{i}" for i in range(3)}
     assert marked == want

@@ -60,7 +60,7 @@ def _task_workers() -> list[int]:
             text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "ray::_run_cell_task" in text:
+        if "ray::_ray_task" in text:
             pids.append(int(cmdline.parent.name))
     return pids
 
@@ -133,7 +133,7 @@ def test_an_address_nothing_answers_is_one_line_at_once(tmp_path, capsys, addres
 
 @pytest.mark.parametrize("address", ["nonsense", "127.0.0.1:0", "127.0.0.1:http", ":6379"])
 def test_an_address_that_is_not_host_port_is_one_line(address):
-    from probe.study.executors import check_ray
+    from probe.study.engine.executors import check_ray
 
     with pytest.raises(ProbeError, match="is not HOST:PORT"):
         check_ray(address)
@@ -145,7 +145,7 @@ def test_a_port_that_answers_but_is_not_ray_fails_in_bounded_time(tmp_path):
     ever; run_on_ray gives up after INIT_S (3 s here) with one line naming the address."""
     code = """
 import socket, sys
-import probe.study.executors as ex
+import probe.study.engine.executors as ex
 from probe.errors import ProbeError
 ex.INIT_S = 3
 server = socket.socket()

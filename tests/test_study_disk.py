@@ -70,7 +70,7 @@ def test_a_damaged_cell_is_computed_again_and_the_run_says_so(tmp_path):
     (cell / "eval.csv").write_text(text[: len(text) // 2])  # truncated mid-row
     events = []
     result = run_study(study, out, device="cpu", progress=events.append)
-    stale = [e for e in events if e.kind == "cell-stale"]
+    stale = [e for e in events if e.kind == "unit-stale"]
     assert len(stale) == 1 and "eval.csv" in stale[0].note
     assert sum(not r.cached for r in result.records) == 1
     pd.testing.assert_frame_equal(load_tables(out)["eval"], good, check_exact=True)
@@ -81,16 +81,16 @@ def test_a_damaged_cell_is_computed_again_and_the_run_says_so(tmp_path):
 def test_a_partial_report_covers_the_finished_cells_and_says_what_is_missing(tmp_path):
     from probe.study.grid import expand
     from probe.study.reporting import report_from_dir
-    from probe.study.runner import finished_tables
+    from probe.study.runner import finished_tables, plan_for
 
     out = tmp_path / "out"
     study = load_study(study_file(tmp_path))
-    result = run_study(study, out, device="cpu")
-    full, missing = finished_tables(out, expand(study))
+    run_study(study, out, device="cpu")
+    full, missing = finished_tables(plan_for(study, out))
     assert missing == []
     for name, table in load_tables(out).items():  # read exactly as the gathered tables are
         pd.testing.assert_frame_equal(full[name], table, check_exact=True)
-    gone = result.cells[1]
+    gone = expand(study)[1]
     for path in (out / "cells" / gone.key).iterdir():
         path.unlink()
     manifest = json.loads((out / "manifest.json").read_text())

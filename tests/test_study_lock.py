@@ -57,8 +57,8 @@ def llama(tmp_path_factory):
 
 
 def test_a_head_study_rerun_removes_only_its_own_leftovers(llama, tmp_path):
-    from probe.study.heads_runner import run_head_study
     from probe.study.heads_spec import load_any
+    from probe.study.runner import run_study
 
     file = tmp_path / "heads.toml"
     off = {"roles": {"enabled": "false", "needles": "0"}, "knockout": {"heads": "[]"},
@@ -66,16 +66,16 @@ def test_a_head_study_rerun_removes_only_its_own_leftovers(llama, tmp_path):
     file.write_text(mutated(llama, off))
     out = tmp_path / "out"
     study = load_any(file)
-    run_head_study(study, out)
+    run_study(study, out)
     assert not (out / LOCK).exists()
     step = next((out / "steps").iterdir())
-    leftovers = [step / ".table.csv.a1b2.probe-tmp", step / ".done.json.x9.probe-tmp"]
+    leftovers = [step / ".model.csv.a1b2.probe-tmp", step / ".done.json.x9.probe-tmp"]
     leftovers += [out / ".manifest.json.q.probe-tmp", out / "tables" / ".m.csv.probe-tmp"]
     mine = [out / "notes.probe-tmp", step / "mine.txt", out / "sub" / ".x.probe-tmp"]
     mine[-1].parent.mkdir()
     for path in leftovers + mine:
         path.write_text("torn")
-    result = run_head_study(study, out)
+    result = run_study(study, out)
     assert result.n_run == 0  # every step reused
     assert not any(p.exists() for p in leftovers)
     assert all(p.read_text() == "torn" for p in mine)

@@ -16,6 +16,7 @@ from tiny_study import tiny_study
 
 from probe.errors import ProbeError
 from probe.study import cells as cells_module
+from probe.study.grid import expand
 from probe.study.runner import load_tables, run_study
 from probe.study.spec import load_study
 
@@ -47,7 +48,7 @@ def test_run_writes_tables_manifest_and_cell_files(tmp_path):
     assert set(eval_table["arm"]) == {"learned", "rope"}
     assert sorted(eval_table["length"].unique()) == list(range(1, 7))  # 1:2L with L = 3
     assert len(eval_table) == 4 * 6 * 3  # cells x lengths x metrics
-    for cell in result.cells:
+    for cell in expand(study):
         assert (out / "cells" / cell.key / "done.json").exists()
     assert (out / "study.toml").read_text() == study.path.read_text()
     assert not list(out.rglob("*.tmp*"))
@@ -75,7 +76,7 @@ def test_finished_models_are_reused_when_only_the_analyses_change(tmp_path, monk
     monkeypatch.setattr("probe.train.train", lambda *a, **k: pytest.fail("model retrained"))
     result = run_study(load_study(path), tmp_path / "out", device="cpu")
     assert [r.cached for r in result.records] == [False] * 4
-    assert all(r.train_s == 0 for r in result.records)
+    assert all(r.facts["train_s"] == 0 for r in result.records)
     assert result.tables["eval"]["length"].max() == 9
 
 
@@ -134,7 +135,7 @@ def test_parallel_jobs_give_the_same_tables(tmp_path):
     run_study(study, tmp_path / "serial", device="cpu")
     result = run_study(study, tmp_path / "parallel", device="cpu", jobs=2, progress=events.append)
     assert [r.cached for r in result.records] == [False] * 4
-    assert sum(e.kind == "cell-done" for e in events) == 4
+    assert sum(e.kind == "unit-done" for e in events) == 4
     assert any(e.kind == "cell" and e.phase == "train" for e in events)
     assert_same_tables(tmp_path / "serial", tmp_path / "parallel")
     # the workers record the commit the run started from (passed on to them pinned)
@@ -148,12 +149,12 @@ def test_every_cell_records_the_commit_the_run_started_from(tmp_path, monkeypatc
     monkeypatch.setattr(provenance, "_read_git", lambda where: next(commits))
     monkeypatch.delenv(provenance.PIN, raising=False)
     study = load_study(write_study(tmp_path))
-    result = run_study(study, tmp_path / "out", device="cpu")
+    run_study(study, tmp_path / "out", device="cpu")
     out = tmp_path / "out"
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["git_commit"] == "commit-1"
     assert [c["git_commit"] for c in manifest["cells"]] == ["commit-1"] * 4
-    for cell in result.cells:
+    for cell in expand(study):
         done = json.loads((out / "cells" / cell.key / "done.json").read_text())
         model = json.loads((out / "models" / cell.train_key / "config.json").read_text())
         assert done["git_commit"] == model["meta"]["git_commit"] == "commit-1"

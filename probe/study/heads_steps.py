@@ -9,17 +9,24 @@ removed with the primary metric still within the tolerance, in every seed).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
 
+from probe.analysis.fisher import fisher_prune
+from probe.analysis.groups import plan_units
+from probe.analysis.importance import head_importance
+from probe.analysis.layer_drop import layer_importance, plan_layers
 from probe.analysis.pruning import masked, plan_removal, present_heads, prune_heads, quota
-from probe.study.heads_runner import Step
+from probe.analysis.pruning_runs import pruning_curve, score_batches
+from probe.analysis.retrieval import retrieval_scores
+from probe.analysis.roles import head_roles
+from probe.analysis.timing import time_forward, timing_batches
+from probe.study.heads_spec import HeadStudy
 
-if TYPE_CHECKING:
-    from probe.study.heads_runner import Subject
-    from probe.study.heads_spec import HeadStudy
+if TYPE_CHECKING:  # the plan's units and context: they call the steps defined here
+    from probe.study.heads_runner import HeadStep, Subject
 
 RETRIEVAL_THRESHOLD = 0.1  # Wu et al. 2024 call a head a retrieval head above this score
 # which retrieval score and which mask tuning the steps compute: in the steps' options, so a
@@ -31,48 +38,16 @@ PRIMARY = {"embedding": ("similarity", True), "causal-lm": ("loss", False),
            "masked-lm": ("loss", False)}  # fmt: skip
 
 
-def plan_steps(study: HeadStudy, subject: Subject | None) -> list[Step]:
-    """Every step but the timing, in the order they run. The subject is only used when a step
-    runs: planning with None counts the steps without a model."""
-    from probe.analysis.importance import head_importance
-    from probe.analysis.layer_drop import layer_importance
-    from probe.analysis.pruning_runs import pruning_curve
-
+def plan_steps(study: HeadStudy) -> list[tuple[str, str, dict[str, Any]]]:
+    """(key, kind, options) of every step but the timing, in the order they run."""
     seeds = range(study.text.seeds)
-    steps = [Step("model", "model", {}, lambda p: model_facts(subject))]
-
-    def importance(method: str, seed: int):
-        def run(progress):
-            split = subject.splits[0][seed]
-            table = head_importance(subject.model, split, method, seed=seed, progress=progress)
-            return table.assign(seed=seed)
-
-        return run
-
+    steps: list[tuple[str, str, dict[str, Any]]] = [("model", "model", {})]
     for method in study.importance.methods:
         for seed in seeds:
-            options = {"method": method, "seed": seed}
-            steps.append(
-                Step(
-                    f"importance-{method}-s{seed}", "importance", options, importance(method, seed)
-                )
-            )
+            steps.append((f"importance-{method}-s{seed}", "importance",
+                          {"method": method, "seed": seed}))  # fmt: skip
     if "attention-layer" in study.curves.methods:
-        for seed in seeds:
-            steps.append(Step(f"layers-s{seed}", "layers", {"seed": seed},
-                              lambda p, s=seed: layer_importance(
-                                  subject.model, subject.splits[0][s]).assign(seed=s)))  # fmt: skip
-
-    def curve(method: str, unit: str, seed: int):
-        def run(progress):
-            sets, scoring = subject.splits
-            table = pruning_curve(subject.model, [sets[seed]], scoring, [method],
-                                  list(study.curves.fractions), unit=unit, seeds=[seed],
-                                  progress=progress)  # fmt: skip
-            return table.assign(unit=unit)
-
-        return run
-
+        steps += [(f"layers-s{seed}", "layers", {"seed": seed}) for seed in seeds]
     by_unit = [("head", m) for m in study.curves.methods]
     by_unit += [("group", m) for m in study.curves.group_methods]
     for unit, method in by_unit:
@@ -81,30 +56,46 @@ def plan_steps(study: HeadStudy, subject: Subject | None) -> list[Step]:
                        "fractions": list(study.curves.fractions)}  # fmt: skip
             if method == "fisher+tune":
                 options["tune"] = MASK_TUNING
-            key = f"curve-{unit}-{method}-s{seed}"
-            steps.append(Step(key, "curves", options, curve(method, unit, seed)))
+            steps.append((f"curve-{unit}-{method}-s{seed}", "curves", options))
     roles = study.roles
     if roles.enabled:
-        steps.append(Step("roles", "roles", {"period": roles.period},
-                          lambda p: _roles(subject, roles.period)))  # fmt: skip
+        steps.append(("roles", "roles", {"period": roles.period}))
     if roles.needles:
-        steps.append(Step("retrieval", "retrieval", {"needles": roles.needles,
-                                                     "context": roles.context,
-                                                     "score": RETRIEVAL_SCORE},
-                          lambda p: subject.retrieval))  # fmt: skip
+        steps.append(("retrieval", "retrieval", {"needles": roles.needles,
+                                                 "context": roles.context,
+                                                 "score": RETRIEVAL_SCORE}))  # fmt: skip
     ko = study.knockout
     if ko.heads:
         options = {"needles": roles.needles, "context": roles.context, "heads": list(ko.heads),
                    "draws": ko.draws, "prompts": ko.prompts, "score": RETRIEVAL_SCORE}  # fmt: skip
-        steps.append(Step("knockout", "knockout", options, lambda p: knockout(subject, p)))
+        steps.append(("knockout", "knockout", options))
     return steps
 
 
-def model_facts(subject: Subject) -> pd.DataFrame:
+def _importance(subject: Subject, step: HeadStep, progress) -> pd.DataFrame:
+    method, seed = step.options["method"], step.options["seed"]
+    split = subject.splits[0][seed]
+    table = head_importance(subject.model, split, method, seed=seed, progress=progress)
+    return table.assign(seed=seed)
+
+
+def _layers(subject: Subject, step: HeadStep, progress) -> pd.DataFrame:
+    seed = step.options["seed"]
+    return layer_importance(subject.model, subject.splits[0][seed]).assign(seed=seed)
+
+
+def _curve(subject: Subject, step: HeadStep, progress) -> pd.DataFrame:
+    o = step.options
+    sets, scoring = subject.splits
+    table = pruning_curve(subject.model, [sets[o["seed"]]], scoring, [o["method"]],
+                          list(o["fractions"]), unit=o["unit"], seeds=[o["seed"]],
+                          progress=progress)  # fmt: skip
+    return table.assign(unit=o["unit"])
+
+
+def model_facts(subject: Subject, step: HeadStep | None = None, progress=None) -> pd.DataFrame:
     """One row: the model's shape, its parameters, the text it is scored on, and its unpruned
     metrics on the scoring split."""
-    from probe.analysis.pruning_runs import score_batches
-
     model, cfg = subject.model, subject.model.cfg
     sets, scoring = subject.splits
     counts = model.parameter_counts()
@@ -119,19 +110,19 @@ def model_facts(subject: Subject) -> pd.DataFrame:
     return pd.DataFrame([row])
 
 
-def _roles(subject: Subject, period: int) -> pd.DataFrame:
-    from probe.analysis.roles import head_roles
-
-    return head_roles(subject.model, subject.splits[1], period=period, seed=0)
+def _roles(subject: Subject, step: HeadStep, progress) -> pd.DataFrame:
+    return head_roles(subject.model, subject.splits[1], period=step.options["period"], seed=0)
 
 
-def knockout(subject: Subject, progress) -> pd.DataFrame:
+def _retrieval(subject: Subject, step: HeadStep, progress) -> pd.DataFrame:
+    return subject.retrieval
+
+
+def knockout(subject: Subject, step: HeadStep | None, progress) -> pd.DataFrame:
     """Copy accuracy on fresh needle prompts with the top-k retrieval heads (by Wu et al.'s score)
     masked, against k random heads from the rest (`draws` draws), for each k: columns k,
     selection, draw, copy_accuracy (teacher-forced share of needle tokens predicted right),
     recall (the greedy output's needle recall, Wu et al.'s measure of retrieval), heads."""
-    from probe.analysis.retrieval import retrieval_scores
-
     ko = subject.study.knockout
     model = subject.model
     scores = subject.retrieval.sort_values(
@@ -189,11 +180,6 @@ def pruned_model(subject: Subject, method: str, unit: str, n_pruned: int,
     """The physically pruned model of one curve method, unit and head count (seed 0's data).
     `tables`: importance already computed on seed 0's data, by method ("attention-layer": the
     layer table), reused instead of computed again."""
-    from probe.analysis.fisher import fisher_prune
-    from probe.analysis.groups import plan_units
-    from probe.analysis.importance import head_importance
-    from probe.analysis.layer_drop import layer_importance, plan_layers
-
     model = subject.model
     split = subject.splits[0][0]
     present = present_heads(model)
@@ -220,14 +206,13 @@ def times_models(study: HeadStudy) -> bool:
 
 def step_count(study: HeadStudy) -> int:
     """How many steps a run of `study` takes."""
-    return len(plan_steps(study, None)) + times_models(study)
+    return len(plan_steps(study)) + times_models(study)
 
 
-def timing_step(study: HeadStudy, subject: Subject, curves: pd.DataFrame,
-                known: dict[str, pd.DataFrame] | None = None) -> Step | None:  # fmt: skip
-    """Time the pruned models of every curve method at the fixed fractions and its operating
-    point, against the original, on one thread. `known`: seed 0's importance tables by method,
-    so the pruned models need not estimate it again."""
+def timing_step(study: HeadStudy, curves: pd.DataFrame) -> dict[str, Any] | None:
+    """The options of the timing step (None: nothing to time): the pruned models of every curve
+    method at the fixed fractions and at its operating point, timed against the original on one
+    thread."""
     if curves.empty or not times_models(study):
         return None
     t = study.timing
@@ -245,7 +230,7 @@ def timing_step(study: HeadStudy, subject: Subject, curves: pd.DataFrame,
         return None
     options = {"variants": wanted, "batch_sizes": list(t.batch_sizes), "repeats": t.repeats,
                "threads": t.threads, "tolerance": study.operating.tolerance}  # fmt: skip
-    return Step("timing", "timing", options, lambda p: _time_variants(subject, wanted, p, known))
+    return options
 
 
 def seed_zero_tables(importance: pd.DataFrame, layers: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -264,9 +249,10 @@ def subject_objective(curves: pd.DataFrame) -> str:
     return "embedding" if "similarity" in set(curves.metric) else "causal-lm"
 
 
-def _time_variants(subject: Subject, wanted, progress, known=None) -> pd.DataFrame:
-    from probe.analysis.timing import time_forward, timing_batches
-
+def _time_variants(subject: Subject, step: HeadStep, progress) -> pd.DataFrame:
+    """`step.given`: seed 0's importance tables by method, so the pruned models need not
+    estimate it again."""
+    wanted, known = [tuple(v) for v in step.options["variants"]], step.given
     t = subject.study.timing
     model = subject.model
     scoring = subject.splits[1]
@@ -293,3 +279,9 @@ def _time_variants(subject: Subject, wanted, progress, known=None) -> pd.DataFra
         del pruned
         progress(i + 1, len(wanted))
     return pd.concat(rows, ignore_index=True)
+
+
+# kind -> the function computing a step of that kind: (subject, step, progress) -> its table
+STEPS = {"model": model_facts, "importance": _importance, "layers": _layers, "curves": _curve,
+         "roles": _roles, "retrieval": _retrieval, "knockout": knockout,
+         "timing": _time_variants}  # fmt: skip

@@ -22,7 +22,7 @@ from probe.study.documents import read_json
 from probe.study.expect import Outcome, check_all
 from probe.study.grid import expand
 from probe.study.reproduce import reference_for, reproduction
-from probe.study.runner import MANIFEST, finished_tables, load_tables
+from probe.study.runner import MANIFEST, finished_tables, load_tables, plan_for
 from probe.study.spec import Study, load_study, smoke_version
 from probe.study.steps import options_dict
 from probe.words import counted
@@ -222,7 +222,7 @@ def report_from_dir(out: Path | str, partial: bool = False) -> tuple[Path, list[
     out = Path(out)
     study, manifest = study_from_dir(out)
     if partial:
-        tables, missing = finished_tables(out, expand(study))
+        tables, missing = finished_tables(plan_for(study, out))
         if not tables:
             raise ProbeError(f"{out} has no finished cell yet; there is nothing to report.")
         return write_report(out, study, tables, manifest, tuple(c.label for c in missing))
