@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from probe import provenance
+from probe.analysis.schema import normalise
 from probe.errors import ProbeError
 from probe.files import TMP_SUFFIX
 from probe.report.files import atomic_write_csv, atomic_write_json
@@ -197,4 +198,4 @@ def read_table(path: Path | io.StringIO) -> pd.DataFrame:
 
 def read_cell_tables(root: Path, cell: Cell, names: tuple[str, ...]) -> dict[str, pd.DataFrame]:
     out = cell_dir(root, cell)
-    return {name: read_table(out / f"{name}.csv") for name in names}
+    return {name: normalise(name, read_table(out / f"{name}.csv")) for name in names}

@@ -23,6 +23,7 @@ import pandas as pd
 import torch
 
 from probe import provenance
+from probe.analysis.schema import normalise
 from probe.errors import Interrupted, ProbeError
 from probe.report.files import atomic_write_csv, atomic_write_json, atomic_write_text
 from probe.runtime import Runtime, dtype_name
@@ -149,7 +150,7 @@ def _done(out: Path, step: Step, digest: str) -> pd.DataFrame | None:
         done = read_json(folder / "done.json")
         if not isinstance(done, dict) or done.get("hash") != digest:
             return None
-        return pd.read_csv(folder / "table.csv")
+        return normalise(step.kind, pd.read_csv(folder / "table.csv"))  # an older schema too
     except (ProbeError, OSError, ValueError):
         return None
 
@@ -280,7 +281,7 @@ def read_head_tables(out: Path) -> dict[str, pd.DataFrame]:
         path = out / "tables" / f"{kind}.csv"
         if path.is_file():
             try:
-                tables[kind] = pd.read_csv(path)
+                tables[kind] = normalise(kind, pd.read_csv(path))  # an older schema too
             except (OSError, ValueError, pd.errors.EmptyDataError):
                 continue
     if not tables:
