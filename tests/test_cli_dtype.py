@@ -107,7 +107,7 @@ def test_inspect_sweep_and_view_run_in_the_checkpoints_dtype(checkpoints, dtype,
     keys = ["length", "layer", "head", "statistic"]
     assert_close(half[smooth], full[~full.statistic.str.startswith("p_max_gt")], keys, dtype)
     roles_half, roles_full = pd.read_csv(own / "roles.csv"), pd.read_csv(wide / "roles.csv")
-    assert_close(roles_half, roles_full, ["layer", "head", "role"], dtype, column="score")
+    assert_close(roles_half, roles_full, ["layer", "head", "statistic"], dtype, column="value")
 
     own, wide = both(["prune", str(ckpt), "--sweep", "--fractions", "0,0.5", "--seeds", "1",
                       "--methods", "gradient,random", *SMALL], tmp_path / "sweep")  # fmt: skip

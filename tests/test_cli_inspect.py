@@ -55,7 +55,7 @@ def test_inspect_writes_tables_and_plots(tmp_path, arch, pe):
     assert stats.groupby(["layer", "head"]).ngroups == n_sites * 2
     assert pd.read_parquet(out / "attention_stats.parquet").equals(stats)
     roles = pd.read_csv(out / "roles.csv")
-    assert set(roles.role) == {"previous_token", "induction", "positional", "sink"}
+    assert set(roles.statistic) == {"previous_token", "induction", "positional", "sink"}
     for name in ("heatmap_normalized_entropy", "heatmap_max_logit", "entropy_vs_length", "roles"):
         assert (out / f"{name}.png").stat().st_size > 1000
     manifest = json.loads((out / "manifest.json").read_text())

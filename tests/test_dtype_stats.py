@@ -43,8 +43,8 @@ def test_statistics_and_roles_of_a_half_model_match_float32(name, dtype, streami
             continue
         tol = bound(dtype, 1 + rows.value.abs().max())
         assert (rows.value - rows.value_half).abs().max() <= tol, statistic
-    roles = want.roles.merge(got.roles, on=["layer", "head", "role"], suffixes=("", "_half"))
-    assert (roles.score - roles.score_half).abs().max() <= bound(dtype, 1)  # probabilities
+    roles = want.roles.merge(got.roles, on=["layer", "head", "statistic"], suffixes=("", "_half"))
+    assert (roles.value - roles.value_half).abs().max() <= bound(dtype, 1)  # probabilities
     summary = head_summary(got.stats, got.roles)
     assert summary.normalized_entropy.notna().all()
 
@@ -111,5 +111,5 @@ def test_offset_profile_accumulates_in_float32():
     probs = torch.cat(kept)  # [passes * batch, head, q, k] float64
     want = probs[:, :, 1:, 0].mean((0, 2))  # row 0 sees one key only
     table = profile.table()
-    got = table[(table.role == "sink") & (table.layer == 0)].score.to_numpy()
+    got = table[(table.statistic == "sink") & (table.layer == 0)].value.to_numpy()
     assert torch.allclose(torch.tensor(got), want, rtol=1e-5, atol=1e-7)

@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 from cli_run import exit_code
 
+from probe.analysis.objectives import operating_points
 from probe.errors import ProbeError
 from probe.study import heads_evidence as ev
 from probe.study.heads_spec import parse_head_study
-from probe.study.heads_steps import operating_points
 
 pytest.importorskip("transformers")
 
@@ -324,8 +324,8 @@ def test_a_retrieval_head_scores_above_the_threshold_and_other_roles_reach_their
     from probe.study import heads_evidence as ev
 
     roles = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1],
-                          "role": ["retrieval", "retrieval", "sink", "sink"],
-                          "score": [0.1, 0.11, 0.5, 0.49]})  # fmt: skip
+                          "statistic": ["retrieval", "retrieval", "sink", "sink"],
+                          "value": [0.1, 0.11, 0.5, 0.49]})  # fmt: skip
     counts = ev.role_counts(roles, n_heads=2).set_index("role")["heads"]
     assert counts["retrieval"] == 1  # Wu et al.: "larger than 0.1"; exactly 0.1 is not
     assert counts["sink"] == 1  # probe's own thresholds are reached (>=)

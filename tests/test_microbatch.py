@@ -182,7 +182,7 @@ def test_layer_importance_tuning_and_attention_tables_do_not_depend_on_the_budge
     a = inspect_batches(model, data, [3, 5], max_batch_tokens=ONE_ROW)
     b = inspect_batches(model, data, [3, 5], max_batch_tokens=WHOLE)
     close(a.stats["value"].to_numpy(), b.stats["value"].to_numpy())
-    close(a.roles["score"].to_numpy(), b.roles["score"].to_numpy())
+    close(a.roles["value"].to_numpy(), b.roles["value"].to_numpy())
 
 
 # ------------------------------------------------------------ recompute, memory, timing

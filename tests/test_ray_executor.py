@@ -147,13 +147,14 @@ def test_a_port_that_answers_but_is_not_ray_fails_in_bounded_time(tmp_path):
 import socket, sys
 import probe.study.engine.executors as ex
 from probe.errors import ProbeError
+from probe.study.engine import Settings
 ex.INIT_S = 3
 server = socket.socket()
 server.bind(("127.0.0.1", 0))
 server.listen()
 address = f"127.0.0.1:{server.getsockname()[1]}"
 try:
-    ex.run_on_ray([], sys.argv[1], "cpu", 1, address, print, print)
+    ex.run_on_ray(None, [], Settings("cpu", address=address), print, print)
 except ProbeError as exc:
     print("refused:", exc, flush=True)
     sys.exit(2)

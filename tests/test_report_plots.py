@@ -79,7 +79,7 @@ def test_an_unclipped_band_is_the_t_interval():
 def roles(n_layer: int, n_head: int) -> pd.DataFrame:
     names = ["previous_token", "induction", "positional", "sink", "retrieval"]
     return pd.DataFrame([
-        {"layer": i, "site": f"blocks.{i}.attn", "head": h, "role": r, "score": RNG.random(),
+        {"layer": i, "site": f"blocks.{i}.attn", "head": h, "statistic": r, "value": RNG.random(),
          "offset": 1.0 if r == "positional" else np.nan}
         for i in range(n_layer) for h in range(n_head) for r in names
     ])  # fmt: skip

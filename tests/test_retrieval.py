@@ -92,14 +92,14 @@ def test_score_equals_a_direct_greedy_count(bias):
             sums += hits / k
     assert table.prompts.iloc[0] == retrieved
     if bias == 0.3:  # the check is not vacuous
-        assert retrieved == len(prompts) and (table.score > 0).any()
+        assert retrieved == len(prompts) and (table.value > 0).any()
     else:  # greedy differs from teacher forcing: it copies nothing
-        assert retrieved == 0 and table.score.isna().all() and table.recall.iloc[0] == 0
+        assert retrieved == 0 and table.value.isna().all() and table.recall.iloc[0] == 0
         assert table.copy_accuracy.iloc[0] == pytest.approx(5 / 6)
     assert table.recall.iloc[0] == pytest.approx(sum(recalls) / len(recalls))
     for r in table.itertuples():
         expected = float(sums[r.layer, r.head]) / retrieved if retrieved else float("nan")
-        assert r.score == pytest.approx(expected, nan_ok=True)
+        assert r.value == pytest.approx(expected, nan_ok=True)
 
 
 class Scripted:
@@ -178,12 +178,12 @@ def test_scripted_heads_by_hand():
     k = len(prompt.answer)
     model = Scripted(prompt)
     table = retrieval_scores(model, [prompt]).set_index("head")
-    assert table.loc[0, "score"] == pytest.approx((k - 1) / k)
-    assert table.loc[1, "score"] == 0.0
+    assert table.loc[0, "value"] == pytest.approx((k - 1) / k)
+    assert table.loc[1, "value"] == 0.0
     assert table.loc[0, "copy_accuracy"] == pytest.approx((k - 1) / k)
     assert table.loc[0, "score_teacher_forced"] == 1.0  # hits / copied steps
     assert table.loc[0, "score_teacher_forced"] == pytest.approx(
-        table.loc[0, "score"] / table.loc[0, "copy_accuracy"]
+        table.loc[0, "value"] / table.loc[0, "copy_accuracy"]
     )
     assert table.loc[0, "recall"] == pytest.approx((k - 1) / k)
     assert table.loc[0, "prompts"] == 1
@@ -197,6 +197,6 @@ def test_a_prompt_the_model_does_not_retrieve_is_not_counted():
     k = len(prompts[0].answer)
     bad = Scripted(prompts[0], wrong=range(k))  # recalls nothing
     assert retrieval_scores(bad, [prompts[0]]).set_index("head").loc[0, "prompts"] == 0
-    assert pd.isna(retrieval_scores(bad, [prompts[0]]).set_index("head").loc[0, "score"])
+    assert pd.isna(retrieval_scores(bad, [prompts[0]]).set_index("head").loc[0, "value"])
     good = retrieval_scores(Scripted(prompts[0], wrong=()), [prompts[0]])
-    assert good.set_index("head").loc[0, "score"] == 1.0
+    assert good.set_index("head").loc[0, "value"] == 1.0

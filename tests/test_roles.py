@@ -33,7 +33,7 @@ def pattern_call(probs: torch.Tensor, causal: bool = True, site: str = "blocks.0
 
 
 def roles_of(observer) -> pd.DataFrame:
-    return observer.table().set_index(["head", "role"])
+    return observer.table().set_index(["head", "statistic"])
 
 
 def test_previous_token_positional_and_sink_from_patterns():
@@ -49,14 +49,14 @@ def test_previous_token_positional_and_sink_from_patterns():
     profile = OffsetProfile()
     profile.record(pattern_call(probs))
     t = roles_of(profile)
-    assert t.loc[(0, "previous_token"), "score"] == pytest.approx(1.0)
-    assert t.loc[(0, "positional"), ["score", "offset"]].tolist() == pytest.approx([1.0, -1])
-    assert t.loc[(1, "sink"), "score"] == pytest.approx(1.0)
+    assert t.loc[(0, "previous_token"), "value"] == pytest.approx(1.0)
+    assert t.loc[(0, "positional"), ["value", "offset"]].tolist() == pytest.approx([1.0, -1])
+    assert t.loc[(1, "sink"), "value"] == pytest.approx(1.0)
     # the sink head looks at offset -i: only offset -1 at row 1 and 0 at row 0 (excluded)
-    assert t.loc[(1, "previous_token"), "score"] == pytest.approx(1 / (n - 1))
-    assert t.loc[(2, "positional"), ["score", "offset"]].tolist() == pytest.approx([1.0, -2])
+    assert t.loc[(1, "previous_token"), "value"] == pytest.approx(1 / (n - 1))
+    assert t.loc[(2, "positional"), ["value", "offset"]].tolist() == pytest.approx([1.0, -2])
     # rows 1 and 2 of the offset -2 head look at key 0 (clamped): sink = 2 / (n - 1)
-    assert t.loc[(2, "sink"), "score"] == pytest.approx(2 / (n - 1))
+    assert t.loc[(2, "sink"), "value"] == pytest.approx(2 / (n - 1))
 
 
 def test_induction_on_a_built_pattern():
@@ -71,12 +71,12 @@ def test_induction_on_a_built_pattern():
     probe = InductionProbe(period)
     probe.record(pattern_call(torch.stack([induct, uniform]).unsqueeze(0)))
     t = roles_of(probe)
-    assert t.loc[(0, "induction"), "score"] == pytest.approx(1.0)
+    assert t.loc[(0, "induction"), "value"] == pytest.approx(1.0)
     rows = torch.arange(period + 1, n).double()
-    assert t.loc[(1, "induction"), "score"] == pytest.approx(float((1 / (rows + 1)).mean()))
+    assert t.loc[(1, "induction"), "value"] == pytest.approx(float((1 / (rows + 1)).mean()))
     cross = InductionProbe(period)
     cross.record(pattern_call(torch.stack([induct]).unsqueeze(0), site="decoder.0.cross"))
-    assert cross.table().score.isna().all()
+    assert cross.table().value.isna().all()
 
 
 def test_repeated_tokens_layout():
@@ -116,19 +116,19 @@ def test_head_roles_on_built_models(arch):
     assert len(table) == len(sites) * 4 * 4
     self_sites = [i for i, s in enumerate(sites) if not s.endswith(".cross")]
     cross = [i for i, s in enumerate(sites) if s.endswith(".cross")]
-    prev = table[(table.role == "previous_token") & (table["head"] == 0)].set_index("layer")
-    assert (prev.loc[self_sites, "score"] > 0.99).all()
-    assert prev.loc[cross, "score"].isna().all()
-    others = table[(table.role == "previous_token") & (table["head"] != 0)]
-    assert (others.score.dropna() < 0.5).all()
-    induction = table[table.role == "induction"].set_index("layer")
-    assert induction.loc[cross, "score"].isna().all()
-    assert induction.loc[self_sites, "score"].notna().all()
+    prev = table[(table.statistic == "previous_token") & (table["head"] == 0)].set_index("layer")
+    assert (prev.loc[self_sites, "value"] > 0.99).all()
+    assert prev.loc[cross, "value"].isna().all()
+    others = table[(table.statistic == "previous_token") & (table["head"] != 0)]
+    assert (others.value.dropna() < 0.5).all()
+    induction = table[table.statistic == "induction"].set_index("layer")
+    assert induction.loc[cross, "value"].isna().all()
+    assert induction.loc[self_sites, "value"].notna().all()
 
 
 def test_self_attending_head_is_positional_with_offset_zero():
     model = built_model("decoder", "alibi")
     batches = eval_batches(TaskConfig(), "decoder", [8], 8, 1, seed=1)
     table = head_roles(model, batches, period=5)
-    pos = table[(table.role == "positional") & (table["head"] == 0)]
-    assert (pos.score > 0.99).all() and (pos.offset == 0).all()
+    pos = table[(table.statistic == "positional") & (table["head"] == 0)]
+    assert (pos.value > 0.99).all() and (pos.offset == 0).all()

@@ -145,9 +145,9 @@ def head_summary(stats: pd.DataFrame, roles: pd.DataFrame | None = None) -> pd.D
     out["entropy_slope"] = slopes.reindex(out.index) if slopes is not None else np.nan
     out["role"], out["role_score"], out["role_offset"] = None, np.nan, np.nan
     if roles is not None and not roles.empty:
-        best = roles.dropna(subset=["score"]).sort_values("score").groupby(keys).tail(1)
+        best = roles.dropna(subset=["value"]).sort_values("value").groupby(keys).tail(1)
         best = best.set_index(keys)
-        out["role"] = best.role.reindex(out.index)
-        out["role_score"] = best.score.reindex(out.index)
-        out["role_offset"] = best.offset.where(best.role == "positional").reindex(out.index)
+        out["role"] = best.statistic.reindex(out.index)
+        out["role_score"] = best.value.reindex(out.index)
+        out["role_offset"] = best.offset.where(best.statistic == "positional").reindex(out.index)
     return out.reset_index()[SUMMARY_COLUMNS]

@@ -19,6 +19,7 @@ from probe.analysis.fisher import tune_masks
 from probe.analysis.groups import plan_units
 from probe.analysis.importance import head_importance
 from probe.analysis.layer_drop import layer_importance, plan_layers
+from probe.analysis.objectives import primary
 from probe.analysis.pruning import (
     check_counts,
     head_mask,
@@ -26,6 +27,7 @@ from probe.analysis.pruning import (
     present_heads,
     quota,
 )
+from probe.analysis.schema import CURVE_COLUMNS
 from probe.batching import micro_batches
 from probe.errors import ProbeError
 from probe.evaluate import batch_loss, forward_batch, text_metrics
@@ -34,7 +36,6 @@ from probe.tasks import Batch, score
 from probe.words import counted
 
 Progress = Callable[[int, int], None]
-COLUMNS = ["fraction", "method", "seed", "metric", "value"]
 
 
 @torch.no_grad()
@@ -85,8 +86,7 @@ def score_text(model: Transformer, batches: Sequence[Batch],
 def primary_metric(batches: Sequence[Batch]) -> str:
     """The metric a pruning curve is read by: exact match on tasks, loss on text (similarity for
     sentence encoders)."""
-    objective = batches[0].objective if batches else None
-    return {None: "exact_match", "embedding": "similarity"}.get(objective, "loss")
+    return primary(batches[0].objective if batches else None).metric
 
 
 def default_fractions(n_heads: int) -> list[float]:
@@ -152,9 +152,10 @@ def pruning_curve(
     progress: Progress | None = None,
     max_batch_tokens: int | None = None,
 ) -> pd.DataFrame:
-    """Metrics on `scoring` after pruning each fraction of heads: tidy columns fraction, method,
-    seed, metric, value (plus n_pruned). One seed per importance split: `seeds` (default 0, 1,
-    ...) labels them and seeds the random baseline.
+    """Metrics on `scoring` after pruning each fraction of heads: the curve schema
+    (`probe.analysis.schema.CURVE_COLUMNS`: fraction, method, seed, metric, value, n_pruned,
+    unit). One seed per importance split: `seeds` (default 0, 1, ...) labels them and seeds
+    the random baseline.
 
     unit "group" removes whole key/value groups (one shot, global ranking by the summed
     importance of their heads); `fractions` are then shares of the groups.
@@ -241,7 +242,7 @@ def pruning_curve(
                         progress(done, total)
     finally:
         model.set_gates(before)
-    return pd.DataFrame(rows, columns=[*COLUMNS, "n_pruned"])
+    return pd.DataFrame(rows, columns=CURVE_COLUMNS[:-1]).assign(unit=unit)
 
 
 def _difference(

@@ -215,8 +215,8 @@ def retrieval_scores(model: Transformer, prompts: Sequence[NeedlePrompt]) -> pd.
     finally:
         model.train(was_training)
     rows = [
-        {"layer": layer, "site": sites[layer].name, "head": head, "role": "retrieval",
-         "score": scores[(layer, head)] / retrieved if retrieved else float("nan"),
+        {"layer": layer, "site": sites[layer].name, "head": head, "statistic": "retrieval",
+         "value": scores[(layer, head)] / retrieved if retrieved else float("nan"),
          "offset": None, "prompts": retrieved, "recall": recall / max(len(prompts), 1),
          "copy_accuracy": correct / max(total, 1),
          "score_teacher_forced": tf_hits[(layer, head)] / max(correct, 1)}

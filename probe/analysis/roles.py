@@ -16,22 +16,63 @@ the decoder position with the source position (0: the diagonal alignment of a co
 
 The observers summarise each attention call on the fly (sums per head and per relative offset),
 so no n x n matrix is kept after the call.
+
+The table is long (`probe.analysis.schema.ROLE_COLUMNS`): `statistic` names the role, `value`
+holds its score. Whether a head *has* a role is `has_role`, by the thresholds in
+`ROLE_THRESHOLDS`, one per role, each with its source; every report that counts heads with a
+role reads them from there.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
 
+from probe.analysis.schema import ROLE_COLUMNS
 from probe.batching import micro_batches, rows_per_pass
 from probe.evaluate import features_batch
 from probe.model import AttentionCall, Transformer
 from probe.tasks import BOS, N_SPECIAL, Batch
 
 ROLES = ("previous_token", "induction", "positional", "sink")
-ROLE_COLUMNS = ["layer", "site", "head", "role", "score", "offset"]
+
+
+@dataclass(frozen=True)
+class RoleThreshold:
+    """A head has the role when its score reaches `value` (exceeds it when `strict`)."""
+
+    value: float
+    strict: bool
+    source: str  # where the number comes from
+
+
+# "head h has role R": one threshold per role. Only Wu et al. define a threshold for their score;
+# the papers behind the other roles define the score (what the head attends to), not a cut-off,
+# so those are probe's own, stated as such in the reports that count them.
+ROLE_THRESHOLDS = {
+    "previous_token": RoleThreshold(0.5, False, "probe: at least half the attention on the "
+                                    "previous token"),
+    "induction": RoleThreshold(0.3, False, "probe: Olsson et al. 2022 define the score on "
+                               "repeated random tokens, not a threshold"),
+    "sink": RoleThreshold(0.5, False, "probe: at least half the attention on the first token "
+                          "(Xiao et al. 2023 measure the share, with no per-head threshold)"),
+    "retrieval": RoleThreshold(0.1, True, "Wu et al. 2024, section 2: a retrieval head has a "
+                               "retrieval score larger than 0.1 (references.toml wu2024)"),
+}  # fmt: skip
+
+# A different question from "has role R": which heads give at least half their attention to
+# what one role looks at, the same bar for every role (positional included), so that roles and
+# arms compare on one scale. The grid studies' "Head roles" and survivor sections count it.
+DOMINANT = 0.5
+
+
+def has_role(role: str, scores: pd.Series) -> pd.Series:
+    """Which of `scores` (of role `role`) pass the role's threshold in `ROLE_THRESHOLDS`."""
+    t = ROLE_THRESHOLDS[role]
+    return scores > t.value if t.strict else scores >= t.value
 
 
 def _row_weight(call: AttentionCall) -> torch.Tensor:
@@ -112,17 +153,17 @@ class OffsetProfile:
                 records += [
                     {
                         **ids,
-                        "role": "previous_token",
+                        "statistic": "previous_token",
                         "offset": -1,
-                        "score": float(means[h, prev]) if has_prev else float("nan"),
+                        "value": float(means[h, prev]) if has_prev else float("nan"),
                     },
                     {
                         **ids,
-                        "role": "positional",
-                        "score": float(best.values[h]),
+                        "statistic": "positional",
+                        "value": float(best.values[h]),
                         "offset": int(best.indices[h]) + lo,
                     },
-                    {**ids, "role": "sink", "score": float(sink[h]), "offset": None},
+                    {**ids, "statistic": "sink", "value": float(sink[h]), "offset": None},
                 ]
         return pd.DataFrame(records, columns=ROLE_COLUMNS)
 
@@ -158,8 +199,8 @@ class InductionProbe:
                         "layer": layer,
                         "site": site["site"].name,
                         "head": head,
-                        "role": "induction",
-                        "score": score,
+                        "statistic": "induction",
+                        "value": score,
                         "offset": None,
                     }
                 )
@@ -186,10 +227,11 @@ def head_roles(
     seed: int = 0,
     max_batch_tokens: int | None = None,
 ) -> pd.DataFrame:
-    """Role scores of every head: a tidy table with columns layer, site, head, role, score,
-    offset. Previous-token, positional and sink scores come from `batches` (the task's data);
-    the induction score from repeated random sequences of `period` tokens. Every pass holds
-    at most `max_batch_tokens` tokens (the scores are sums over rows, whatever the split)."""
+    """Role scores of every head: a tidy table with columns layer, site, head, statistic (the
+    role), value (its score), offset. Previous-token, positional and sink scores come from
+    `batches` (the task's data); the induction score from repeated random sequences of
+    `period` tokens. Every pass holds at most `max_batch_tokens` tokens (the scores are sums
+    over rows, whatever the split)."""
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -208,6 +250,6 @@ def head_roles(
     finally:
         model.train(was_training)
     table = pd.concat([profile.table(), induction.table()], ignore_index=True)
-    rank = table["role"].map({role: i for i, role in enumerate(ROLES)})
+    rank = table["statistic"].map({role: i for i, role in enumerate(ROLES)})
     table = table.assign(_rank=rank).sort_values(["layer", "head", "_rank"], kind="stable")
     return table.drop(columns="_rank").reset_index(drop=True)

@@ -90,7 +90,8 @@ def view_data(
 ) -> dict:
     """The viewer's data: `examples` are (label, batch, token strings of its first example);
     `stats` the long attention table (layer, head, statistic, value; averaged over lengths),
-    `roles` (layer, head, role, score) and `importance` (layer, head, method, value) optional.
+    `roles` (the role table: layer, head, statistic, value) and `importance` (layer, head,
+    method, value) optional.
     Heads pruned from the weights or masked by a zero gate are marked pruned."""
     layers, pruned = [], []
     for m in model.attention_modules():
@@ -107,8 +108,8 @@ def view_data(
             values = mean.xs(name, level="statistic")
             statistics[name] = {"label": label, "values": _per_head(model, values)}
     if roles is not None and not roles.empty:
-        for role, part in roles.groupby("role", sort=False):
-            values = part.groupby(["layer", "head"])["score"].mean()
+        for role, part in roles.groupby("statistic", sort=False):
+            values = part.groupby(["layer", "head"])["value"].mean()
             statistics[f"role_{role}"] = {
                 "label": ROLE_LABEL.format(str(role).replace("_", " ")),
                 "values": _per_head(model, values),

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
+from probe.analysis.schema import normalise
 from probe.files import atomic_write_bytes
 from probe.report.files import atomic_save_figure, atomic_write_csv, atomic_write_json
 from probe.report.layout import title_above
@@ -134,7 +135,8 @@ def entropy_vs_length(stats: pd.DataFrame, statistic: str = "entropy") -> plt.Fi
 
 def role_heatmaps(roles: pd.DataFrame) -> plt.Figure:
     """One layer x head heatmap per role; the positional panel shows the best offset too."""
-    present = [r for r in ROLE_TITLES if r in set(roles.role)]
+    roles = normalise("roles", roles)  # a roles.csv saved before the one schema too
+    present = [r for r in ROLE_TITLES if r in set(roles.statistic)]
     labels = _site_labels(roles)
     n_layer, n_head = roles.layer.nunique(), roles["head"].nunique()
     n_cols = 2 if len(present) > 2 else len(present)
@@ -142,8 +144,8 @@ def role_heatmaps(roles: pd.DataFrame) -> plt.Figure:
     size = (0.8 * n_head * n_cols + 4.0, (0.5 * n_layer + 1.3) * n_rows + 0.6)
     fig, axes = plt.subplots(n_rows, n_cols, figsize=size, squeeze=False)
     for ax, role in zip(axes.flat, present, strict=False):
-        part = roles[roles.role == role]
-        grid = part.pivot_table(index="layer", columns="head", values="score", dropna=False)
+        part = roles[roles.statistic == role]
+        grid = part.pivot_table(index="layer", columns="head", values="value", dropna=False)
         annot = grid.map(lambda v: "" if pd.isna(v) else f"{v:.2f}")
         if role == "positional":
             offsets = part.pivot_table(index="layer", columns="head", values="offset")

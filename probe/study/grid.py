@@ -35,7 +35,7 @@ LATER_FIELDS = {
 RENAMED = {"model": {"kept_heads": "heads"}}
 RESERVED = {"cell", "arm", "variant", "L", "L_min", "length", "metric", "value", "n", "layer",
             "head", "site", "statistic", "step", "split", "fraction", "method", "depth",
-            "seen", "n_tokens"}  # fmt: skip
+            "seen", "n_tokens", "unit"}  # fmt: skip
 
 
 def _digest(obj: Any) -> str:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pandas as pd
 from scipy import stats
 
+from probe.analysis.roles import DOMINANT
 from probe.report import study_plots as plots
 from probe.report.report import MarkdownReport
-from probe.study.question_sections import SPECIALISED
 from probe.study.stats import interval_words, over_seeds, row_ci
 from probe.study.summary import arm_sorted
 
@@ -89,7 +89,7 @@ def survivors(rep: MarkdownReport, importance: pd.DataFrame, roles: pd.DataFrame
               order: list[str], method: str = "gradient") -> list[str]:  # fmt: skip
     """Role scores of the most important half of the heads (by `method`) against the rest: each
     head's strongest role score, compared with a one-sided Mann-Whitney test pooled over seeds,
-    and the share with a role (a score >= SPECIALISED)."""
+    and the share with a role (a score >= DOMINANT)."""
     imp = importance[importance["method"] == method]
     if imp.empty or roles.empty:
         return []
@@ -107,7 +107,7 @@ def survivors(rep: MarkdownReport, importance: pd.DataFrame, roles: pd.DataFrame
         "induction: the mean attention it puts where that role looks) is compared between the "
         "survivors and the heads pruned away; if specialised heads carry the task (Voita et al. "
         "2019), survivors score higher. One-sided Mann-Whitney test on the heads pooled over "
-        f"seeds; 'with a role' counts scores >= {SPECIALISED}."
+        f"seeds; 'with a role' counts scores >= {DOMINANT}."
     )
     rows, findings = [], []
     for arm, g in heads.groupby("arm", sort=False):
@@ -117,8 +117,8 @@ def survivors(rep: MarkdownReport, importance: pd.DataFrame, roles: pd.DataFrame
         rows.append({
             "arm": arm, "survivors: mean strongest role score": kept["best"].mean(),
             "pruned: mean strongest role score": gone["best"].mean(),
-            "survivors with a role": f"{int((kept.best >= SPECIALISED).sum())} of {len(kept)}",
-            "pruned with a role": f"{int((gone.best >= SPECIALISED).sum())} of {len(gone)}",
+            "survivors with a role": f"{int((kept.best >= DOMINANT).sum())} of {len(kept)}",
+            "pruned with a role": f"{int((gone.best >= DOMINANT).sum())} of {len(gone)}",
             "survivors' commonest role": common, "p (one-sided)": p,
         })  # fmt: skip
         findings.append(f"{arm}: strongest role score {kept['best'].mean():.2f} for the "

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from probe.analysis.roles import ROLE_THRESHOLDS, has_role
 from probe.references import published
 from probe.study import heads_evidence as ev
 from probe.study.contrast import smallest_p
@@ -127,8 +128,8 @@ def wu(report: HeadReport) -> list[str]:
     ref = published("wu2024")
     retrieval = report.tables.get("retrieval")
     if retrieval is not None and len(retrieval):
-        threshold = ev.ROLE_THRESHOLDS["retrieval"]
-        n = int(ev.passes("retrieval", retrieval.score).sum())
+        threshold = ROLE_THRESHOLDS["retrieval"].value
+        n = int(has_role("retrieval", retrieval.value).sum())
         needles = int(report.study["roles"]["needles"])
         if "prompts" in retrieval.columns:
             basis = (f"by the paper's score (greedy decoding of as many tokens as the needle "
@@ -172,10 +173,10 @@ def wu(report: HeadReport) -> list[str]:
 
 def xiao(report: HeadReport) -> str | None:
     roles = report.tables.get("roles")
-    if roles is None or "sink" not in set(roles.role):
+    if roles is None or "sink" not in set(roles.statistic):
         return None
     ref = published("xiao2023")
-    sinks = roles[(roles.role == "sink") & ev.passes("sink", roles.score)]
+    sinks = roles[(roles.statistic == "sink") & has_role("sink", roles.value)]
     layers = sorted(sinks.layer.unique())
     share_low = len(sinks[sinks.layer < 2]) / max(len(sinks), 1)
     return (

@@ -13,19 +13,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from probe.study.heads_steps import PRIMARY, RETRIEVAL_THRESHOLD, operating_points
-
-# what the report counts as a head with a role: the share of attention (or of copy steps) a
-# head gives to what the role looks at
-ROLE_THRESHOLDS = {"previous_token": 0.5, "induction": 0.3, "sink": 0.5,
-                   "retrieval": RETRIEVAL_THRESHOLD}  # fmt: skip
-
-
-def passes(role: str, scores: pd.Series) -> pd.Series:
-    """Which scores pass the role's threshold: above it for retrieval heads (Wu et al. 2024:
-    "retrieval score larger than 0.1"), at least it for probe's own role scores."""
-    threshold = ROLE_THRESHOLDS[role]
-    return scores > threshold if role == "retrieval" else scores >= threshold
+from probe.analysis.objectives import operating_points, primary
+from probe.analysis.roles import ROLE_THRESHOLDS, has_role
 
 
 def pct(x: float) -> str:
@@ -35,11 +24,6 @@ def pct(x: float) -> str:
 def share_range(lo: float, hi: float) -> str:
     """ "6%" when the seeds agree, else "30% to 40%"."""
     return pct(lo) if abs(hi - lo) < 1e-9 else f"{pct(lo)} to {pct(hi)}"
-
-
-def primary(objective: str) -> tuple[str, bool]:
-    """(metric, higher is better) that curves and operating points are read by."""
-    return PRIMARY[objective]
 
 
 def operating_summary(curves: pd.DataFrame, objective: str, tolerance: float,
@@ -147,19 +131,20 @@ def retrieval_note(retrieval: pd.DataFrame, needles: int) -> str:
 
 
 def role_counts(roles: pd.DataFrame, n_heads: int) -> pd.DataFrame:
-    """Per role: how many heads pass its threshold, their share, and the layers they sit in."""
+    """Per role: how many heads pass its threshold (`probe.analysis.roles.has_role`), their share,
+    and the layers they sit in."""
     rows = []
     for role, threshold in ROLE_THRESHOLDS.items():
-        part = roles[roles.role == role]
+        part = roles[roles.statistic == role]
         if part.empty:
             continue
-        hits = part[passes(role, part.score)].sort_values("score", ascending=False)
+        hits = part[has_role(role, part.value)].sort_values("value", ascending=False)
         top = hits.head(5)
         rows.append({
-            "role": role, "threshold": threshold, "heads": len(hits),
+            "role": role, "threshold": threshold.value, "heads": len(hits),
             "share": len(hits) / n_heads,
             "layers": " ".join(str(x) for x in sorted(hits.layer.unique())),
-            "strongest": ", ".join(f"L{r.layer}H{r.head} {r.score:.2f}"
+            "strongest": ", ".join(f"L{r.layer}H{r.head} {r.value:.2f}"
                                    for r in top.itertuples()),
         })  # fmt: skip
     return pd.DataFrame(rows)

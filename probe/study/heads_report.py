@@ -15,6 +15,8 @@ import numpy as np
 import pandas as pd
 
 from probe.analysis.importance import importance_correlations
+from probe.analysis.objectives import primary
+from probe.analysis.schema import ROLE_COLUMNS
 from probe.errors import ProbeError
 from probe.report.pruning_plots import (
     correlation_heatmap,
@@ -59,7 +61,7 @@ class HeadReport:
             raise ProbeError(f"'{out}' has no model table; run the study again to finish it.")
         self.facts = self.tables["model"].iloc[0]
         self.objective = str(self.facts.objective)
-        self.metric, self.higher = ev.primary(self.objective)
+        self.metric, self.higher = primary(self.objective)
         self.n_heads = int(self.facts.n_layer * self.facts.n_head)
         self.tolerance = float(self.study["operating"]["tolerance"])
         self.curves = self.tables.get("curves", pd.DataFrame())
@@ -285,7 +287,7 @@ class HeadReport:
             return
         rep.heading("What the heads do")
         parts = [t for t in (roles, retrieval) if t is not None]
-        both = pd.concat([p[["layer", "site", "head", "role", "score", "offset"]] for p in parts])
+        both = pd.concat([p[ROLE_COLUMNS] for p in parts])
         counts = ev.role_counts(both, self.n_heads)
         rep.paragraph(
             "A head counts for a role when its score reaches the threshold (retrieval: exceeds "
@@ -303,9 +305,13 @@ class HeadReport:
         rep.table(counts, "role_counts.csv", digits=3)
         from probe.report.attention_plots import role_heatmaps
 
-        shown = both[both.role.isin(["previous_token", "induction", "sink", "retrieval"])]
+        shown = both[both.statistic.isin(["previous_token", "induction", "sink", "retrieval"])]
         rep.figure(role_heatmaps(shown), "roles.png", "Role scores of every head")
-        rep.data(both, "roles.csv", "Every head's score for every role.")
+        rep.data(
+            both.rename(columns={"statistic": "role", "value": "score"}),
+            "roles.csv",
+            "Every head's score for every role.",
+        )  # the reader's words: role, score
         if retrieval is not None and len(retrieval):
             rep.paragraph(ev.retrieval_note(retrieval, int(self.study["roles"]["needles"])))
         knockout = self.tables.get("knockout")

@@ -22,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from probe.analysis.retrieval import needle_prompts, retrieval_scores
+from probe.analysis.schema import normalise
 from probe.errors import ProbeError
 from probe.evaluate import text_splits_for
 from probe.interop.importer import import_model
@@ -210,7 +211,7 @@ def read_head_tables(out: Path) -> dict[str, pd.DataFrame]:
         path = out / "tables" / f"{kind}.csv"
         if path.is_file():
             try:
-                tables[kind] = read_table(path)
+                tables[kind] = normalise(kind, read_table(path))  # an older schema too
             except (OSError, ValueError, pd.errors.EmptyDataError):
                 continue
     if not tables:

@@ -18,6 +18,7 @@ from probe.analysis.fisher import fisher_prune
 from probe.analysis.groups import plan_units
 from probe.analysis.importance import head_importance
 from probe.analysis.layer_drop import layer_importance, plan_layers
+from probe.analysis.objectives import objective_of, operating_points
 from probe.analysis.pruning import masked, plan_removal, present_heads, prune_heads, quota
 from probe.analysis.pruning_runs import pruning_curve, score_batches
 from probe.analysis.retrieval import retrieval_scores
@@ -28,14 +29,11 @@ from probe.study.heads_spec import HeadStudy
 if TYPE_CHECKING:  # the plan's units and context: they call the steps defined here
     from probe.study.heads_runner import HeadStep, Subject
 
-RETRIEVAL_THRESHOLD = 0.1  # Wu et al. 2024 call a head a retrieval head above this score
 # which retrieval score and which mask tuning the steps compute: in the steps' options, so a
 # change of definition recomputes exactly the steps that use it (retrieval, knock-out, and the
 # fisher+tune curves)
 RETRIEVAL_SCORE = "wu2024-greedy"
 MASK_TUNING = "kwon2022-layer-by-layer"
-PRIMARY = {"embedding": ("similarity", True), "causal-lm": ("loss", False),
-           "masked-lm": ("loss", False)}  # fmt: skip
 
 
 def plan_steps(study: HeadStudy) -> list[tuple[str, str, dict[str, Any]]]:
@@ -126,7 +124,7 @@ def knockout(subject: Subject, step: HeadStep | None, progress) -> pd.DataFrame:
     ko = subject.study.knockout
     model = subject.model
     scores = subject.retrieval.sort_values(
-        ["score", "layer", "head"], ascending=[False, True, True], kind="stable"
+        ["value", "layer", "head"], ascending=[False, True, True], kind="stable"
     )
     ranked = list(zip(scores.layer.astype(int), scores["head"].astype(int), strict=True))
     prompts = subject.needles(ko.prompts, seed=1)
@@ -148,30 +146,6 @@ def knockout(subject: Subject, step: HeadStep | None, progress) -> pd.DataFrame:
                      "recall": float(table["recall"].iloc[0]),
                      "heads": " ".join(f"L{a}H{b}" for a, b in heads)})  # fmt: skip
         progress(i + 1, len(runs))
-    return pd.DataFrame(rows)
-
-
-def operating_points(curves: pd.DataFrame, objective: str, tolerance: float) -> pd.DataFrame:
-    """Per method, unit and seed: the largest share of heads removed such that the primary metric
-    at it and at every smaller share stays within `tolerance` of the unpruned model's. Columns
-    method, unit, seed, metric, fraction, n_pruned, value, reference."""
-    metric, higher = PRIMARY[objective]
-    rows = []
-    data = curves[curves.metric == metric].sort_values("fraction", kind="stable")
-    for (method, unit, seed), g in data.groupby(["method", "unit", "seed"], sort=False):
-        reference = float(g[g.n_pruned == 0].value.iloc[0]) if (g.n_pruned == 0).any() else None
-        best = None
-        if reference is not None:
-            for r in g.itertuples():
-                gap = reference - r.value if higher else r.value - reference
-                if gap > tolerance + 1e-12:
-                    break
-                best = r
-        rows.append({"method": method, "unit": unit, "seed": int(seed), "metric": metric,
-                     "fraction": None if best is None else float(best.fraction),
-                     "n_pruned": None if best is None else int(best.n_pruned),
-                     "value": None if best is None else float(best.value),
-                     "reference": reference})  # fmt: skip
     return pd.DataFrame(rows)
 
 
@@ -217,7 +191,7 @@ def timing_step(study: HeadStudy, curves: pd.DataFrame) -> dict[str, Any] | None
         return None
     t = study.timing
     n_heads = int(curves.n_pruned.max() / max(curves.fraction.max(), 1e-9) + 0.5)
-    ops = operating_points(curves, subject_objective(curves), study.operating.tolerance)
+    ops = operating_points(curves, objective_of(curves.metric), study.operating.tolerance)
     wanted: list[tuple[str, str, int, str]] = []
     for (method, unit), g in ops.groupby(["method", "unit"], sort=False):
         counts = {round(f * n_heads): "fixed" for f in t.fractions}
@@ -242,11 +216,6 @@ def seed_zero_tables(importance: pd.DataFrame, layers: pd.DataFrame) -> dict[str
     if not layers.empty:
         known["attention-layer"] = layers[layers.seed == 0].reset_index(drop=True)
     return known
-
-
-def subject_objective(curves: pd.DataFrame) -> str:
-    """The objective a curve table was measured by (its primary metric tells)."""
-    return "embedding" if "similarity" in set(curves.metric) else "causal-lm"
 
 
 def _time_variants(subject: Subject, step: HeadStep, progress) -> pd.DataFrame:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from probe.analysis.roles import DOMINANT
 from probe.references import published
 from probe.report import study_plots as plots
 from probe.report.report import MarkdownReport
@@ -59,11 +60,10 @@ def position_probe(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -
     return findings
 
 
-SPECIALISED = 0.5  # a head whose strongest role score reaches this has a role
-
-
 def roles(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list[str]:
-    """Per arm: the share of heads with each role (score >= SPECIALISED) and with any role."""
+    """Per arm: the share of heads whose score for each role reaches DOMINANT (half the head's
+    attention; the same bar for every role, not `has_role`'s per-role thresholds), and for any
+    role. The report words it "has a role", as it has since it was first published."""
     if table.empty:
         return []
     rep.heading("Head roles")
@@ -72,13 +72,13 @@ def roles(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list[st
         "Each head's role scores are mean attention probabilities: on the previous token, on a "
         "fixed relative offset (positional), on the first token (sink), and on the token after "
         "the previous occurrence of the current one in a repeated random sequence (induction). "
-        f"A head has a role when its score reaches {SPECIALISED}. Shares are of all heads of "
+        f"A head has a role when its score reaches {DOMINANT}. Shares are of all heads of "
         f"the model, {interval_words(seeds)}."
     )
     keys = ["cell", "arm", "seed", "layer", "head"]
     heads = table.pivot_table(index=keys, columns="statistic", values="value").reset_index()
     role_names = [c for c in heads.columns if c not in keys]
-    has = heads[role_names].ge(SPECIALISED).assign(any=lambda d: d.any(axis=1))
+    has = heads[role_names].ge(DOMINANT).assign(any=lambda d: d.any(axis=1))
     shares = pd.concat([heads[["cell", "arm", "seed"]], has.astype(float)], axis=1)
     per_cell = shares.groupby(["cell", "arm", "seed"], as_index=False).mean(numeric_only=True)
     long = per_cell.melt(id_vars=["cell", "arm", "seed"], var_name="role", value_name="value")
@@ -93,7 +93,7 @@ def roles(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list[st
                "roles.png", "Share of heads with each role, per arm")  # fmt: skip
     anyrole = arm_sorted(stats[stats["role"] == "any"], order)
     text = ", ".join(f"{r.arm} {100 * r.mean:.0f}%" for r in anyrole.itertuples())
-    finding = f"Heads with a role (some score >= {SPECIALISED}): {text}."
+    finding = f"Heads with a role (some score >= {DOMINANT}): {text}."
     rep.bullets([finding])
     return [finding]
 

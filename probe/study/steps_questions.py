@@ -85,7 +85,7 @@ def _roles(ctx: StepContext, opts: RolesOptions) -> dict[str, pd.DataFrame]:
         eval_batches(ctx.task, form, lengths, opts.batch_size, opts.n_batches, opts.seed)
     )
     table = roles.head_roles(ctx.model, batches, period=opts.period, seed=opts.seed)
-    return {"roles": table.rename(columns={"role": "statistic", "score": "value"})}
+    return {"roles": table}
 
 
 @dataclass(frozen=True)

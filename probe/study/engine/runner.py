@@ -21,6 +21,7 @@ import pandas as pd
 import torch
 
 from probe import provenance
+from probe.analysis.schema import normalise
 from probe.errors import Interrupted, ProbeError
 from probe.report.files import atomic_write_csv, atomic_write_json, atomic_write_text
 from probe.runtime import resolve_device
@@ -210,4 +211,4 @@ def load_tables(out: Path | str) -> dict[str, pd.DataFrame]:
     folder = Path(out) / "tables"
     if not folder.is_dir():
         raise ProbeError(f"{out} holds no tables/ folder; is it a finished `probe study run`?")
-    return {p.stem: read_table(p) for p in sorted(folder.glob("*.csv"))}
+    return {p.stem: normalise(p.stem, read_table(p)) for p in sorted(folder.glob("*.csv"))}
