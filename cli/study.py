@@ -146,9 +146,9 @@ def run_cli(
         raise ProbeError("--executor ray runs the cells of a grid study; a head study's steps "
                          "share one model and run here.")  # fmt: skip
     check_threads(threads, "--threads")
-    if isinstance(study, HeadStudy):  # measurements without expectations: an empty JUnit file
-        finish(study.name, [], junit,
-               *run_heads(study, file, smoke, out, threads, overwrite, runtime))  # fmt: skip
+    if isinstance(study, HeadStudy):
+        outcomes, seconds, last = run_heads(study, file, smoke, out, threads, overwrite, runtime)
+        finish(study.name, outcomes, junit, seconds, last)
         return
     if dtype is not None:
         raise ProbeError("--dtype sets the weights' dtype of a head study's real model; a grid "
@@ -182,9 +182,9 @@ def run_cli(
 
 
 def run_heads(study: HeadStudy, file: Path, smoke: bool, out: Path | None, threads: int,
-              overwrite: bool, runtime=None) -> tuple[float, str]:  # fmt: skip
-    """`probe study run` of a head study: its steps, then its report; the seconds it took and
-    the reproduction verdict."""
+              overwrite: bool, runtime=None) -> tuple[list[Outcome], float, str]:  # fmt: skip
+    """`probe study run` of a head study: its steps, then its report; the expectations'
+    outcomes, the seconds it took and the reproduction verdict."""
     from probe.interop.bundled import resolve
     from probe.study.heads_report import write_head_report
     from probe.study.heads_runner import run_head_study
@@ -210,9 +210,10 @@ def run_heads(study: HeadStudy, file: Path, smoke: bool, out: Path | None, threa
                                 overwrite=overwrite, runtime=runtime)  # fmt: skip
     console.print(f"{counted(result.n_run, 'step')} run, {result.n_cached} reused from the cache, "
                   f"{result.manifest['wall_s']:.0f} s")  # fmt: skip
-    console.print(f"report: [bold]{shown(write_head_report(out))}[/]", soft_wrap=True)
+    path, outcomes = write_head_report(out)
+    console.print(f"report: [bold]{shown(path)}[/]", soft_wrap=True)
     last = verdict(out, study.name, study.is_smoke, result.tables, result.manifest)
-    return float(result.manifest["wall_s"]), last
+    return outcomes, float(result.manifest["wall_s"]), last
 
 
 class StepProgress:
@@ -350,7 +351,9 @@ def report_cli(
     from probe.study.reporting import read_manifest, report_from_dir
 
     if read_manifest(folder).get("kind") == "heads":
-        console.print(f"report: [bold]{shown(write_head_report(folder))}[/]", soft_wrap=True)
+        path, outcomes = write_head_report(folder)
+        console.print(f"report: [bold]{shown(path)}[/]", soft_wrap=True)
+        finish(read_manifest(folder)["study"], outcomes, junit, 0.0)
         return
     path, outcomes = report_from_dir(folder, partial=partial)
     console.print(f"report: [bold]{shown(path)}[/] (and {path.with_suffix('.html').name})",

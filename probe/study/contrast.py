@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from probe.config import check_keys
+from probe.config import check_keys, did_you_mean
 from probe.errors import ProbeError
 from probe.references import published
 from probe.study import summary
@@ -92,8 +92,9 @@ def parse_contrast(raw: Any, where: str, tables: tuple[str, ...]) -> Contrast:
             raise ProbeError(f"{where} needs '{key}' as a non-empty string "
                              '(for example a = "sqrt", b = "none").')  # fmt: skip
     if raw["table"] not in tables:
-        raise ProbeError(f"{where} table '{raw['table']}' is not one the study writes "
-                         f"({', '.join(tables)}).")  # fmt: skip
+        raise ProbeError(f"{where} table '{raw['table']}' is not one the study writes."
+                         f"{did_you_mean(raw['table'], tables)} Its tables: "
+                         f"{', '.join(tables)}.")  # fmt: skip
     if raw.get("expect", "higher") not in EXPECT:
         raise ProbeError(f"{where} expect must be one of {', '.join(EXPECT)}, "
                          f"got {raw['expect']!r}.")  # fmt: skip
