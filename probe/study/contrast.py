@@ -276,16 +276,17 @@ def ci_text(row: pd.Series, arm: str, digits: int = 2) -> str:
 
 
 def section(rep, contrasts: tuple[Contrast, ...], tables: dict[str, pd.DataFrame],
-            where: str = "") -> list[str]:  # fmt: skip
+            where: str = "", sides: str = "arms") -> list[str]:  # fmt: skip
     """The report's Verdicts section: one row per claim (and group) with both arms' means and
     95% bootstrap intervals over seeds, the exact p and the verdict; the papers the claims come
-    from, quoted from the references file. Returns one sentence per verdict (the answer)."""
+    from, quoted from the references file. Returns one sentence per verdict (the answer).
+    `sides`: what the compared values are (a head study compares methods)."""
     table = verdict_table(contrasts, tables, where)
     if table.empty:
         return []
     rep.heading("Verdicts")
     rep.paragraph(
-        "Each claim compares two arms on one number per seed (the mean, or for a spread the "
+        f"Each claim compares two {sides} on one number per seed (the mean, or for a spread the "
         "standard deviation, of the matching rows) with an exact one-sided Mann-Whitney test; "
         f"'supported' needs p <= {ALPHA:g} in the claimed direction, 'contradicted' p <= "
         f"{ALPHA:g} the other way. With 3 seeds against 3 the smallest possible p is "

@@ -140,11 +140,13 @@ def report_verdicts(
     tables: dict[str, pd.DataFrame],
     smoke: bool,
     where: str = "",
+    sides: str = "arms",
 ) -> tuple[list[str], list[Outcome], list[str]]:
     """The Verdicts section (the contrasts) then the Expectations section; returns the
     contrasts' sentences (for the answer), the expectations' outcomes and the finding that sums
-    them up. `where` (the study file) names an expectation or contrast that cannot be read."""
-    answers = contrast.section(rep, contrasts, tables, where)
+    them up. `where` (the study file) names an expectation or contrast that cannot be read;
+    `sides`: what the contrasts compare."""
+    answers = contrast.section(rep, contrasts, tables, where, sides)
     outcomes = check_all(expectations, tables, smoke, where)
     return answers, outcomes, expectations_section(rep, outcomes)
 
@@ -154,8 +156,10 @@ def head_verdicts(rep: MarkdownReport, study: dict[str, Any], tables: dict[str, 
     """A head report's Verdicts and Expectations sections, from its study.json (`study`); the
     contrasts' sentences join the answer, block `answer_at` of `rep`."""
     expectations, contrasts = verdicts_from_dict(study)
+    methods = all(c.column == "method" for c in contrasts)
     answers, outcomes, _ = report_verdicts(rep, expectations, contrasts, tables,
-                                           bool(study.get("smoke")), where)  # fmt: skip
+                                           bool(study.get("smoke")), where,
+                                           "methods" if methods else "values")  # fmt: skip
     if answers:
         rep.blocks[answer_at] += " Over seeds: " + "; ".join(answers) + "."
     return outcomes
