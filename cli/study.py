@@ -186,7 +186,7 @@ def _write_report(out: Path, study, result) -> tuple[Path, list[Outcome]]:
     from probe.study.reporting import write_report
 
     if isinstance(study, HeadStudy):
-        return write_head_report(out), []
+        return write_head_report(out)
     return write_report(out, study, result.tables, result.manifest)
 
 
@@ -300,7 +300,9 @@ def report_cli(
     from probe.study.reporting import read_manifest, report_from_dir
 
     if read_manifest(folder).get("kind") == "heads":
-        console.print(f"report: [bold]{shown(write_head_report(folder))}[/]", soft_wrap=True)
+        path, outcomes = write_head_report(folder)
+        console.print(f"report: [bold]{shown(path)}[/]", soft_wrap=True)
+        finish(read_manifest(folder)["study"], outcomes, junit, 0.0)
         return
     path, outcomes = report_from_dir(folder, partial=partial)
     console.print(f"report: [bold]{shown(path)}[/] (and {path.with_suffix('.html').name})",

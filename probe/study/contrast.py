@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from probe.config import check_keys
+from probe.config import check_keys, did_you_mean
 from probe.errors import ProbeError
 from probe.references import published
 from probe.study import summary
@@ -92,8 +92,9 @@ def parse_contrast(raw: Any, where: str, tables: tuple[str, ...]) -> Contrast:
             raise ProbeError(f"{where} needs '{key}' as a non-empty string "
                              '(for example a = "sqrt", b = "none").')  # fmt: skip
     if raw["table"] not in tables:
-        raise ProbeError(f"{where} table '{raw['table']}' is not one the study writes "
-                         f"({', '.join(tables)}).")  # fmt: skip
+        raise ProbeError(f"{where} table '{raw['table']}' is not one the study writes."
+                         f"{did_you_mean(raw['table'], tables)} Its tables: "
+                         f"{', '.join(tables)}.")  # fmt: skip
     if raw.get("expect", "higher") not in EXPECT:
         raise ProbeError(f"{where} expect must be one of {', '.join(EXPECT)}, "
                          f"got {raw['expect']!r}.")  # fmt: skip
@@ -275,16 +276,17 @@ def ci_text(row: pd.Series, arm: str, digits: int = 2) -> str:
 
 
 def section(rep, contrasts: tuple[Contrast, ...], tables: dict[str, pd.DataFrame],
-            where: str = "") -> list[str]:  # fmt: skip
+            where: str = "", sides: str = "arms") -> list[str]:  # fmt: skip
     """The report's Verdicts section: one row per claim (and group) with both arms' means and
     95% bootstrap intervals over seeds, the exact p and the verdict; the papers the claims come
-    from, quoted from the references file. Returns one sentence per verdict (the answer)."""
+    from, quoted from the references file. Returns one sentence per verdict (the answer).
+    `sides`: what the compared values are (a head study compares methods)."""
     table = verdict_table(contrasts, tables, where)
     if table.empty:
         return []
     rep.heading("Verdicts")
     rep.paragraph(
-        "Each claim compares two arms on one number per seed (the mean, or for a spread the "
+        f"Each claim compares two {sides} on one number per seed (the mean, or for a spread the "
         "standard deviation, of the matching rows) with an exact one-sided Mann-Whitney test; "
         f"'supported' needs p <= {ALPHA:g} in the claimed direction, 'contradicted' p <= "
         f"{ALPHA:g} the other way. With 3 seeds against 3 the smallest possible p is "

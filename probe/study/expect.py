@@ -138,9 +138,14 @@ def parse_conditions(table: Any, where: str) -> tuple[Condition, ...]:
     return tuple(out)
 
 
-def parse_expectation(raw: Any, where: str, tables: tuple[str, ...] | None = None) -> Expectation:
+GRID_TABLES = "(train, plus those of the [analysis] steps)"
+
+
+def parse_expectation(raw: Any, where: str, tables: tuple[str, ...] | None = None,
+                      note: str = GRID_TABLES) -> Expectation:  # fmt: skip
     """An expectation from a study file's [[expect]] table; `tables` (when given) are the tables
-    the study writes, so a misspelt table is caught before any training."""
+    the study writes (`note` says which they are), so a misspelt table is caught before any
+    training."""
     check_keys(raw, tuple(KEYS), where)
     for key in ("table", "metric", "bound"):
         if key not in raw:
@@ -154,8 +159,7 @@ def parse_expectation(raw: Any, where: str, tables: tuple[str, ...] | None = Non
     if tables is not None and raw["table"] not in tables:
         raise ProbeError(
             f"{where} table '{raw['table']}' is not one the study writes."
-            f"{did_you_mean(raw['table'], tables)} Its tables: {', '.join(tables)} "
-            "(train, plus those of the [analysis] steps)."
+            f"{did_you_mean(raw['table'], tables)} Its tables: {', '.join(tables)} {note}."
         )
     match = _COMPARISON.match(str(raw["bound"]))
     number = _number(match.group(2)) if match else None

@@ -202,6 +202,8 @@ def least_important(importance: pd.DataFrame, method: str, n: int) -> list[str]:
     (n of them when the seeds agree)."""
     from probe.analysis.pruning import ranking
 
+    if "method" not in importance.columns:  # a study without [importance] methods
+        return []
     part = importance[importance.method == method]
     if part.empty or n <= 0:
         return []

@@ -28,9 +28,11 @@ from probe.report.pruning_plots import (
 from probe.report.report import MarkdownReport
 from probe.study import heads_evidence as ev
 from probe.study.documents import read_json
+from probe.study.expect import Outcome
 from probe.study.heads_runner import read_head_tables
 from probe.study.reproduce import head_reproduction, reference_for
 from probe.study.runner import MANIFEST
+from probe.study.verdicts import head_verdicts
 from probe.words import counted
 
 
@@ -380,8 +382,9 @@ class HeadReport:
         ])  # fmt: skip
 
 
-def write_head_report(out: Path | str, comparison=None) -> Path:
-    """Write report.md (and its tables and figures) into the results directory `out`."""
+def write_head_report(out: Path | str, comparison=None) -> tuple[Path, list[Outcome]]:
+    """Write report.md (and its tables and figures) into the results directory `out`; returns
+    its path and the expectations' outcomes."""
     from probe.study.heads_claims import comparison as default_comparison
 
     report = HeadReport(Path(out))
@@ -390,6 +393,7 @@ def write_head_report(out: Path | str, comparison=None) -> Path:
     if s["smoke"]:
         rep.paragraph("**Smoke version** (scaled down for CI): the numbers below are not results.")
     rep.paragraph(f"**Question.** {s['question']}")
+    answer_at = len(rep.blocks)
     rep.paragraph(f"**Answer.** {report.answer()}")
     if s["description"]:
         rep.paragraph(s["description"])
@@ -400,8 +404,10 @@ def write_head_report(out: Path | str, comparison=None) -> Path:
     report.importance(rep)
     report.roles(rep)
     (comparison or default_comparison)(report, rep)
+    where = str(report.manifest.get("file", s["name"]))
+    outcomes = head_verdicts(rep, s, report.tables, where, answer_at)
     report.files(rep)
     ref = reference_for(report.out, s["name"], bool(s["smoke"]))
     if ref is not None:
         rep.paragraph("**Reproduction.** " + head_reproduction(report.tables, report.manifest, ref))
-    return rep.write()
+    return rep.write(), outcomes

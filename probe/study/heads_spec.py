@@ -20,13 +20,19 @@ from probe.analysis.pruning_runs import CURVE_EXTRAS
 from probe.config import check_keys, did_you_mean, from_dict
 from probe.errors import ProbeError
 from probe.fields import shown
+from probe.study.contrast import Contrast
+from probe.study.expect import Expectation
 from probe.study.heads_checks import check_source, check_text, check_values
 from probe.study.settings import heading_dict, study_heading
+from probe.study.verdicts import parse_verdicts, verdicts_dict
 
 TOP_LEVEL = ("study", "model", "text", "importance", "curves", "roles", "knockout", "timing",
-             "operating", "smoke")  # fmt: skip
+             "operating", "expect", "contrast", "smoke")  # fmt: skip
+# the tables a head study writes (tables/<name>.csv), which [[expect]] and [[contrast]] name
+TABLES = ("model", "importance", "layers", "curves", "roles", "retrieval", "knockout", "timing")
 STUDY_KEYS = ("name", "question", "description", "title")
 CURVE_METHODS = (*(str(m) for m in Method), *CURVE_EXTRAS)
+HEAD_TABLES = "(a head study's tables; those its sections ask for are written)"
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,8 @@ class HeadStudy:
     knockout: KnockoutOptions = KnockoutOptions()
     timing: TimingOptions = TimingOptions()
     operating: OperatingOptions = OperatingOptions()
+    expectations: tuple[Expectation, ...] = ()  # checked on the tables after a run
+    contrasts: tuple[Contrast, ...] = ()  # claims tested over seeds (the report's verdicts)
     smoke: dict[str, Any] | None = field(default=None, compare=False)
     is_smoke: bool = False
 
@@ -164,6 +172,14 @@ def _sections(data: dict[str, Any], where: str) -> dict[str, Any]:
     return out
 
 
+def _methods(sections: dict[str, Any]) -> dict[str, tuple[str, ...]]:
+    """The methods the importance and curves tables hold, for a contrast's a and b."""
+    importance = sections.get("importance", ImportanceOptions())
+    curves = sections.get("curves", CurveOptions())
+    return {"importance": importance.methods,
+            "curves": tuple(dict.fromkeys((*curves.methods, *curves.group_methods)))}  # fmt: skip
+
+
 def parse_head_study(data: dict[str, Any], path: Path | None = None) -> HeadStudy:
     where, head, name = study_heading(data, path, TOP_LEVEL, STUDY_KEYS)
     model = check_keys(data["model"], ("source",), f"{where} [model]")
@@ -181,6 +197,9 @@ def parse_head_study(data: dict[str, Any], path: Path | None = None) -> HeadStud
                     f"{where} [smoke] {section} must be a table of [{section}] options, got "
                     f"{shown(options)}."
                 )
+    sections = _sections(data, where)
+    expectations, contrasts = parse_verdicts(data, where, TABLES, HEAD_TABLES,
+                                             _methods(sections))  # fmt: skip
     study = HeadStudy(
         name=name,
         question=str(head["question"]).strip(),
@@ -188,8 +207,10 @@ def parse_head_study(data: dict[str, Any], path: Path | None = None) -> HeadStud
         path=path,
         description=str(head.get("description", "")).strip(),
         title=str(head.get("title", "")),
+        expectations=expectations,
+        contrasts=contrasts,
         smoke=smoke,
-        **_sections(data, where),
+        **sections,
     )
     return check_head_study(study)
 
@@ -231,7 +252,7 @@ def head_study_dict(study: HeadStudy) -> dict[str, Any]:
     }
     for name in SECTIONS:
         out[name] = dataclasses.asdict(getattr(study, name))
-    return out
+    return {**out, **verdicts_dict(study.expectations, study.contrasts)}
 
 
 def load_any(path: str | Path):

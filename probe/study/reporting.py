@@ -17,14 +17,15 @@ import pandas as pd
 
 from probe.errors import ProbeError
 from probe.report.report import MarkdownReport
-from probe.study import contrast, head_sections, question_sections, sections
+from probe.study import head_sections, question_sections, sections
 from probe.study.documents import read_json
-from probe.study.expect import Outcome, check_all
+from probe.study.expect import Outcome
 from probe.study.grid import expand
 from probe.study.reproduce import reference_for, reproduction
 from probe.study.runner import MANIFEST, finished_tables, load_tables, plan_for
 from probe.study.spec import Study, load_study, smoke_version
 from probe.study.steps import options_dict
+from probe.study.verdicts import report_verdicts
 from probe.words import counted
 
 
@@ -91,25 +92,6 @@ def _run_line(manifest: dict[str, Any]) -> str:
             f"{manifest.get('created', '?')}, {spent} of cell time")  # fmt: skip
 
 
-def _expectations(rep: MarkdownReport, outcomes: list[Outcome]) -> list[str]:
-    if not outcomes:
-        return []
-    rep.heading("Expectations")
-    table = pd.DataFrame([{
-        "check": o.name, "observed": "–" if o.observed is None else f"{o.observed:.3f}",
-        "expected": o.bound, "result": "pass" if o.passed else f"**FAIL** {o.detail}".strip(),
-    } for o in outcomes])  # fmt: skip
-    rep.table(table, "expectations.csv")
-    failed = sum(not o.passed for o in outcomes)
-    if failed:
-        return [f"{failed} of {counted(len(outcomes), 'expectation')} FAILED (see Expectations)."]
-    return [
-        f"All {len(outcomes)} expectations pass."
-        if len(outcomes) > 1
-        else "The expectation passes."
-    ]
-
-
 def write_report(
     out: Path | str,
     study: Study,
@@ -170,12 +152,13 @@ def write_report(
         findings += sections.reference(rep, tables["eval"], study.reference)
     if "train" in tables:
         sections.training(rep, tables["train"], order)
-    answers += contrast.section(rep, study.contrasts, tables, study.where)
+    verdicts, outcomes, summary = report_verdicts(rep, study.expectations, study.contrasts,
+                                                  tables, study.is_smoke, study.where)  # fmt: skip
+    answers += verdicts
     if answers:
         rep.blocks.insert(question_at, "**Answer.** " + "; ".join(answers) + ".")
         findings_at += 1
-    outcomes = check_all(study.expectations, tables, study.is_smoke, study.where)
-    findings += _expectations(rep, outcomes)
+    findings += summary
     rep.heading("Files")
     rep.bullets([
         "`tables/*.csv`: every cell's tidy results, one row per seed, with the cell's identity "

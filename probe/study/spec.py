@@ -18,9 +18,9 @@ from probe.errors import ProbeError
 from probe.fields import shown
 from probe.presets import with_preset
 from probe.references import published
-from probe.study.contrast import Contrast, parse_contrast
+from probe.study.contrast import Contrast
 from probe.study.documents import read_toml
-from probe.study.expect import Expectation, parse_expectation
+from probe.study.expect import Expectation
 from probe.study.settings import (
     SECTIONS,
     check_key,
@@ -30,6 +30,7 @@ from probe.study.settings import (
     study_heading,
 )
 from probe.study.steps import get_step, parse_options
+from probe.study.verdicts import parse_verdicts
 
 TOP_LEVEL = (
     "study",
@@ -223,18 +224,7 @@ def parse_study(data: dict[str, Any], path: Path | None = None) -> Study:
     check_key(by, f"{where} [report] by")
     analysis = _analysis(data.get("analysis", {}), where)
     tables = ("train", *(t for step in analysis for t in get_step(step).tables))
-    if not isinstance(data.get("expect", []), list):
-        raise ProbeError(f"{where}: write expectations as [[expect]] tables.")
-    expectations = tuple(
-        parse_expectation(e, f"{where} [[expect]] #{i + 1}", tables)
-        for i, e in enumerate(data.get("expect", []))
-    )
-    if not isinstance(data.get("contrast", []), list):
-        raise ProbeError(f"{where}: write contrasts as [[contrast]] tables.")
-    contrasts = tuple(
-        parse_contrast(c, f"{where} [[contrast]] #{i + 1}", tables)
-        for i, c in enumerate(data.get("contrast", []))
-    )
+    expectations, contrasts = parse_verdicts(data, where, tables)
     smoke = data.get("smoke")
     if smoke is not None:
         _check_smoke(smoke, where)
