@@ -15,9 +15,9 @@ import time
 import torch
 from bench_imported import package_dir
 
-from probe.analysis.fisher import fisher_prune
 from probe.evaluate import text_splits_for
 from probe.interop.importer import import_model
+from probe.pruning.fisher import fisher_prune
 from probe.text import read_documents
 
 

@@ -18,13 +18,13 @@ import time
 
 import torch
 
-from probe.analysis.importance import head_importance
-from probe.analysis.pruning import masked, prune_heads
-from probe.analysis.pruning_runs import score_batches
-from probe.analysis.timing import time_forward, time_ratios, timing_batches
 from probe.config import ModelConfig
 from probe.evaluate import eval_batches
 from probe.model import Transformer
+from probe.pruning.curves import score_batches
+from probe.pruning.heads import masked, prune_heads
+from probe.pruning.importance import head_importance
+from probe.pruning.timing import time_forward, time_ratios, timing_batches
 from probe.tasks import TaskConfig
 
 TASK = TaskConfig()  # copy, 16 symbols

@@ -75,9 +75,9 @@ def view_cli(
     entropy, max logit, role scores or importance; click a head for its attention pattern.
 
     Opens offline in any browser: the data is inlined and nothing is fetched."""
-    from probe.analysis.importance import Method
     from probe.analysis.view import checkpoint_view
     from probe.config import choice
+    from probe.pruning.importance import Method
     from probe.report.html.viewer import write_viewer
     from probe.runtime import resolve_device
     from probe.study.viewers import pick_cell

@@ -9,11 +9,11 @@ import pytest
 import torch
 from cli_run import exit_code
 
-from probe.analysis.pruning import masked
 from probe.checkpoint import load_checkpoint, save_checkpoint
 from probe.config import ModelConfig, TrainConfig
 from probe.evaluate import eval_batches
 from probe.model import Transformer
+from probe.pruning.heads import masked
 from probe.tasks import TaskConfig
 
 TASK = TaskConfig(n_symbols=6)

@@ -13,11 +13,11 @@ import torch
 from precision import HALF, UNIT_ROUNDOFF, bound, rounded
 from test_fire import fire_by_hand, fire_module
 
-from probe.analysis.pruning import masked, prune_heads
 from probe.checkpoint import load_checkpoint, save_checkpoint
 from probe.config import ModelConfig, TrainConfig
 from probe.model import Transformer
 from probe.model.positional import ALiBi, Rotary, alibi_slopes
+from probe.pruning.heads import masked, prune_heads
 from probe.tasks import TaskConfig
 
 VOCAB = 50

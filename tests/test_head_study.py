@@ -129,8 +129,8 @@ def check_knockout(file: Path, ko: pd.DataFrame) -> None:
     its copy accuracy is recomputed here with only those heads masked."""
     import tomllib
 
-    from probe.analysis.pruning import masked
     from probe.analysis.retrieval import retrieval_scores
+    from probe.pruning.heads import masked
     from probe.study.heads_runner import Subject
 
     subject = Subject(parse_head_study(tomllib.loads(file.read_text())))
@@ -215,8 +215,8 @@ def test_timing_reuses_the_importance_it_would_compute(llama_dir):
 
     import torch
 
-    from probe.analysis.importance import head_importance
-    from probe.analysis.layer_drop import layer_importance
+    from probe.pruning.importance import head_importance
+    from probe.pruning.layer_drop import layer_importance
     from probe.study.heads_runner import Subject
     from probe.study.heads_steps import pruned_model
 

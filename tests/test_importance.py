@@ -11,7 +11,12 @@ import torch
 import torch.nn.functional as F
 from scipy.stats import spearmanr
 
-from probe.analysis.importance import (
+from probe.config import ModelConfig
+from probe.errors import ProbeError
+from probe.evaluate import eval_batches
+from probe.model import Transformer
+from probe.pruning.heads import masked, prune_heads
+from probe.pruning.importance import (
     compare_estimators,
     disjoint_splits,
     example_keys,
@@ -20,11 +25,6 @@ from probe.analysis.importance import (
     parse_methods,
     without,
 )
-from probe.analysis.pruning import masked, prune_heads
-from probe.config import ModelConfig
-from probe.errors import ProbeError
-from probe.evaluate import eval_batches
-from probe.model import Transformer
 from probe.tasks import TaskConfig
 
 TASK = TaskConfig(n_symbols=6)

@@ -10,16 +10,16 @@ import torch
 import torch.nn.functional as F
 
 from probe.analysis.attention import inspect_batches
-from probe.analysis.fisher import reconstruction_error, tune_masks
-from probe.analysis.importance import head_importance, mean_loss
-from probe.analysis.layer_drop import layer_importance
-from probe.analysis.pruning_runs import score_batches
 from probe.batching import micro_batches, row_tokens, split_batch
 from probe.config import ModelConfig
 from probe.errors import ProbeError
 from probe.evaluate import batch_loss, eval_batches, evaluate, text_metrics
 from probe.loss import per_example, token_losses
 from probe.model import Transformer
+from probe.pruning.curves import score_batches
+from probe.pruning.fisher import reconstruction_error, tune_masks
+from probe.pruning.importance import head_importance, mean_loss
+from probe.pruning.layer_drop import layer_importance
 from probe.tasks import Batch, TaskConfig
 
 TASK = TaskConfig(n_symbols=6)
@@ -208,7 +208,7 @@ def test_recomputed_blocks_give_the_same_gate_gradients_and_leave_the_model_as_i
 
 
 def test_gradient_importance_with_recomputed_blocks_equals_without(monkeypatch):
-    import probe.analysis.gate_gradients as gate_gradients
+    import probe.pruning.gate_gradients as gate_gradients
 
     model = make_model()
     data = task_batches()
@@ -237,8 +237,8 @@ def test_the_memory_check_sizes_by_the_micro_batch(monkeypatch):
 
 
 def test_timing_keeps_to_its_budget_and_an_exact_count_without_one():
-    from probe.analysis.pruning import head_mask
-    from probe.analysis.timing import Gated, time_forward, timing_batches
+    from probe.pruning.heads import head_mask
+    from probe.pruning.timing import Gated, time_forward, timing_batches
 
     model = make_model()
     before = [g.clone() for g in model.gates()]

@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from probe import load_checkpoint
-from probe.analysis.pruning import masked, prune_heads
 from probe.checkpoint import save_checkpoint
 from probe.config import ModelConfig, TrainConfig
 from probe.errors import ProbeError
 from probe.model import AttentionCall, Transformer
 from probe.model.mask import visible, visible_counts
 from probe.observe import AttentionStats
+from probe.pruning.heads import masked, prune_heads
 from probe.site import Site
 from probe.streaming import STATISTICS, row_statistics
 from probe.tasks import TaskConfig

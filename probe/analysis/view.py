@@ -153,10 +153,10 @@ def build_view(
     `token_name(id) -> str` labels the pattern's axes. Every pass holds at most
     `max_batch_tokens` tokens (`probe.batching`)."""
     from probe.analysis.attention import induction_period
-    from probe.analysis.importance import head_importance
     from probe.analysis.roles import head_roles
     from probe.batching import micro_batches
     from probe.observe import attention_stats
+    from probe.pruning.importance import head_importance
 
     batches = [b for _, group in examples for b in group]
     stats = attention_stats(model, list(micro_batches(batches, max_batch_tokens)), list(STATISTICS))
@@ -241,9 +241,9 @@ def checkpoint_view(
     (`checkpoint_splits`: the same rows, and for a sentence encoder the same reference
     embeddings), so the page's colours are that command's numbers: `probe importance --lengths`
     at these lengths, or `--max-tokens N` for an imported model viewed at one length N."""
-    from probe.analysis.splits import checkpoint_splits
     from probe.errors import ProbeError
     from probe.evaluate import check_lengths, eval_batches, form_for
+    from probe.pruning.splits import checkpoint_splits
     from probe.tasks import token_name
 
     scored = []  # the importance split of `probe importance`

@@ -238,7 +238,7 @@ def check_model_fit(subject: Any) -> None:
     rows and prompts within its position table, enough text for the rows, needle prompts only
     for a causal language model and buildable from the text, knock-outs smaller than half the
     heads. Run before the first step is computed, so nothing fails after minutes of work."""
-    from probe.analysis.pruning import present_heads
+    from probe.pruning.heads import present_heads
     from probe.text import stream_rows
 
     study = subject.study

@@ -215,7 +215,7 @@ def speed_signs(speed_table: pd.DataFrame) -> pd.DataFrame:
 def least_important(importance: pd.DataFrame, method: str, n: int) -> list[str]:
     """The heads ("L2H11", ...) that `method` ranks among the n least important in every seed
     (n of them when the seeds agree)."""
-    from probe.analysis.pruning import ranking
+    from probe.pruning.heads import ranking
 
     part = importance[importance.method == method]
     if part.empty or n <= 0:

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from probe.analysis.importance import importance_correlations
 from probe.errors import ProbeError
+from probe.pruning.importance import importance_correlations
 from probe.report.pruning_plots import (
     correlation_heatmap,
     importance_heatmap,

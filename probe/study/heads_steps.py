@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 import torch
 
-from probe.analysis.pruning import masked, plan_removal, present_heads, prune_heads, quota
+from probe.pruning.heads import masked, plan_removal, present_heads, prune_heads, quota
 from probe.study.heads_runner import Step
 
 if TYPE_CHECKING:
@@ -34,9 +34,9 @@ PRIMARY = {"embedding": ("similarity", True), "causal-lm": ("loss", False),
 def plan_steps(study: HeadStudy, subject: Subject | None) -> list[Step]:
     """Every step but the timing, in the order they run. The subject is only used when a step
     runs: planning with None counts the steps without a model."""
-    from probe.analysis.importance import head_importance
-    from probe.analysis.layer_drop import layer_importance
-    from probe.analysis.pruning_runs import pruning_curve
+    from probe.pruning.curves import pruning_curve
+    from probe.pruning.importance import head_importance
+    from probe.pruning.layer_drop import layer_importance
 
     seeds = range(study.text.seeds)
     steps = [Step("model", "model", {}, lambda p: model_facts(subject))]
@@ -103,7 +103,7 @@ def plan_steps(study: HeadStudy, subject: Subject | None) -> list[Step]:
 def model_facts(subject: Subject) -> pd.DataFrame:
     """One row: the model's shape, its parameters, the text it is scored on, and its unpruned
     metrics on the scoring split."""
-    from probe.analysis.pruning_runs import score_batches
+    from probe.pruning.curves import score_batches
 
     model, cfg = subject.model, subject.model.cfg
     sets, scoring = subject.splits
@@ -189,10 +189,10 @@ def pruned_model(subject: Subject, method: str, unit: str, n_pruned: int,
     """The physically pruned model of one curve method, unit and head count (seed 0's data).
     `tables`: importance already computed on seed 0's data, by method ("attention-layer": the
     layer table), reused instead of computed again."""
-    from probe.analysis.fisher import fisher_prune
-    from probe.analysis.groups import plan_units
-    from probe.analysis.importance import head_importance
-    from probe.analysis.layer_drop import layer_importance, plan_layers
+    from probe.pruning.fisher import fisher_prune
+    from probe.pruning.groups import plan_units
+    from probe.pruning.importance import head_importance
+    from probe.pruning.layer_drop import layer_importance, plan_layers
 
     model = subject.model
     split = subject.splits[0][0]
@@ -265,7 +265,7 @@ def subject_objective(curves: pd.DataFrame) -> str:
 
 
 def _time_variants(subject: Subject, wanted, progress, known=None) -> pd.DataFrame:
-    from probe.analysis.timing import time_forward, timing_batches
+    from probe.pruning.timing import time_forward, timing_batches
 
     t = subject.study.timing
     model = subject.model

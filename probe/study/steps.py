@@ -112,13 +112,13 @@ def _init_scaling(ctx: StepContext, opts: InitScalingOptions) -> dict[str, pd.Da
 
 
 def _prune(ctx: StepContext, opts: PruneOptions) -> dict[str, pd.DataFrame]:
-    """`probe.analysis.pruning_runs.pruning_curve`: the metrics after masking the least important
+    """`probe.pruning.curves.pruning_curve`: the metrics after masking the least important
     heads, per estimator and fraction (0: the unpruned model), importance measured on data
     disjoint from the scoring data."""
-    runs = require("prune", "probe.analysis.pruning_runs")
-    from probe.analysis.importance import disjoint_splits
-    from probe.analysis.pruning import present_heads
+    runs = require("prune", "probe.pruning.curves")
     from probe.evaluate import form_for
+    from probe.pruning.heads import present_heads
+    from probe.pruning.importance import disjoint_splits
 
     lengths = resolve_lengths(opts.lengths, ctx.train_max)
     splits, scoring = disjoint_splits(
@@ -147,7 +147,7 @@ def _check_attention(opts: AttentionOptions) -> None:
 
 
 def _check_prune(opts: PruneOptions) -> None:
-    from probe.analysis.importance import Method
+    from probe.pruning.importance import Method
 
     for method in (*opts.methods, *opts.iterative):
         choice(Method, method, "importance method")

@@ -30,7 +30,6 @@ import pandas as pd
 import torch
 from scipy.stats import spearmanr
 
-from probe.analysis.gate_gradients import gate_gradients
 from probe.batching import check_budget, micro_batches, split_batch
 from probe.config import choice
 from probe.distributed import active_world
@@ -38,6 +37,7 @@ from probe.errors import ProbeError
 from probe.evaluate import batch_loss, eval_batches, features_batch
 from probe.model import AttentionCall, Transformer
 from probe.observe import AttentionStats
+from probe.pruning.gate_gradients import gate_gradients
 from probe.tasks import Batch, Form, TaskConfig
 
 Progress = Callable[[int, int], None]  # (done, total)

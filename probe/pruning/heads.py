@@ -25,10 +25,10 @@ from enum import StrEnum
 import pandas as pd
 import torch
 
-from probe.analysis.importance import head_importance
 from probe.config import choice
 from probe.errors import ProbeError
 from probe.model import Transformer
+from probe.pruning.importance import head_importance
 from probe.tasks import Batch
 from probe.words import counted
 

@@ -13,22 +13,22 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from probe.analysis.fisher import fisher_prune
-from probe.analysis.groups import select_units
-from probe.analysis.pruning import (
-    head_mask,
-    prune_heads,
-    select_heads,
-)
-from probe.analysis.pruning_runs import score_batches
-from probe.analysis.timing import COLUMNS as TIMING_COLUMNS
-from probe.analysis.timing import Gated, time_forward, timing_batches
 from probe.batching import split_batch
 from probe.errors import ProbeError
 from probe.evaluate import features_batch
 from probe.loss import LOSS_CHUNK
 from probe.memory import model_bytes, room_for
 from probe.model import Transformer
+from probe.pruning.curves import score_batches
+from probe.pruning.fisher import fisher_prune
+from probe.pruning.groups import select_units
+from probe.pruning.heads import (
+    head_mask,
+    prune_heads,
+    select_heads,
+)
+from probe.pruning.timing import COLUMNS as TIMING_COLUMNS
+from probe.pruning.timing import Gated, time_forward, timing_batches
 from probe.tasks import Batch
 
 Phase = Callable[[str, int, int], None]  # (phase, done, total)

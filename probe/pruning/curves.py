@@ -1,5 +1,5 @@
 """What `probe prune --sweep` runs: the pruning curve, and the scoring every pruning run shares
-(`probe.analysis.prune_compare` prunes one fraction physically and compares).
+(`probe.pruning.compare` prunes one fraction physically and compares).
 
 `pruning_curve` gives a metric against the fraction of heads pruned, per
 estimator and seed. Along the curve heads are removed by masking (gate 0), which gives the same
@@ -15,21 +15,21 @@ from collections.abc import Callable, Sequence
 import pandas as pd
 import torch
 
-from probe.analysis.fisher import tune_masks
-from probe.analysis.groups import plan_units
-from probe.analysis.importance import head_importance
-from probe.analysis.layer_drop import layer_importance, plan_layers
-from probe.analysis.pruning import (
+from probe.batching import micro_batches
+from probe.errors import ProbeError
+from probe.evaluate import batch_loss, forward_batch, text_metrics
+from probe.model import Transformer
+from probe.pruning.fisher import tune_masks
+from probe.pruning.groups import plan_units
+from probe.pruning.heads import (
     check_counts,
     head_mask,
     plan_removal,
     present_heads,
     quota,
 )
-from probe.batching import micro_batches
-from probe.errors import ProbeError
-from probe.evaluate import batch_loss, forward_batch, text_metrics
-from probe.model import Transformer
+from probe.pruning.importance import head_importance
+from probe.pruning.layer_drop import layer_importance, plan_layers
 from probe.tasks import Batch, score
 from probe.words import counted
 

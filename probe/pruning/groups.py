@@ -19,12 +19,12 @@ from enum import StrEnum
 
 import pandas as pd
 
-from probe.analysis.importance import head_importance
-from probe.analysis.layer_drop import layer_importance, plan_layers
-from probe.analysis.pruning import n_to_remove, present_heads, ranking
 from probe.config import choice
 from probe.errors import ProbeError
 from probe.model import Transformer
+from probe.pruning.heads import n_to_remove, present_heads, ranking
+from probe.pruning.importance import head_importance
+from probe.pruning.layer_drop import layer_importance, plan_layers
 from probe.tasks import Batch
 
 COLUMNS = ["step", "layer", "head", "method", "value"]

@@ -31,8 +31,8 @@ def checkpoint_splits(
     the one trained on) at `lengths`, with every scoring example removed from the importance
     splits; `options` (a `probe.text.TextOptions`) names the caller's text settings in messages.
     A sentence encoder's reference embeddings are made `max_batch_tokens` tokens at a time."""
-    from probe.analysis.importance import disjoint_splits
     from probe.evaluate import form_for, text_splits_for
+    from probe.pruning.importance import disjoint_splits
     from probe.text import read_documents
 
     if ckpt.imported:

@@ -79,7 +79,7 @@ def layer_importance(model: Transformer, batches: Sequence[Batch],
 def plan_layers(table: pd.DataFrame, model: Transformer, fraction: float) -> list[tuple[int, int]]:
     """Every head of the round(fraction * sites) least important attention sub-layers that
     still hold heads (ties: lower layer first)."""
-    from probe.analysis.pruning import n_to_remove, present_heads
+    from probe.pruning.heads import n_to_remove, present_heads
 
     present = present_heads(model)
     live = table[[bool(present[layer]) for layer in table.layer]]

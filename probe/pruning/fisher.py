@@ -40,11 +40,11 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from probe.analysis.pruning import check_heads, head_mask, plan_removal, present_heads, prune_heads
-from probe.analysis.pruning import quota as head_quota
 from probe.batching import micro_batches
 from probe.evaluate import features_batch
 from probe.model import AttentionCall, Transformer
+from probe.pruning.heads import check_heads, head_mask, plan_removal, present_heads, prune_heads
+from probe.pruning.heads import quota as head_quota
 from probe.tasks import Batch
 
 RIDGE = 1e-6  # relative to the mean diagonal of each site's normal equations
@@ -129,7 +129,7 @@ def tune_masks(
     The normal equations are sums over tokens, accumulated in micro-batches of
     `max_batch_tokens` tokens."""
     if procedure == "layer-by-layer":
-        from probe.analysis.mask_tuning import tune_layer_by_layer
+        from probe.pruning.mask_tuning import tune_layer_by_layer
 
         return tune_layer_by_layer(model, removed, batches, max_batch_tokens)
     if procedure != "one-pass":
@@ -177,7 +177,7 @@ def fisher_prune(
     weights of a physically pruned copy. The input model is left unchanged. `table`: the Fisher
     importance already computed on `batches` (computed here when None). Both run in
     micro-batches of `max_batch_tokens` tokens."""
-    from probe.analysis.importance import head_importance
+    from probe.pruning.importance import head_importance
 
     if table is None:
         table = head_importance(model, batches, "fisher", progress=progress,
