@@ -19,13 +19,13 @@ import time
 import torch
 
 from probe.config import ModelConfig
-from probe.evaluate import eval_batches
+from probe.data.tasks import TaskConfig
+from probe.measure.evaluate import eval_batches
 from probe.model import Transformer
 from probe.pruning.curves import score_batches
 from probe.pruning.heads import masked, prune_heads
 from probe.pruning.importance import head_importance
 from probe.pruning.timing import time_forward, time_ratios, timing_batches
-from probe.tasks import TaskConfig
 
 TASK = TaskConfig()  # copy, 16 symbols
 IMPORTANCE_CASE = ModelConfig(n_layer=3, d_model=128, n_head=4, vocab_size=TASK.vocab_size)

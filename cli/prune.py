@@ -43,8 +43,8 @@ from probe_cli.selection import (
 )
 from rich.table import Table
 
-from probe.batching import DEFAULT_BATCH_TOKENS
 from probe.errors import ProbeError
+from probe.measure.batching import DEFAULT_BATCH_TOKENS
 from probe.provenance import device_name
 from probe.words import counted
 
@@ -226,10 +226,10 @@ def prune_cli(
         open_output,
         save_checkpoint,
     )
+    from probe.data.tasks import parse_lengths
     from probe.pruning.compare import prune_and_compare
     from probe.report.files import atomic_write_csv
     from probe.runtime import Runtime
-    from probe.tasks import parse_lengths
 
     check_positive(batch_size=batch_size, batches=batches, timing_threads=timing_threads,
                    max_batch_tokens=max_batch_tokens,

@@ -28,8 +28,8 @@ NormalizeOpt = Annotated[
 
 
 def lengths_for(ckpt: Checkpoint, spec: str | None) -> list[int]:
-    from probe.evaluate import check_lengths
-    from probe.tasks import parse_lengths
+    from probe.data.tasks import parse_lengths
+    from probe.measure.evaluate import check_lengths
 
     if ckpt.imported:
         return []

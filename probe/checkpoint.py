@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from probe.config import ModelConfig, TrainConfig
+from probe.data.tasks import TaskConfig
 from probe.errors import ProbeError
 from probe.files import (  # claim_output, open_output: re-exported (their old home)
     atomic_write_text,
@@ -25,11 +26,18 @@ from probe.files import (  # claim_output, open_output: re-exported (their old h
     claim_output,  # noqa: F401
     open_output,  # noqa: F401
 )
-from probe.memory import check_model
+from probe.measure.memory import check_model
 from probe.model import Transformer
 from probe.runtime import dtype_name
-from probe.tasks import TaskConfig
-from probe.weights import INDEX, SHARDS, WEIGHTS, nonfinite, open_weights, write_weights
+from probe.weights import (
+    INDEX,
+    SHARDS,
+    WEIGHTS,
+    nonfinite,
+    open_weights,
+    weights_dtype,
+    write_weights,
+)
 
 if TYPE_CHECKING:
     from probe.runtime import Runtime
@@ -84,14 +92,6 @@ class Checkpoint:
 
 # the files a checkpoint may hold (SHARDS is a pattern: `claim_output` finds every shard)
 CHECKPOINT_FILES = (WEIGHTS, INDEX, SHARDS, CONFIG, METRICS, TOKENIZER)
-
-
-def weights_dtype(model: torch.nn.Module) -> torch.dtype:
-    """The dtype a model's weights are held in (its first floating-point parameter's)."""
-    for parameter in model.parameters():
-        if parameter.is_floating_point():
-            return parameter.dtype
-    return torch.float32
 
 
 def _state_for_saving(model: Transformer) -> dict[str, torch.Tensor]:

@@ -263,3 +263,11 @@ def _atomic_write(path: Path, write) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def weights_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype a model's weights are held in (its first floating-point parameter's)."""
+    for parameter in model.parameters():
+        if parameter.is_floating_point():
+            return parameter.dtype
+    return torch.float32

@@ -6,12 +6,12 @@ from __future__ import annotations
 import torch
 
 from probe.config import ModelConfig
-from probe.evaluate import batch_loss, eval_batches
+from probe.data.tasks import TaskConfig
+from probe.measure.evaluate import batch_loss, eval_batches
 from probe.model import Transformer
 from probe.pruning.fisher import fisher_prune, reconstruction_error, tune_masks
 from probe.pruning.heads import head_mask
 from probe.pruning.importance import head_importance
-from probe.tasks import TaskConfig
 
 TASK = TaskConfig(n_symbols=8)
 

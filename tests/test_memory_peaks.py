@@ -78,7 +78,7 @@ def test_gradient_and_fisher_importance_of_a_0_4b_model_peak_within_weights_plus
         from probe.checkpoint import load_checkpoint, save_checkpoint
         from probe.config import ModelConfig
         from probe.model import Transformer
-        from probe.tasks import Batch
+        from probe.data.tasks import Batch
 
         return_large_blocks()  # as the command line does
         path = sys.argv[1]

@@ -7,9 +7,9 @@ import torch
 
 from probe.checkpoint import load_checkpoint, save_checkpoint
 from probe.config import ModelConfig, TrainConfig
+from probe.data.tasks import TaskConfig
 from probe.model import Transformer
 from probe.pruning.heads import prune_heads
-from probe.tasks import TaskConfig
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -8,8 +8,9 @@ import torch
 
 from probe.checkpoint import load_checkpoint, save_checkpoint
 from probe.config import ModelConfig, TrainConfig
+from probe.data.tasks import TaskConfig
 from probe.errors import ProbeError
-from probe.evaluate import eval_batches
+from probe.measure.evaluate import eval_batches
 from probe.model import Transformer
 from probe.model.positional import alibi_slopes
 from probe.pruning.compare import prune_and_compare
@@ -25,7 +26,6 @@ from probe.pruning.heads import (
     select_heads,
 )
 from probe.pruning.timing import time_forward, time_ratios, timing_batches
-from probe.tasks import TaskConfig
 
 TASK = TaskConfig(n_symbols=6)
 

@@ -25,10 +25,10 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
-from probe.batching import micro_batches, rows_per_pass
-from probe.evaluate import features_batch
+from probe.data.tasks import BOS, N_SPECIAL, Batch
+from probe.measure.batching import micro_batches, rows_per_pass
+from probe.measure.evaluate import features_batch
 from probe.model import AttentionCall, Transformer
-from probe.tasks import BOS, N_SPECIAL, Batch
 
 ROLES = ("previous_token", "induction", "positional", "sink")
 ROLE_COLUMNS = ["layer", "site", "head", "role", "score", "offset"]

@@ -28,10 +28,9 @@ def export_hf(
     dtype its weights are held in, tensor by tensor (shards of at most `shard_bytes`, default
     `probe.weights.SHARD_BYTES`, when larger); returns the files written. A model the format
     cannot express is one clear ProbeError."""
-    from probe.checkpoint import weights_dtype
     from probe.files import atomic_write_text
     from probe.runtime import dtype_name
-    from probe.weights import write_weights
+    from probe.weights import weights_dtype, write_weights
 
     fam = family({"model_type": model_type}, "export")
     dtype = weights_dtype(model)

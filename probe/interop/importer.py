@@ -26,7 +26,7 @@ from probe.errors import ProbeError
 from probe.files import check_input_file
 from probe.interop.families import family
 from probe.interop.fields import Fields
-from probe.memory import check_model
+from probe.measure.memory import check_model
 from probe.model import Transformer
 from probe.runtime import dtype_name, resolve_dtype
 from probe.weights import Weights, nonfinite, open_weights, read_json

@@ -80,7 +80,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     """A tokenizer from a `tokenizer.json`, or from a directory holding one.
 
     The file's own truncation and padding (MiniLM's cut and pad everything to 128 tokens) are
-    switched off: lengths are the caller's to choose, see `probe.text.tokenize_documents`.
+    switched off: lengths are the caller's to choose, see `probe.data.text.tokenize_documents`.
     """
     path = Path(path)
     if path.is_dir():

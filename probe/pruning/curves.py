@@ -15,9 +15,10 @@ from collections.abc import Callable, Sequence
 import pandas as pd
 import torch
 
-from probe.batching import micro_batches
+from probe.data.tasks import Batch, score
 from probe.errors import ProbeError
-from probe.evaluate import batch_loss, forward_batch, text_metrics
+from probe.measure.batching import micro_batches
+from probe.measure.evaluate import batch_loss, forward_batch, text_metrics
 from probe.model import Transformer
 from probe.pruning.fisher import tune_masks
 from probe.pruning.groups import plan_units
@@ -30,7 +31,6 @@ from probe.pruning.heads import (
 )
 from probe.pruning.importance import head_importance
 from probe.pruning.layer_drop import layer_importance, plan_layers
-from probe.tasks import Batch, score
 from probe.words import counted
 
 Progress = Callable[[int, int], None]
@@ -162,7 +162,7 @@ def pruning_curve(
     One-shot ranks heads once per (method, seed); iterative re-estimates importance on the masked
     model before each further fraction. `fraction` is the share of heads actually removed.
     The model's gates are restored afterwards. Every forward (and backward) pass holds at most
-    `max_batch_tokens` tokens (micro-batches; None: `probe.batching.DEFAULT_BATCH_TOKENS`).
+    `max_batch_tokens` tokens (micro-batches; None: `probe.measure.batching.DEFAULT_BATCH_TOKENS`).
     """
     present = present_heads(model)
     n_heads = sum(len(h) for h in present)

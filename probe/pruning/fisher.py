@@ -40,12 +40,12 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from probe.batching import micro_batches
-from probe.evaluate import features_batch
+from probe.data.tasks import Batch
+from probe.measure.batching import micro_batches
+from probe.measure.evaluate import features_batch
 from probe.model import AttentionCall, Transformer
 from probe.pruning.heads import check_heads, head_mask, plan_removal, present_heads, prune_heads
 from probe.pruning.heads import quota as head_quota
-from probe.tasks import Batch
 
 RIDGE = 1e-6  # relative to the mean diagonal of each site's normal equations
 MAX_SCALE = 10.0  # Kwon et al.'s code stops tuning when a scale leaves [-MAX_SCALE, MAX_SCALE]

@@ -20,12 +20,12 @@ from enum import StrEnum
 import pandas as pd
 
 from probe.config import choice
+from probe.data.tasks import Batch
 from probe.errors import ProbeError
 from probe.model import Transformer
 from probe.pruning.heads import n_to_remove, present_heads, ranking
 from probe.pruning.importance import head_importance
 from probe.pruning.layer_drop import layer_importance, plan_layers
-from probe.tasks import Batch
 
 COLUMNS = ["step", "layer", "head", "method", "value"]
 

@@ -26,10 +26,10 @@ import pandas as pd
 import torch
 
 from probe.config import choice
+from probe.data.tasks import Batch
 from probe.errors import ProbeError
 from probe.model import Transformer
 from probe.pruning.importance import head_importance
-from probe.tasks import Batch
 from probe.words import counted
 
 Progress = Callable[[int, int], None]  # (done, total)

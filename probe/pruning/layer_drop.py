@@ -16,11 +16,11 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from probe.batching import micro_batches
 from probe.config import Norm
-from probe.evaluate import features_batch
+from probe.data.tasks import Batch
+from probe.measure.batching import micro_batches
+from probe.measure.evaluate import features_batch
 from probe.model import Transformer
-from probe.tasks import Batch
 
 COLUMNS = ["layer", "site", "method", "value"]
 

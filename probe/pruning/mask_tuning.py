@@ -18,13 +18,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from probe.batching import micro_batches
 from probe.config import Norm
-from probe.evaluate import features_batch
+from probe.data.tasks import Batch
+from probe.measure.batching import micro_batches
+from probe.measure.evaluate import features_batch
 from probe.model import Transformer
 from probe.pruning.fisher import MAX_SCALE, RIDGE
 from probe.pruning.heads import check_heads, head_mask
-from probe.tasks import Batch
 
 
 class _Stop(Exception):

@@ -75,7 +75,7 @@ def _trained_model(cell: Cell, root: Path, device: str, report: Callable[[CellEv
     """(model, seconds spent training): the cached checkpoint, or a fresh training run that is
     written under a temporary name and renamed into place when complete."""
     from probe.checkpoint import load_checkpoint
-    from probe.train import resolve_device, train
+    from probe.training.train import resolve_device, train
 
     final = model_dir(root, cell)
     if (final / "config.json").exists():

@@ -109,13 +109,13 @@ class Subject:
 
     @cached_property
     def docs(self) -> list[str]:
-        from probe.text import read_documents
+        from probe.data.text import read_documents
 
         return read_documents(self.study.text_file(), whole=self.study.text.whole)
 
     @cached_property
     def splits(self):
-        from probe.evaluate import text_splits_for
+        from probe.measure.evaluate import text_splits_for
 
         t = self.study.text
         return text_splits_for(self.model, self.imported.tokenizer, self.objective, self.docs,

@@ -39,7 +39,7 @@ from probe.study.cells import (
 from probe.study.documents import read_json
 from probe.study.grid import Cell, expand
 from probe.study.spec import Study, study_dict
-from probe.train import resolve_device
+from probe.training.train import resolve_device
 from probe.words import counted
 
 MANIFEST = "manifest.json"

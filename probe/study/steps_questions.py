@@ -29,7 +29,7 @@ def _position_probe(ctx: StepContext, opts: PositionProbeOptions) -> dict[str, p
     training lengths and beyond; for an encoder also how far it is from permutation-equivariant
     (statistic permutation_gap: max |f(x[pi]) - f(x)[pi]| over the final hidden states)."""
     probing = require("position_probe", "probe.analysis.positions_probe")
-    from probe.evaluate import eval_batches, form_for
+    from probe.measure.evaluate import eval_batches, form_for
 
     low, high = ctx.train.train_len
     fit = (
@@ -77,7 +77,7 @@ def _roles(ctx: StepContext, opts: RolesOptions) -> dict[str, pd.DataFrame]:
     """`probe.analysis.roles.head_roles`: every head's previous-token, induction, positional and
     sink score (mean attention probabilities in [0, 1]) on the task's data."""
     roles = require("roles", "probe.analysis.roles")
-    from probe.evaluate import eval_batches, form_for
+    from probe.measure.evaluate import eval_batches, form_for
 
     form = form_for(ctx.model.cfg.arch)
     lengths = resolve_lengths(opts.lengths, ctx.train_max)
@@ -138,7 +138,7 @@ def _importance(ctx: StepContext, opts: ImportanceOptions) -> dict[str, pd.DataF
     """`probe.pruning.importance.head_importance` of every head by each estimator, on one set
     of task data (by default the prune step's first importance split)."""
     importance = require("importance", "probe.pruning.importance")
-    from probe.evaluate import eval_batches, form_for
+    from probe.measure.evaluate import eval_batches, form_for
 
     form = form_for(ctx.model.cfg.arch)
     lengths = resolve_lengths(opts.lengths, ctx.train_max)
@@ -174,7 +174,7 @@ def _prune_timing(ctx: StepContext, opts: PruneTimingOptions) -> dict[str, pd.Da
     the weights) against the original, side by side in one process on `threads` threads, at
     each fraction; columns fraction, n_pruned, batch_size, part, seconds, ratio, params."""
     pruning = require("prune_timing", "probe.pruning.heads")
-    from probe.evaluate import eval_batches, form_for
+    from probe.measure.evaluate import eval_batches, form_for
     from probe.pruning.timing import time_forward, time_ratios, timing_batches
 
     form = form_for(ctx.model.cfg.arch)
