@@ -41,6 +41,8 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from scipy import stats
+from torch._C._profiler import _EventType  # the event tree torch's memory profiler reads
+from torch.profiler import ProfilerActivity, profile
 
 from probe.config import choice
 from probe.errors import ProbeError
@@ -173,9 +175,6 @@ def measure_peak(fn: Callable[[], object], device: torch.device | str = "cpu") -
 def _cpu_peak(fn: Callable[[], object]) -> int:
     """The largest running sum of CPU allocations minus frees during fn(), from the profiler's
     allocation events in time order (the allocator's own accounting, not a formula)."""
-    from torch._C._profiler import _EventType  # the event tree torch's memory profiler reads
-    from torch.profiler import ProfilerActivity, profile
-
     # kineto reads this when the profiler first starts; without it every start and stop prints
     # a log line (KINETO_LOG_LEVEL=6 silences them; a value the user set is kept)
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")

@@ -24,7 +24,9 @@ from typing import Any
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from probe.errors import ProbeError
+from probe.files import atomic_write_text
 from probe.interop.fields import Fields
+from probe.interop.gguf import metadata_of
 
 # GGUF token types (llama.cpp `llama_token_type`)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -108,7 +110,6 @@ def save_tokenizer(tok: Tokenizer, path: str | Path) -> Path:
     path = Path(path)
     if path.is_dir():
         path = path / "tokenizer.json"
-    from probe.files import atomic_write_text
 
     atomic_write_text(path, tok.to_str(pretty=True))
     return path
@@ -128,7 +129,6 @@ def gguf_metadata(path: str | Path, prefix: str = "") -> dict[str, Any]:
         reader = GGUFReader(path)
     except Exception as exc:  # bad magic, truncated file, unknown version
         raise ProbeError(f"{path} is not a readable GGUF file ({exc}).") from None
-    from probe.interop.gguf import metadata_of
 
     return {k: v for k, v in metadata_of(reader, path).items() if k.startswith(prefix)}
 

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from probe.config import Arch
 from probe.data.tasks import Batch, Form, TaskConfig, make_batch, score, sequence_length
+from probe.data.text import TextOptions, text_splits
 from probe.errors import ProbeError
 from probe.measure.batching import check_budget, micro_batches, split_batch
 from probe.measure.loss import per_example, token_losses, token_losses_and_hits
@@ -251,8 +252,6 @@ def text_splits_for(
     model's objective; sentence encoders get `model`'s own embeddings as the reference (unless
     `reference` is False: for uses that compute no loss, such as attention statistics).
     `options` names the caller's text settings in messages (default: --max-tokens ...)."""
-    from probe.data.text import TextOptions, text_splits
-
     options = options or TextOptions()
     limit = model.cfg.max_positions
     if limit is not None and max_tokens > limit:
@@ -285,8 +284,6 @@ def evaluate_text(
     metric, value, n. A sentence encoder is scored against `reference`'s embeddings (the
     unpruned model; itself when None). `options` names the caller's text settings in messages
     (default: the row width is --lengths, as `probe eval` calls it)."""
-    from probe.data.text import TextOptions
-
     options = options or TextOptions(width="--lengths")
     rows = []
     for width in widths:

@@ -13,9 +13,13 @@ micro-batch's activations.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 from probe.config import PE, ModelConfig
 from probe.errors import ProbeError
+from probe.measure.batching import rows_per_pass
+from probe.measure.loss import LOSS_CHUNK
 from probe.words import counted
 
 FLOAT = 4  # bytes per float32
@@ -50,9 +54,6 @@ def forward_bytes(cfg: ModelConfig, batch: int, seq: int, backward: bool = False
     (`probe.measure.recompute`) instead of keeping them; None: the whole batch at once with all its
     logits and every layer's activations kept (as training runs). dtype: the activations'
     (default float32)."""
-    from probe.measure.batching import rows_per_pass
-    from probe.measure.loss import LOSS_CHUNK
-
     size = FLOAT if dtype is None else dtype.itemsize
     rows = batch if max_batch_tokens is None else min(batch, rows_per_pass(seq, max_batch_tokens))
     scores = 3 * rows * cfg.n_head * seq * seq * FLOAT
@@ -186,9 +187,6 @@ _LAUNCHER = (
 def peak_rss(argv: list[str], env: dict | None = None) -> tuple[int, int, str]:
     """Run `argv` as a child process: (its peak resident memory in bytes, its exit code, what it
     printed). The peak is the kernel's account of that process alone (wait4's ru_maxrss)."""
-    import subprocess
-    import sys
-
     done = subprocess.run(
         [sys.executable, "-S", "-c", _LAUNCHER, *argv], capture_output=True,
         env={**os.environ, **(env or {})},

@@ -24,6 +24,7 @@ import torch
 from probe.config import did_you_mean
 from probe.data.tasks import Batch
 from probe.errors import ProbeError
+from probe.measure.evaluate import features_batch
 from probe.measure.streaming import (
     MAX_STATISTICS,
     STATISTICS,
@@ -190,8 +191,6 @@ class Fanout:
 
 
 def _forward(model: Transformer, batch: Batch) -> torch.Tensor:
-    from probe.measure.evaluate import features_batch
-
     return features_batch(model, batch)  # no logits: only the attention is observed
 
 

@@ -23,8 +23,10 @@ from probe.data.tasks import Batch
 from probe.measure.batching import micro_batches
 from probe.measure.evaluate import features_batch
 from probe.model import Transformer
-from probe.pruning.fisher import MAX_SCALE, RIDGE
 from probe.pruning.heads import check_heads, head_mask
+
+RIDGE = 1e-6  # relative to the mean diagonal of each site's normal equations
+MAX_SCALE = 10.0  # Kwon et al.'s code stops tuning when a scale leaves [-MAX_SCALE, MAX_SCALE]
 
 
 class _Stop(Exception):

@@ -9,6 +9,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from probe.data.tasks import Batch, TaskConfig
+from probe.data.text import read_documents
+from probe.measure.evaluate import form_for, text_splits_for
+from probe.pruning.importance import disjoint_splits
 
 
 def checkpoint_splits(
@@ -32,10 +35,6 @@ def checkpoint_splits(
     splits; `options` (a `probe.data.text.TextOptions`) names the caller's text settings in
     messages. A sentence encoder's reference embeddings are made `max_batch_tokens` tokens at a
     time."""
-    from probe.data.text import read_documents
-    from probe.measure.evaluate import form_for, text_splits_for
-    from probe.pruning.importance import disjoint_splits
-
     if ckpt.imported:
         docs = read_documents(text, whole=whole)
         return text_splits_for(ckpt.model, ckpt.tokenizer(), ckpt.objective, docs, max_tokens,

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from probe import provenance
 from probe.checkpoint import (
@@ -30,6 +31,7 @@ from probe.data.tasks import Batch, TaskConfig, sample_length, score, sequence_l
 from probe.errors import Interrupted, ProbeError
 from probe.measure.evaluate import batch_loss, check_lengths, evaluate, form_for, forward_batch
 from probe.measure.memory import check_forward, check_model
+from probe.measure.observe import attention_stats
 from probe.model import Transformer
 from probe.runtime import resolve_device
 from probe.training.distributed import (
@@ -213,8 +215,6 @@ def _train(model_cfg, task, train_cfg, out, earlier, progress, model, world, sha
     optimizer = _optimizer(model, train_cfg)
     net = model
     if world.size > 1:
-        from torch.nn.parallel import DistributedDataParallel
-
         ids = [device.index] if device.type == "cuda" else None
         net = DistributedDataParallel(model, device_ids=ids)
     autocast = device.type == "cuda"
@@ -324,8 +324,6 @@ def _train(model_cfg, task, train_cfg, out, earlier, progress, model, world, sha
 def _attention_rows(model: Transformer, batch: Batch, step: int) -> list[dict]:
     """Per-head attention statistics on one batch, for monitoring entropy collapse and max-logit
     growth during training (probe.measure.observe)."""
-    from probe.measure.observe import attention_stats
-
     was_training = model.training
     table = attention_stats(model, [batch], statistics=MONITORED)
     model.train(was_training)
