@@ -7,7 +7,7 @@ std 0.2 (logits of a few units, attention far from uniform) and the real vocabul
 bundled tokenizers; and the two bundled real models, MiniLM (BERT family, all-MiniLM-L6-v2,
 a sentence encoder: its last hidden state is compared, it has no logits) and SmolLM2-135M
 (Llama family, the Q4_1 GGUF, dequantized; transformers loads the same file into
-LlamaForCausalLM). Inputs: rows of 128 tokens of the shipped text (`probe.text`), tokenized by
+LlamaForCausalLM). Inputs: rows of 128 tokens of the shipped text (`probe.data.text`), tokenized by
 the bundled model of the family (SmolLM2's tokenizer for the decoders, MiniLM's for BERT).
 
 transformers is loaded with `from_pretrained(..., dtype=DTYPE)` (which keeps its rotary
@@ -31,9 +31,9 @@ from pathlib import Path
 
 import torch
 
+from probe.data.text import read_documents, stream_rows
 from probe.interop.bundled import bundled_path
 from probe.interop.importer import import_model
-from probe.text import read_documents, stream_rows
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 WIDTH = 128  # tokens per row

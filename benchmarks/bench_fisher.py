@@ -15,10 +15,10 @@ import time
 import torch
 from bench_imported import package_dir
 
-from probe.analysis.fisher import fisher_prune
-from probe.evaluate import text_splits_for
+from probe.data.text import read_documents
 from probe.interop.importer import import_model
-from probe.text import read_documents
+from probe.measure.evaluate import text_splits_for
+from probe.pruning.fisher import fisher_prune
 
 
 def main() -> None:

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from probe.analysis.groups import plan_units
-from probe.analysis.pruning import prune_heads
 from probe.interop.importer import import_model
+from probe.pruning.groups import plan_units
+from probe.pruning.heads import prune_heads
 
 
 def package_dir(name: str) -> Path:

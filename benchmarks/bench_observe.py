@@ -18,10 +18,10 @@ import time
 import torch
 
 from probe.config import ModelConfig
-from probe.evaluate import evaluate
+from probe.data.tasks import TaskConfig
+from probe.measure.evaluate import evaluate
+from probe.measure.observe import AttentionStats
 from probe.model import Transformer
-from probe.observe import AttentionStats
-from probe.tasks import TaskConfig
 
 SMOLLM2 = ModelConfig(
     n_layer=4,

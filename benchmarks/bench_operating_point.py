@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 from bench_imported import interleaved  # same folder: median of turns
 
-from probe.evaluate import forward_batch
+from probe.measure.evaluate import forward_batch
 from probe.study.heads_runner import Subject
 from probe.study.heads_spec import load_any
 from probe.study.heads_steps import pruned_model

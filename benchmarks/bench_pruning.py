@@ -18,14 +18,14 @@ import time
 
 import torch
 
-from probe.analysis.importance import head_importance
-from probe.analysis.pruning import masked, prune_heads
-from probe.analysis.pruning_runs import score_batches
-from probe.analysis.timing import time_forward, time_ratios, timing_batches
 from probe.config import ModelConfig
-from probe.evaluate import eval_batches
+from probe.data.tasks import TaskConfig
+from probe.measure.evaluate import eval_batches
 from probe.model import Transformer
-from probe.tasks import TaskConfig
+from probe.pruning.curves import score_batches
+from probe.pruning.heads import masked, prune_heads
+from probe.pruning.importance import head_importance
+from probe.pruning.timing import time_forward, time_ratios, timing_batches
 
 TASK = TaskConfig()  # copy, 16 symbols
 IMPORTANCE_CASE = ModelConfig(n_layer=3, d_model=128, n_head=4, vocab_size=TASK.vocab_size)

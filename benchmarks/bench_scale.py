@@ -154,7 +154,7 @@ class Measured:
 
 def measure(argv: list[str]) -> Measured:
     """Run `argv` as a child process: wall time, peak RSS of that process alone, exit code."""
-    from probe.memory import peak_rss
+    from probe.measure.memory import peak_rss
 
     start = time.perf_counter()
     peak, code, output = peak_rss(argv)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
+from probe.measure.streaming import entropy_materialized, entropy_streaming, tile_size
 from probe.model.attention import AttentionCall
-from probe.streaming import entropy_materialized, entropy_streaming, tile_size
 
 
 def pin_malloc() -> None:

@@ -13,8 +13,8 @@ from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from probe.batching import DEFAULT_BATCH_TOKENS
 from probe.errors import Interrupted, ProbeError
+from probe.measure.batching import DEFAULT_BATCH_TOKENS
 
 if TYPE_CHECKING:  # nothing here imports torch: `probe --help` prints without loading it
     from probe.checkpoint import Checkpoint
@@ -199,9 +199,9 @@ def check_data_fits(ckpt: Checkpoint, widths: list[int], batch_size: int, batche
     (with `backward`, and its gradients) over the longest, in micro-batches of
     `max_batch_tokens` tokens (None: the whole batch at once), with activations in the
     model's dtype; the message names the `options` that make it smaller."""
-    from probe.evaluate import form_for
-    from probe.memory import check_batches
-    from probe.tasks import sequence_length
+    from probe.data.tasks import sequence_length
+    from probe.measure.evaluate import form_for
+    from probe.measure.memory import check_batches
 
     form = form_for(ckpt.model_cfg.arch)
     seqs = [n if ckpt.imported else sequence_length(ckpt.task, form, n) for n in widths]
@@ -214,7 +214,7 @@ def check_data_fits(ckpt: Checkpoint, widths: list[int], batch_size: int, batche
 
 def note_text(text: Path | None) -> None:
     """Say so when only the beginning of a large --text file is read."""
-    from probe.text import read_note
+    from probe.data.text import read_note
 
     note = read_note(text)
     if note:
@@ -226,8 +226,8 @@ def text_data(ckpt: Checkpoint, text: Path | None, whole: bool, max_tokens: int,
               reference: bool = True, width: str = "--max-tokens"):  # fmt: skip
     """Importance sets and a scoring set of text batches for an imported checkpoint; `width`
     is the command's option for tokens per row (inspect: --lengths), named in its messages."""
-    from probe.evaluate import text_splits_for
-    from probe.text import TextOptions, read_documents
+    from probe.data.text import TextOptions, read_documents
+    from probe.measure.evaluate import text_splits_for
 
     docs = read_documents(text, whole=whole)
     return text_splits_for(ckpt.model, ckpt.tokenizer(), ckpt.objective, docs, max_tokens,
@@ -241,8 +241,8 @@ def launching(nproc: int, device: str, oversubscribe: bool = False) -> bool:
     check_positive(nproc=nproc)
     if nproc == 1 or "WORLD_SIZE" in os.environ:
         return False
-    from probe.launch import check_process_count
-    from probe.train import resolve_device
+    from probe.training.launch import check_process_count
+    from probe.training.train import resolve_device
 
     check_process_count(nproc, resolve_device(device), oversubscribe)
     return True
@@ -252,7 +252,7 @@ def relaunch(nproc: int) -> None:
     """Run this same command (without --nproc) as `nproc` ranks of one process group, once the
     command's options have all been checked here (see `launching`). A rank that fails is
     reported in its own one line, and its exit status becomes this one's."""
-    from probe.launch import launch
+    from probe.training.launch import launch
 
     args, skip = [], False
     for arg in sys.argv[1:]:

@@ -43,9 +43,9 @@ from probe_cli.selection import (
 )
 from rich.table import Table
 
-from probe.batching import DEFAULT_BATCH_TOKENS
 from probe.config import choice
 from probe.errors import ProbeError
+from probe.measure.batching import DEFAULT_BATCH_TOKENS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -131,14 +131,14 @@ def importance_cli(
     run data-parallel: each process scores every N-th batch and the per-head sums are added."""
     import pandas as pd
 
-    from probe.analysis.groups import Unit, group_table
-    from probe.analysis.importance import compare_estimators, parse_methods
-    from probe.analysis.layer_drop import layer_importance
     from probe.checkpoint import claim_output, open_output
-    from probe.distributed import process_group, world_from_env
+    from probe.pruning.groups import Unit, group_table
+    from probe.pruning.importance import compare_estimators, parse_methods
+    from probe.pruning.layer_drop import layer_importance
     from probe.report.files import atomic_save_figure, atomic_write_csv
     from probe.report.pruning_plots import correlation_heatmap, importance_heatmap
-    from probe.train import resolve_device
+    from probe.training.distributed import process_group, world_from_env
+    from probe.training.train import resolve_device
 
     unit = choice(Unit, unit, "pruning unit")
     methods = parse_methods(method)

@@ -35,8 +35,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from probe import provenance
-from probe.batching import DEFAULT_BATCH_TOKENS
 from probe.errors import ProbeError
+from probe.measure.batching import DEFAULT_BATCH_TOKENS
 from probe.words import counted
 
 if TYPE_CHECKING:
@@ -121,8 +121,8 @@ def inspect_cli(
 
     from probe.analysis.attention import head_summary, inspect_batches, inspect_model
     from probe.checkpoint import claim_output, open_output
+    from probe.data.tasks import parse_lengths
     from probe.report.attention_plots import write_inspection
-    from probe.tasks import parse_lengths
 
     if streaming not in STREAMING:
         raise ProbeError(f"--streaming must be auto, on or off, got '{streaming}'.")
@@ -138,7 +138,7 @@ def inspect_cli(
     wanted = parse_lengths(lengths or ("128" if ckpt.imported else "8,16,32"))
     check_data_fits(ckpt, wanted, batch_size, batches, max_batch_tokens=max_batch_tokens)
     if period is not None:  # the induction score runs sequences of two periods
-        from probe.memory import check_batches
+        from probe.measure.memory import check_batches
 
         check_batches(ckpt.model_cfg, 1, batch_size, 2 * period, smaller="a smaller --period",
                       max_batch_tokens=max_batch_tokens)  # fmt: skip
@@ -222,7 +222,7 @@ def _context(ckpt, wanted: list[int]) -> int:
 
 def _retrieval(ckpt, text, whole, needles: int, context: int, seed: int) -> pd.DataFrame:
     from probe.analysis.retrieval import needle_prompts, retrieval_scores
-    from probe.text import read_documents
+    from probe.data.text import read_documents
 
     docs = read_documents(text, whole=whole)
     try:
@@ -323,7 +323,7 @@ def scaling_cli(
     from probe.analysis.scaling import SCALES, init_scaling, train_scaling
     from probe.checkpoint import claim_output, open_output
     from probe.report.attention_plots import write_scaling
-    from probe.train import resolve_device
+    from probe.training.train import resolve_device
 
     if steps < 0:
         raise ProbeError(f"--steps must be 0 (skip training) or more, got {steps}.")

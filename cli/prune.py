@@ -43,8 +43,8 @@ from probe_cli.selection import (
 )
 from rich.table import Table
 
-from probe.batching import DEFAULT_BATCH_TOKENS
 from probe.errors import ProbeError
+from probe.measure.batching import DEFAULT_BATCH_TOKENS
 from probe.provenance import device_name
 from probe.words import counted
 
@@ -70,9 +70,9 @@ def _fractions(spec: str | None) -> list[float] | None:
 
 def _sweep(ckpt, out, methods, seeds, fractions, lengths, batch_size, batches, seed, select,
            earlier, data, max_batch_tokens):  # fmt: skip
-    from probe.analysis.importance import parse_methods
-    from probe.analysis.pruning_runs import CURVE_EXTRAS, primary_metric, pruning_curve
     from probe.checkpoint import open_output
+    from probe.pruning.curves import CURVE_EXTRAS, primary_metric, pruning_curve
+    from probe.pruning.importance import parse_methods
     from probe.report.files import atomic_save_figure, atomic_write_csv
     from probe.report.pruning_plots import pruning_curve_plot
 
@@ -219,7 +219,6 @@ def prune_cli(
     overwrite: OverwriteOpt = False,
 ) -> None:
     """Remove heads for real (writes a smaller checkpoint), or with --sweep the pruning curve."""
-    from probe.analysis.prune_compare import prune_and_compare
     from probe.checkpoint import (
         CHECKPOINT_FILES,
         TOKENIZER,
@@ -227,9 +226,10 @@ def prune_cli(
         open_output,
         save_checkpoint,
     )
+    from probe.data.tasks import parse_lengths
+    from probe.pruning.compare import prune_and_compare
     from probe.report.files import atomic_write_csv
     from probe.runtime import Runtime
-    from probe.tasks import parse_lengths
 
     check_positive(batch_size=batch_size, batches=batches, timing_threads=timing_threads,
                    max_batch_tokens=max_batch_tokens,

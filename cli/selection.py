@@ -28,8 +28,8 @@ NormalizeOpt = Annotated[
 
 
 def lengths_for(ckpt: Checkpoint, spec: str | None) -> list[int]:
-    from probe.evaluate import check_lengths
-    from probe.tasks import parse_lengths
+    from probe.data.tasks import parse_lengths
+    from probe.measure.evaluate import check_lengths
 
     if ckpt.imported:
         return []
@@ -43,7 +43,7 @@ def splits(ckpt: Checkpoint, lengths, batch_size: int, batches: int, seed: int, 
            text: tuple = (None, False, 128), max_batch_tokens: int | None = None):  # fmt: skip
     """Importance splits and a scoring split: task data, or text for an imported model; checked
     to fit when run `max_batch_tokens` tokens at a time."""
-    from probe.analysis.splits import checkpoint_splits
+    from probe.pruning.splits import checkpoint_splits
 
     width = "--max-tokens" if ckpt.imported else "--lengths"
     check_data_fits(ckpt, [text[2]] if ckpt.imported else lengths, batch_size, batches, n + 1,

@@ -35,15 +35,15 @@ from probe_cli.common import (
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from probe.batching import DEFAULT_BATCH_TOKENS
 from probe.config import ModelConfig, Schedule, TrainConfig
 from probe.errors import ProbeError
-from probe.presets import with_preset
+from probe.measure.batching import DEFAULT_BATCH_TOKENS
+from probe.training.presets import with_preset
 from probe.words import counted
 
 
 def parse_range(spec: str, what: str) -> tuple[int, int]:
-    from probe.tasks import parse_lengths
+    from probe.data.tasks import parse_lengths
 
     lengths = parse_lengths(spec)
     if lengths != list(range(lengths[0], lengths[-1] + 1)):
@@ -136,9 +136,9 @@ def train_cli(
 ) -> None:
     """Train a model on a synthetic task and write a checkpoint directory."""
     from probe.checkpoint import CHECKPOINT_FILES, claim_output
-    from probe.distributed import world_from_env
-    from probe.tasks import TaskConfig
-    from probe.train import TrainProgress, check_training, resolve_device, train
+    from probe.data.tasks import TaskConfig
+    from probe.training.distributed import world_from_env
+    from probe.training.train import TrainProgress, check_training, resolve_device, train
 
     # with --nproc N, everything is checked here before the N processes start
     launcher = launching(nproc, device, oversubscribe)
@@ -229,9 +229,9 @@ def eval_cli(
 ) -> None:
     """Evaluate a checkpoint at each task length; writes OUT/eval.csv."""
     from probe.checkpoint import claim_output, open_output
-    from probe.evaluate import evaluate
+    from probe.data.tasks import parse_lengths
+    from probe.measure.evaluate import evaluate
     from probe.report.files import atomic_write_csv
-    from probe.tasks import parse_lengths
 
     check_positive(batches=batches, batch_size=batch_size, max_batch_tokens=max_batch_tokens)
     earlier = claim_output(out, ("eval.csv", "manifest.json"), overwrite,
@@ -274,10 +274,10 @@ def _eval_text(ckpt, out, earlier, lengths, text, whole, batch_size, batches, se
                max_batch_tokens):  # fmt: skip
     """eval of an imported model: its text metrics at each row width."""
     from probe.checkpoint import open_output
-    from probe.evaluate import evaluate_text
+    from probe.data.tasks import parse_lengths
+    from probe.data.text import read_documents
+    from probe.measure.evaluate import evaluate_text
     from probe.report.files import atomic_write_csv
-    from probe.tasks import parse_lengths
-    from probe.text import read_documents
 
     reference = None
     if ckpt.objective == "embedding" and ckpt.meta.get("pruning"):
@@ -351,8 +351,9 @@ def _ids(ids: tuple[int, ...]) -> str:
 def info_cli(checkpoint: CheckpointArg, allow_pickle: PickleOpt = False) -> None:
     """Show a checkpoint's configuration and parameter counts (its files are checked; no
     weight is read, so an 8B model's info takes no memory)."""
-    from probe.checkpoint import load_checkpoint, weights_dtype
+    from probe.checkpoint import load_checkpoint
     from probe.runtime import dtype_name
+    from probe.weights import weights_dtype
 
     ckpt = load_checkpoint(checkpoint, allow_pickle=allow_pickle, read_weights=False)
     view = Table(title=f"{Path(checkpoint)}")

@@ -26,9 +26,9 @@ from probe_cli.common import (
     shown,
 )
 
-from probe.batching import DEFAULT_BATCH_TOKENS
 from probe.errors import ProbeError
 from probe.files import claim_file
+from probe.measure.batching import DEFAULT_BATCH_TOKENS
 from probe.words import counted
 
 
@@ -75,14 +75,14 @@ def view_cli(
     entropy, max logit, role scores or importance; click a head for its attention pattern.
 
     Opens offline in any browser: the data is inlined and nothing is fetched."""
-    from probe.analysis.importance import Method
     from probe.analysis.view import checkpoint_view
     from probe.config import choice
+    from probe.data.tasks import parse_lengths
+    from probe.data.text import TextOptions
+    from probe.pruning.importance import Method
     from probe.report.html.viewer import write_viewer
     from probe.runtime import resolve_device
     from probe.study.viewers import pick_cell
-    from probe.tasks import parse_lengths
-    from probe.text import TextOptions
 
     check_positive(batch_size=batch_size, batches=batches, max_batch_tokens=max_batch_tokens)
     if out.suffix.lower() not in (".html", ".htm"):

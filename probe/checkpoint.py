@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from probe.config import ModelConfig, TrainConfig
+from probe.data.tasks import TaskConfig
 from probe.errors import ProbeError
 from probe.files import (  # claim_output, open_output: re-exported (their old home)
     atomic_write_text,
@@ -25,11 +26,19 @@ from probe.files import (  # claim_output, open_output: re-exported (their old h
     claim_output,  # noqa: F401
     open_output,  # noqa: F401
 )
-from probe.memory import check_model
+from probe.interop.tokenizer import load_tokenizer, save_tokenizer
+from probe.measure.memory import check_model
 from probe.model import Transformer
-from probe.runtime import dtype_name
-from probe.tasks import TaskConfig
-from probe.weights import INDEX, SHARDS, WEIGHTS, nonfinite, open_weights, write_weights
+from probe.runtime import Runtime, dtype_name, resolve_dtype
+from probe.weights import (
+    INDEX,
+    SHARDS,
+    WEIGHTS,
+    nonfinite,
+    open_weights,
+    weights_dtype,
+    write_weights,
+)
 
 if TYPE_CHECKING:
     from probe.runtime import Runtime
@@ -72,8 +81,6 @@ class Checkpoint:
 
     def tokenizer(self) -> Any:
         """The tokenizer saved with an imported model (a `tokenizers.Tokenizer`)."""
-        from probe.interop.tokenizer import load_tokenizer
-
         if self.path is None or not (self.path / TOKENIZER).is_file():
             raise ProbeError(
                 f"{self.path}: no {TOKENIZER} in the checkpoint, so text cannot be tokenized; "
@@ -84,14 +91,6 @@ class Checkpoint:
 
 # the files a checkpoint may hold (SHARDS is a pattern: `claim_output` finds every shard)
 CHECKPOINT_FILES = (WEIGHTS, INDEX, SHARDS, CONFIG, METRICS, TOKENIZER)
-
-
-def weights_dtype(model: torch.nn.Module) -> torch.dtype:
-    """The dtype a model's weights are held in (its first floating-point parameter's)."""
-    for parameter in model.parameters():
-        if parameter.is_floating_point():
-            return parameter.dtype
-    return torch.float32
 
 
 def _state_for_saving(model: Transformer) -> dict[str, torch.Tensor]:
@@ -134,8 +133,6 @@ def save_checkpoint(
     if source is not None:
         document["source"] = source
     if tokenizer is not None:
-        from probe.interop.tokenizer import save_tokenizer
-
         save_tokenizer(tokenizer, path / TOKENIZER)
     write_weights(path, _state_for_saving(model), shard_bytes)
     atomic_write_text(path / CONFIG, json.dumps(document, indent=2, default=str) + "\n")
@@ -246,8 +243,6 @@ def _unsafe_pickle(path: Path, exc: Exception) -> str:
 def stored_dtype(document: dict[str, Any]) -> torch.dtype:
     """The dtype a checkpoint's weights were saved in (float32 for checkpoints that predate the
     record)."""
-    from probe.runtime import resolve_dtype
-
     name = document.get("dtype", "float32")
     try:
         return resolve_dtype(name)
@@ -273,8 +268,6 @@ def load_checkpoint(
 
     `read_weights=False` checks the files, names and shapes but reads no tensor: the model is
     on the meta device (for what its structure tells: `probe info` of an 8B model)."""
-    from probe.runtime import Runtime, resolve_dtype
-
     if runtime is None:
         runtime = Runtime(torch.device("cpu" if device is None else device), resolve_dtype(dtype))
     elif device is not None or dtype is not None:

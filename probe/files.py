@@ -11,8 +11,7 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from pathlib import Path
 
 from probe.errors import ProbeError
@@ -177,48 +176,6 @@ def check_input_file(path: str | Path, what: str) -> None:
     for test, kind in _SPECIAL:
         if test(mode):
             raise ProbeError(f"{path} is {kind}, not a regular file; it should be {what}.")
-
-
-def load_safetensors(file: str | Path, advice: str) -> dict:
-    """Every tensor of a safetensors file; a file that is not one (empty, cut short, a header
-    whose sizes or offsets lie) is one line naming it, what is wrong in the header's words,
-    and `advice` ("download it again")."""
-    handle = open_safetensors(file, advice)
-    with _readable(file, advice):
-        return {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
-
-
-def open_safetensors(file: str | Path, advice: str, backend: str | None = None):
-    """A safetensors file opened for reading one tensor at a time (`keys()`, `get_slice(name)`,
-    `get_tensor(name)`); a file that is not one is one line, as for `load_safetensors`.
-    `backend="pread"` reads with pread(2) instead of a memory map (whose pages would count as
-    the process's memory), where the installed safetensors offers it."""
-    from safetensors import safe_open
-
-    check_input_file(file, "a safetensors weights file")
-    with _readable(file, advice):
-        if backend is not None:
-            try:
-                return safe_open(str(file), framework="pt", device="cpu", backend=backend)
-            except TypeError:  # safetensors before 0.7 memory-maps only
-                pass
-        return safe_open(str(file), framework="pt", device="cpu")
-
-
-@contextmanager
-def _readable(file: str | Path, advice: str) -> Iterator[None]:
-    """safetensors' errors as one line naming the file and the header's complaint."""
-    from safetensors import SafetensorError
-
-    try:
-        yield
-    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        reason = reason.removeprefix("Error while deserializing header: ")
-        raise ProbeError(
-            f"{file} is not a readable safetensors file ({reason}): it is truncated or "
-            f"corrupt; {advice}"
-        ) from None
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

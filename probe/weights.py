@@ -17,14 +17,17 @@ import os
 import re
 import tempfile
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 from probe.errors import ProbeError
 from probe.fields import shown
-from probe.files import TMP_SUFFIX, check_input_file, open_safetensors
+from probe.files import TMP_SUFFIX, check_input_file
 
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -244,8 +247,6 @@ def _unshared(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def _write_file(path: Path, tensors: dict[str, torch.Tensor], metadata: dict | None) -> None:
-    from safetensors.torch import save_file
-
     _atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
 
@@ -263,3 +264,49 @@ def _atomic_write(path: Path, write) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def weights_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype a model's weights are held in (its first floating-point parameter's)."""
+    for parameter in model.parameters():
+        if parameter.is_floating_point():
+            return parameter.dtype
+    return torch.float32
+
+
+def load_safetensors(file: str | Path, advice: str) -> dict:
+    """Every tensor of a safetensors file; a file that is not one (empty, cut short, a header
+    whose sizes or offsets lie) is one line naming it, what is wrong in the header's words,
+    and `advice` ("download it again")."""
+    handle = open_safetensors(file, advice)
+    with _readable(file, advice):
+        return {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
+
+
+def open_safetensors(file: str | Path, advice: str, backend: str | None = None):
+    """A safetensors file opened for reading one tensor at a time (`keys()`, `get_slice(name)`,
+    `get_tensor(name)`); a file that is not one is one line, as for `load_safetensors`.
+    `backend="pread"` reads with pread(2) instead of a memory map (whose pages would count as
+    the process's memory), where the installed safetensors offers it."""
+    check_input_file(file, "a safetensors weights file")
+    with _readable(file, advice):
+        if backend is not None:
+            try:
+                return safe_open(str(file), framework="pt", device="cpu", backend=backend)
+            except TypeError:  # safetensors before 0.7 memory-maps only
+                pass
+        return safe_open(str(file), framework="pt", device="cpu")
+
+
+@contextmanager
+def _readable(file: str | Path, advice: str) -> Iterator[None]:
+    """safetensors' errors as one line naming the file and the header's complaint."""
+    try:
+        yield
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        reason = reason.removeprefix("Error while deserializing header: ")
+        raise ProbeError(
+            f"{file} is not a readable safetensors file ({reason}): it is truncated or "
+            f"corrupt; {advice}"
+        ) from None

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from probe.launch import tie_to_parent
+from probe.training.launch import tie_to_parent
 
 
 def main(argv: list[str]) -> None:

@@ -175,8 +175,8 @@ def test_bert_type_vocab_size_0_beside_token_type_weights_is_refused(bases, tmp_
 
 
 def test_a_huge_length_range_is_refused_before_it_is_built():
+    from probe.data.tasks import parse_lengths
     from probe.errors import ProbeError
-    from probe.tasks import parse_lengths
 
     with within(20), pytest.raises(ProbeError, match="names 1,000,000,000 lengths; at most"):
         parse_lengths("1:1000000000")

@@ -8,9 +8,9 @@ import torch
 from probe import load_checkpoint
 from probe.checkpoint import save_checkpoint
 from probe.config import ModelConfig, TrainConfig
+from probe.data.tasks import TaskConfig
 from probe.errors import ProbeError
 from probe.model import Transformer
-from probe.tasks import TaskConfig
 
 
 @pytest.fixture

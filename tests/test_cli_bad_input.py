@@ -15,8 +15,8 @@ from tiny_study import tiny_study
 
 from probe.checkpoint import save_checkpoint
 from probe.config import ModelConfig, TrainConfig
+from probe.data.tasks import TaskConfig
 from probe.model import Transformer
-from probe.tasks import TaskConfig
 
 TASK = TaskConfig(name="copy", n_symbols=4)
 

@@ -17,9 +17,9 @@ from precision import HALF, bound
 
 from probe.checkpoint import load_checkpoint, save_checkpoint
 from probe.config import ModelConfig, TrainConfig
+from probe.data.tasks import TaskConfig
 from probe.model import Transformer
 from probe.runtime import dtype_name
-from probe.tasks import TaskConfig
 
 TASK = TaskConfig(n_symbols=6)
 SMALL = ["--batch-size", "8", "--lengths", "3,4"]

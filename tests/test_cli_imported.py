@@ -12,7 +12,7 @@ import torch
 from cli_run import exit_code
 
 from probe.checkpoint import load_checkpoint
-from probe.text import read_documents
+from probe.data.text import read_documents
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from probe.checkpoint import save_checkpoint
 from probe.config import ModelConfig, TrainConfig
+from probe.data.tasks import TaskConfig
 from probe.model import Transformer
-from probe.tasks import TaskConfig
 
 runner = CliRunner()
 

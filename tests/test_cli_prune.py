@@ -9,12 +9,12 @@ import pytest
 import torch
 from cli_run import exit_code
 
-from probe.analysis.pruning import masked
 from probe.checkpoint import load_checkpoint, save_checkpoint
 from probe.config import ModelConfig, TrainConfig
-from probe.evaluate import eval_batches
+from probe.data.tasks import TaskConfig
+from probe.measure.evaluate import eval_batches
 from probe.model import Transformer
-from probe.tasks import TaskConfig
+from probe.pruning.heads import masked
 
 TASK = TaskConfig(n_symbols=6)
 SMALL = ["--batch-size", "8", "--lengths", "3,4"]

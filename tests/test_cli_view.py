@@ -12,9 +12,9 @@ from cli_run import exit_code
 
 from probe.checkpoint import save_checkpoint
 from probe.config import ModelConfig, TrainConfig
-from probe.evaluate import eval_batches, form_for
+from probe.data.tasks import TaskConfig
+from probe.measure.evaluate import eval_batches, form_for
 from probe.model import Transformer
-from probe.tasks import TaskConfig
 
 TASK = TaskConfig(name="copy", n_symbols=6)
 

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from probe.config import PE, ModelConfig, Schedule, TrainConfig
+from probe.data.tasks import TaskConfig, TaskName
 from probe.errors import ProbeError
-from probe.tasks import TaskConfig, TaskName
 
 CONFIGS = (ModelConfig, TrainConfig, TaskConfig)
 FIELDS = [(cls, f.name) for cls in CONFIGS for f in dataclasses.fields(cls)]

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from probe.checkpoint import load_checkpoint
-from probe.distributed import World, global_batch, rank_rows, shard_generators
-from probe.tasks import TaskConfig
-from probe.train import train
+from probe.data.tasks import TaskConfig
+from probe.training.distributed import World, global_batch, rank_rows, shard_generators
+from probe.training.train import train
 
 TOLERANCE = 1e-4  # largest absolute weight difference allowed after 30 steps (float32 sums)
 ARGS = ["--task", "copy", "--n-symbols", "8", "--train-len", "2:6", "--steps", "30",

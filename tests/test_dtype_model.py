@@ -13,12 +13,12 @@ import torch
 from precision import HALF, UNIT_ROUNDOFF, bound, rounded
 from test_fire import fire_by_hand, fire_module
 
-from probe.analysis.pruning import masked, prune_heads
 from probe.checkpoint import load_checkpoint, save_checkpoint
 from probe.config import ModelConfig, TrainConfig
+from probe.data.tasks import TaskConfig
 from probe.model import Transformer
 from probe.model.positional import ALiBi, Rotary, alibi_slopes
-from probe.tasks import TaskConfig
+from probe.pruning.heads import masked, prune_heads
 
 VOCAB = 50
 VARIANTS = {

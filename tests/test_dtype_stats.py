@@ -13,8 +13,8 @@ from test_dtype_model import model_for
 
 from probe.analysis.attention import head_summary, inspect_model
 from probe.analysis.roles import OffsetProfile
-from probe.observe import AttentionStats, Fanout
-from probe.tasks import TaskConfig
+from probe.data.tasks import TaskConfig
+from probe.measure.observe import AttentionStats, Fanout
 
 TASK = TaskConfig()
 # p_max > 0.9 counts rows: a row at 0.9 flips with any rounding, so it has no error bound

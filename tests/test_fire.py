@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from probe.analysis.pruning import prune_heads
 from probe.config import ModelConfig
 from probe.model import Transformer
+from probe.pruning.heads import prune_heads
 
 
 def fire_by_hand(module, i: int, j: int, head: int) -> float:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import torch
 
-from probe.analysis.fisher import fisher_prune, reconstruction_error, tune_masks
-from probe.analysis.importance import head_importance
-from probe.analysis.pruning import head_mask
 from probe.config import ModelConfig
-from probe.evaluate import batch_loss, eval_batches
+from probe.data.tasks import TaskConfig
+from probe.measure.evaluate import batch_loss, eval_batches
 from probe.model import Transformer
-from probe.tasks import TaskConfig
+from probe.pruning.fisher import fisher_prune, reconstruction_error, tune_masks
+from probe.pruning.heads import head_mask
+from probe.pruning.importance import head_importance
 
 TASK = TaskConfig(n_symbols=8)
 
@@ -118,7 +118,7 @@ def test_fisher_prune_folds_tuned_scales_into_the_weights():
 def test_layer_importance_against_a_hand_run_residual_stream():
     import torch.nn.functional as F
 
-    from probe.analysis.layer_drop import layer_importance, plan_layers
+    from probe.pruning.layer_drop import layer_importance, plan_layers
 
     for norm in ("pre", "post"):
         m = model(norm=norm, n_layer=3)
@@ -143,10 +143,10 @@ def test_layer_importance_against_a_hand_run_residual_stream():
 
 
 def test_curve_points_of_tuned_fisher_and_layer_drop_match_direct_scoring():
-    from probe.analysis.importance import head_importance
-    from probe.analysis.layer_drop import layer_importance, plan_layers
-    from probe.analysis.pruning import plan_removal, present_heads
-    from probe.analysis.pruning_runs import pruning_curve, score_batches
+    from probe.pruning.curves import pruning_curve, score_batches
+    from probe.pruning.heads import plan_removal, present_heads
+    from probe.pruning.importance import head_importance
+    from probe.pruning.layer_drop import layer_importance, plan_layers
 
     m = model(n_layer=2)
     split, scoring = data(0), data(5)
@@ -170,9 +170,9 @@ def test_curve_points_of_tuned_fisher_and_layer_drop_match_direct_scoring():
 
 
 def test_curve_by_key_value_group_matches_direct_scoring():
-    from probe.analysis.groups import plan_units
-    from probe.analysis.importance import head_importance
-    from probe.analysis.pruning_runs import pruning_curve, score_batches
+    from probe.pruning.curves import pruning_curve, score_batches
+    from probe.pruning.groups import plan_units
+    from probe.pruning.importance import head_importance
 
     m = model(n_kv_head=2)  # 2 layers x 2 groups of 2 heads
     split, scoring = data(0), data(5)

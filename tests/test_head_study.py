@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 from cli_run import exit_code
 
-from probe.analysis.objectives import operating_points
 from probe.errors import ProbeError
+from probe.pruning.objectives import operating_points
 from probe.study import heads_evidence as ev
 from probe.study.heads_spec import parse_head_study
 
@@ -130,8 +130,8 @@ def check_knockout(file: Path, ko: pd.DataFrame) -> None:
     its copy accuracy is recomputed here with only those heads masked."""
     import tomllib
 
-    from probe.analysis.pruning import masked
     from probe.analysis.retrieval import retrieval_scores
+    from probe.pruning.heads import masked
     from probe.study.heads_runner import Subject
 
     subject = Subject(parse_head_study(tomllib.loads(file.read_text())))
@@ -216,8 +216,8 @@ def test_timing_reuses_the_importance_it_would_compute(llama_dir):
 
     import torch
 
-    from probe.analysis.importance import head_importance
-    from probe.analysis.layer_drop import layer_importance
+    from probe.pruning.importance import head_importance
+    from probe.pruning.layer_drop import layer_importance
     from probe.study.heads_runner import Subject
     from probe.study.heads_steps import pruned_model
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from random_llama import write_random_llama
 
-from probe.memory import peak_rss
+from probe.measure.memory import peak_rss
 
 GB = 10**9
 

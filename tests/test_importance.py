@@ -11,7 +11,13 @@ import torch
 import torch.nn.functional as F
 from scipy.stats import spearmanr
 
-from probe.analysis.importance import (
+from probe.config import ModelConfig
+from probe.data.tasks import TaskConfig
+from probe.errors import ProbeError
+from probe.measure.evaluate import eval_batches
+from probe.model import Transformer
+from probe.pruning.heads import masked, prune_heads
+from probe.pruning.importance import (
     compare_estimators,
     disjoint_splits,
     example_keys,
@@ -20,12 +26,6 @@ from probe.analysis.importance import (
     parse_methods,
     without,
 )
-from probe.analysis.pruning import masked, prune_heads
-from probe.config import ModelConfig
-from probe.errors import ProbeError
-from probe.evaluate import eval_batches
-from probe.model import Transformer
-from probe.tasks import TaskConfig
 
 TASK = TaskConfig(n_symbols=6)
 
@@ -48,7 +48,8 @@ def batches(arch="decoder", seed=0, size=6):
 
 
 def example_losses(model, batch) -> torch.Tensor:
-    """Per-example answer cross-entropy in float64, written independently of probe.evaluate."""
+    """Per-example answer cross-entropy in float64, written independently of
+    probe.measure.evaluate."""
     logits = model(batch.inputs, source=batch.source).double()  # [batch, seq, vocab]
     token = F.cross_entropy(logits.transpose(1, 2), batch.targets, reduction="none")
     mask = batch.loss_mask.double()

@@ -11,9 +11,9 @@ import pytest
 import torch
 from precision import HALF, assert_matches_reference
 
-from probe.analysis.pruning import masked, prune_heads
 from probe.errors import ProbeError
 from probe.interop.importer import import_model
+from probe.pruning.heads import masked, prune_heads
 
 transformers = pytest.importorskip("transformers")
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Regex, pre_tokenizers
 
+from probe.data.text import read_documents
 from probe.errors import ProbeError
 from probe.interop.tokenizer import (
     PRE_TOKENIZERS,
@@ -22,7 +23,6 @@ from probe.interop.tokenizer import (
     save_tokenizer,
     tokenizer_from_gguf,
 )
-from probe.text import read_documents
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

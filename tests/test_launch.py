@@ -14,8 +14,8 @@ import pytest
 from cli_run import exit_code
 from processes import alive, children, wait_until
 
-import probe.launch
-from probe.launch import Outcome, cpu_cores, launch
+import probe.training.launch
+from probe.training.launch import Outcome, cpu_cores, launch
 
 TESTS = Path(__file__).parent
 TINY = ["--steps", "2", "--layers", "1", "--heads", "2", "--d-model", "16", "--batch-size", "4",
@@ -27,11 +27,11 @@ def launches(monkeypatch):
     """Record each launch instead of starting processes; the launch succeeds."""
     calls: list[tuple[list[str], int]] = []
 
-    def fake(args, nproc, module=probe.launch.MODULE):
+    def fake(args, nproc, module=probe.training.launch.MODULE):
         calls.append((list(args), nproc))
         return Outcome(0, 0, "")
 
-    monkeypatch.setattr(probe.launch, "launch", fake)
+    monkeypatch.setattr(probe.training.launch, "launch", fake)
     return calls
 
 
@@ -137,7 +137,7 @@ REPORTS = {
 @pytest.mark.parametrize("outcome, code, said", REPORTS.values(), ids=REPORTS.keys())
 def test_a_failed_rank_is_one_line_and_its_exit_status(monkeypatch, tmp_path, capsys, outcome,
                                                        code, said):  # fmt: skip
-    monkeypatch.setattr(probe.launch, "launch", lambda args, nproc: outcome)
+    monkeypatch.setattr(probe.training.launch, "launch", lambda args, nproc: outcome)
     assert run(monkeypatch, ["train", *TINY, "--out", str(tmp_path / "o"), "--nproc", "2"]) == code
     assert capsys.readouterr().err == said
 
@@ -166,7 +166,7 @@ def test_the_first_failure_is_reported_and_the_other_ranks_stopped(monkeypatch, 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc or psutil")
 def test_ranks_die_with_a_killed_launcher(monkeypatch, tmp_path):
     _rank_env(monkeypatch)
-    code = ("import sys; from probe.launch import launch; "
+    code = ("import sys; from probe.training.launch import launch; "
             "launch([sys.argv[1], 'sleep'], 2, module='launch_rank')")  # fmt: skip
     launcher = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)])
     ranks: list[int] = []
@@ -218,7 +218,7 @@ def test_cuda_takes_one_gpu_per_process_even_when_oversubscribing(monkeypatch):
     import torch
 
     from probe.errors import ProbeError
-    from probe.launch import check_process_count
+    from probe.training.launch import check_process_count
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(ProbeError, match="--nproc 2 on CUDA needs one GPU per process, but torch "

@@ -74,11 +74,11 @@ def test_gradient_and_fisher_importance_of_a_0_4b_model_peak_within_weights_plus
         textwrap.dedent(f"""
         import sys, torch
         from probe.allocator import return_large_blocks
-        from probe.analysis.importance import head_importance
+        from probe.pruning.importance import head_importance
         from probe.checkpoint import load_checkpoint, save_checkpoint
         from probe.config import ModelConfig
         from probe.model import Transformer
-        from probe.tasks import Batch
+        from probe.data.tasks import Batch
 
         return_large_blocks()  # as the command line does
         path = sys.argv[1]

@@ -10,17 +10,17 @@ import torch
 import torch.nn.functional as F
 
 from probe.analysis.attention import inspect_batches
-from probe.analysis.fisher import reconstruction_error, tune_masks
-from probe.analysis.importance import head_importance, mean_loss
-from probe.analysis.layer_drop import layer_importance
-from probe.analysis.pruning_runs import score_batches
-from probe.batching import micro_batches, row_tokens, split_batch
 from probe.config import ModelConfig
+from probe.data.tasks import Batch, TaskConfig
 from probe.errors import ProbeError
-from probe.evaluate import batch_loss, eval_batches, evaluate, text_metrics
-from probe.loss import per_example, token_losses
+from probe.measure.batching import micro_batches, row_tokens, split_batch
+from probe.measure.evaluate import batch_loss, eval_batches, evaluate, text_metrics
+from probe.measure.loss import per_example, token_losses
 from probe.model import Transformer
-from probe.tasks import Batch, TaskConfig
+from probe.pruning.curves import score_batches
+from probe.pruning.fisher import reconstruction_error, tune_masks
+from probe.pruning.importance import head_importance, mean_loss
+from probe.pruning.layer_drop import layer_importance
 
 TASK = TaskConfig(n_symbols=6)
 ONE_ROW = 1  # a budget below one example's tokens: every pass holds a single example
@@ -43,7 +43,7 @@ def task_batches(arch="decoder", size=7):
 
 
 def text_batch(vocab: int, rows: int = 6, seq: int = 9, objective="causal-lm") -> Batch:
-    """A causal-LM batch of random tokens, as `probe.text` builds them."""
+    """A causal-LM batch of random tokens, as `probe.data.text` builds them."""
     ids = torch.randint(0, vocab, (rows, seq), generator=torch.Generator().manual_seed(3))
     targets = torch.zeros_like(ids)
     targets[:, :-1] = ids[:, 1:]
@@ -187,7 +187,7 @@ def test_layer_importance_tuning_and_attention_tables_do_not_depend_on_the_budge
 
 # ------------------------------------------------------------ recompute, memory, timing
 def test_recomputed_blocks_give_the_same_gate_gradients_and_leave_the_model_as_it_was():
-    from probe.recompute import recomputed_blocks
+    from probe.measure.recompute import recomputed_blocks
 
     model = make_model(arch="encoder-decoder", pe="sinusoidal")
     (batch,) = eval_batches(TASK, "encoder-decoder", [4], 5, 1, 0)
@@ -208,7 +208,7 @@ def test_recomputed_blocks_give_the_same_gate_gradients_and_leave_the_model_as_i
 
 
 def test_gradient_importance_with_recomputed_blocks_equals_without(monkeypatch):
-    import probe.analysis.gate_gradients as gate_gradients
+    import probe.pruning.gate_gradients as gate_gradients
 
     model = make_model()
     data = task_batches()
@@ -219,7 +219,7 @@ def test_gradient_importance_with_recomputed_blocks_equals_without(monkeypatch):
 
 
 def test_the_memory_check_sizes_by_the_micro_batch(monkeypatch):
-    import probe.memory as memory
+    import probe.measure.memory as memory
 
     cfg = ModelConfig(arch="decoder", vocab_size=50_000, n_layer=30, n_head=9, d_model=576)
     whole = memory.forward_bytes(cfg, 64, 128, backward=True)
@@ -237,8 +237,8 @@ def test_the_memory_check_sizes_by_the_micro_batch(monkeypatch):
 
 
 def test_timing_keeps_to_its_budget_and_an_exact_count_without_one():
-    from probe.analysis.pruning import head_mask
-    from probe.analysis.timing import Gated, time_forward, timing_batches
+    from probe.pruning.heads import head_mask
+    from probe.pruning.timing import Gated, time_forward, timing_batches
 
     model = make_model()
     before = [g.clone() for g in model.gates()]

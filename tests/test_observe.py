@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from probe.config import ModelConfig
+from probe.data.tasks import TaskConfig
 from probe.errors import ProbeError
-from probe.evaluate import eval_batches, form_for
+from probe.measure.evaluate import eval_batches, form_for
+from probe.measure.observe import AttentionStats, Fanout, _SiteTotals, attention_stats
+from probe.measure.streaming import STATISTICS
 from probe.model import Transformer
-from probe.observe import AttentionStats, Fanout, _SiteTotals, attention_stats
-from probe.streaming import STATISTICS
-from probe.tasks import TaskConfig
 
 
 def tiny(arch="decoder", pe="learned", **kw) -> Transformer:

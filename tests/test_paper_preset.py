@@ -9,14 +9,14 @@ import torch
 from cli_run import exit_code
 
 from probe.config import ModelConfig, TrainConfig
+from probe.data.tasks import TaskConfig, make_batch
 from probe.errors import ProbeError
-from probe.evaluate import batch_loss
+from probe.measure.evaluate import batch_loss
 from probe.model import Transformer
-from probe.presets import preset, with_preset
 from probe.study.grid import expand
 from probe.study.spec import parse_study
-from probe.tasks import TaskConfig, make_batch
-from probe.train import lr_at
+from probe.training.presets import preset, with_preset
+from probe.training.train import lr_at
 
 
 def test_paper_schedule_is_section_5_3():

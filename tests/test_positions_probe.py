@@ -13,10 +13,10 @@ from probe.analysis.positions_probe import (
     position_probe,
 )
 from probe.config import ModelConfig
+from probe.data.tasks import TaskConfig
 from probe.errors import ProbeError
-from probe.evaluate import eval_batches
+from probe.measure.evaluate import eval_batches
 from probe.model import Transformer
-from probe.tasks import TaskConfig
 
 TASK = TaskConfig(n_symbols=8)
 

@@ -5,11 +5,11 @@ import pandas as pd
 import pytest
 import torch
 
-from probe.analysis.pruning import prune_heads
 from probe.checkpoint import load_checkpoint, save_checkpoint
 from probe.config import ModelConfig, TrainConfig
+from probe.data.tasks import TaskConfig
 from probe.model import Transformer
-from probe.tasks import TaskConfig
+from probe.pruning.heads import prune_heads
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -43,7 +43,7 @@ def test_pruning_in_place_equals_pruning_a_copy(tmp_path, dtype):
 
 @pytest.mark.parametrize("unit", ["head", "group"])
 def test_prune_and_compare_in_place_gives_what_a_copy_gives(unit):
-    from probe.analysis.prune_compare import prune_and_compare
+    from probe.pruning.compare import prune_and_compare
     from tests.test_pruning import data, make_model
 
     results = {}

@@ -6,8 +6,16 @@ import pandas as pd
 import pytest
 import torch
 
-from probe.analysis.prune_compare import prune_and_compare
-from probe.analysis.pruning import (
+from probe.checkpoint import load_checkpoint, save_checkpoint
+from probe.config import ModelConfig, TrainConfig
+from probe.data.tasks import TaskConfig
+from probe.errors import ProbeError
+from probe.measure.evaluate import eval_batches
+from probe.model import Transformer
+from probe.model.positional import alibi_slopes
+from probe.pruning.compare import prune_and_compare
+from probe.pruning.curves import pruning_curve, score_batches
+from probe.pruning.heads import (
     check_heads,
     head_mask,
     masked,
@@ -17,15 +25,7 @@ from probe.analysis.pruning import (
     prune_model,
     select_heads,
 )
-from probe.analysis.pruning_runs import pruning_curve, score_batches
-from probe.analysis.timing import time_forward, time_ratios, timing_batches
-from probe.checkpoint import load_checkpoint, save_checkpoint
-from probe.config import ModelConfig, TrainConfig
-from probe.errors import ProbeError
-from probe.evaluate import eval_batches
-from probe.model import Transformer
-from probe.model.positional import alibi_slopes
-from probe.tasks import TaskConfig
+from probe.pruning.timing import time_forward, time_ratios, timing_batches
 
 TASK = TaskConfig(n_symbols=6)
 

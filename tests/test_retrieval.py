@@ -9,8 +9,8 @@ import torch
 
 from probe.analysis.retrieval import NeedlePrompt, needle_prompts, retrieval_scores
 from probe.config import ModelConfig
+from probe.data.text import read_documents
 from probe.model import Transformer
-from probe.text import read_documents
 
 tokenizers = pytest.importorskip("tokenizers")
 

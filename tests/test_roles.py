@@ -15,10 +15,10 @@ from probe.analysis.roles import (
     repeated_tokens,
 )
 from probe.config import ModelConfig
-from probe.evaluate import eval_batches, form_for
+from probe.data.tasks import BOS, N_SPECIAL, TaskConfig
+from probe.measure.evaluate import eval_batches, form_for
 from probe.model import AttentionCall, Transformer
 from probe.site import Site
-from probe.tasks import BOS, N_SPECIAL, TaskConfig
 
 
 def pattern_call(probs: torch.Tensor, causal: bool = True, site: str = "blocks.0.attn"):

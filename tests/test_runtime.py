@@ -9,10 +9,10 @@ import torch
 
 from probe.checkpoint import load_checkpoint, save_checkpoint
 from probe.config import ModelConfig, TrainConfig
+from probe.data.tasks import TaskConfig
 from probe.errors import ProbeError
 from probe.model import Transformer
 from probe.runtime import Runtime, dtype_name, resolve_dtype
-from probe.tasks import TaskConfig
 from tests.cli_run import exit_code
 
 HALF = [torch.bfloat16, torch.float16]

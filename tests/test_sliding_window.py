@@ -11,16 +11,16 @@ import pytest
 import torch
 
 from probe import load_checkpoint
-from probe.analysis.pruning import masked, prune_heads
 from probe.checkpoint import save_checkpoint
 from probe.config import ModelConfig, TrainConfig
+from probe.data.tasks import TaskConfig
 from probe.errors import ProbeError
+from probe.measure.observe import AttentionStats
+from probe.measure.streaming import STATISTICS, row_statistics
 from probe.model import AttentionCall, Transformer
 from probe.model.mask import visible, visible_counts
-from probe.observe import AttentionStats
+from probe.pruning.heads import masked, prune_heads
 from probe.site import Site
-from probe.streaming import STATISTICS, row_statistics
-from probe.tasks import TaskConfig
 
 
 def hand_visible(q_len: int, k_len: int, w: int | None) -> torch.Tensor:

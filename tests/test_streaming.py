@@ -7,10 +7,15 @@ import math
 import pytest
 import torch
 
+from probe.measure.streaming import (
+    STATISTICS,
+    entropy_materialized,
+    entropy_streaming,
+    row_statistics,
+)
 from probe.model.attention import AttentionCall
 from probe.model.positional import alibi_slopes
 from probe.site import Site
-from probe.streaming import STATISTICS, entropy_materialized, entropy_streaming, row_statistics
 
 
 def make_call(

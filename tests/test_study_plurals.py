@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 import torch
 
-from probe.analysis.pruning import check_counts, check_heads
 from probe.config import ModelConfig
 from probe.errors import ProbeError
 from probe.model import Transformer
+from probe.pruning.heads import check_counts, check_heads
 from probe.words import counted
 
 ONE_PLURAL = re.compile(r"(?<![\d.,])1 (heads|seeds|cells|steps|layers|sites|attention sites|rows|"

@@ -61,7 +61,7 @@ def test_a_rerun_skips_finished_cells_and_trains_nothing(tmp_path, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("a cached cell was trained again")
 
-    monkeypatch.setattr("probe.train.train", no_training)
+    monkeypatch.setattr("probe.training.train.train", no_training)
     monkeypatch.setattr(cells_module, "get_step", lambda name: pytest.fail("analysis rerun"))
     again = run_study(study, tmp_path / "out", device="cpu")
     assert [r.cached for r in again.records] == [True] * 4
@@ -73,7 +73,9 @@ def test_finished_models_are_reused_when_only_the_analyses_change(tmp_path, monk
     path = write_study(tmp_path)
     run_study(load_study(path), tmp_path / "out", device="cpu")
     path.write_text(path.read_text().replace('lengths = "1:2L"', 'lengths = "1:3L"'))
-    monkeypatch.setattr("probe.train.train", lambda *a, **k: pytest.fail("model retrained"))
+    monkeypatch.setattr(
+        "probe.training.train.train", lambda *a, **k: pytest.fail("model retrained")
+    )
     result = run_study(load_study(path), tmp_path / "out", device="cpu")
     assert [r.cached for r in result.records] == [False] * 4
     assert all(r.facts["train_s"] == 0 for r in result.records)

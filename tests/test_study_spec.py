@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from tiny_study import SMOKE, tiny_study
 
 from probe.config import ModelConfig, TrainConfig
+from probe.data.tasks import TaskConfig
 from probe.errors import ProbeError
 from probe.study.spec import load_study, parse_study, smoke_version
-from probe.tasks import TaskConfig
 
 TINY = tiny_study(seed_key='"train.seed"', extra=SMOKE)  # a quoted dotted key too
 

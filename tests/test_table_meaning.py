@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 import torch
 
-from probe.analysis.objectives import PRIMARY, TASK, objective_of, primary
 from probe.analysis.roles import DOMINANT, ROLE_THRESHOLDS, ROLES, has_role
-from probe.analysis.schema import CURVE_COLUMNS, ROLE_COLUMNS, normalise, normalise_all
-from probe.tasks import Batch
+from probe.data.tasks import Batch
+from probe.pruning.objectives import PRIMARY, TASK, objective_of, primary
+from probe.schema import CURVE_COLUMNS, ROLE_COLUMNS, normalise, normalise_all
 
 REFERENCES = Path(__file__).resolve().parents[1] / "probe" / "references.toml"
 
@@ -106,7 +106,7 @@ def test_role_counts_use_the_one_definition():
 
 
 def test_primary_metric_per_objective():
-    from probe.analysis.pruning_runs import primary_metric, score_batches
+    from probe.pruning.curves import primary_metric, score_batches
 
     assert primary(None) == PRIMARY[TASK] == ("exact_match", True)
     assert primary("embedding") == ("similarity", True)
@@ -117,9 +117,9 @@ def test_primary_metric_per_objective():
         assert primary_metric([batch]) == primary(objective).metric
     # a task model's scores carry its primary metric (computed by the scoring itself)
     from probe.config import ModelConfig
-    from probe.evaluate import eval_batches
+    from probe.data.tasks import TaskConfig
+    from probe.measure.evaluate import eval_batches
     from probe.model import Transformer
-    from probe.tasks import TaskConfig
 
     model = Transformer(ModelConfig(n_layer=1, n_head=2, d_model=16, vocab_size=21))
     batches = eval_batches(TaskConfig(), "decoder", [4], 2, 1, 0)

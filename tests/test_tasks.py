@@ -1,4 +1,4 @@
-"""Tests for probe.tasks: every answer is re-derived from the prompt in plain Python."""
+"""Tests for probe.data.tasks: every answer is re-derived from the prompt in plain Python."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from probe.errors import ProbeError
-from probe.tasks import (
+from probe.data.tasks import (
     BOS,
     EOS,
     MASK,
@@ -29,6 +28,7 @@ from probe.tasks import (
     score,
     sequence_length,
 )
+from probe.errors import ProbeError
 
 TASKS = [TaskConfig(name, n_symbols=8) for name in TaskName] + [
     TaskConfig(TaskName.ADDITION, lsb_first=True)

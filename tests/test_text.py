@@ -13,8 +13,8 @@ import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
+from probe.data.text import batches, default_corpus, read_documents, tokenize_documents
 from probe.errors import ProbeError
-from probe.text import batches, default_corpus, read_documents, tokenize_documents
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]  # ids 0-3
 WORDS = [*SPECIAL, "the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far"]  # 4-13
@@ -253,9 +253,9 @@ def test_neighbour_agreement_against_a_direct_count():
     import torch
 
     from probe.config import ModelConfig
-    from probe.evaluate import _embedding_metrics
+    from probe.data.tasks import Batch
+    from probe.measure.evaluate import _embedding_metrics
     from probe.model import Transformer
-    from probe.tasks import Batch
 
     torch.manual_seed(0)
     model = Transformer(ModelConfig(arch="encoder", vocab_size=20, n_layer=1, d_model=16)).eval()

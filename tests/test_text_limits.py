@@ -8,7 +8,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from probe.text import read_documents, read_note, stream_rows, tokenize_documents
+from probe.data.text import read_documents, read_note, stream_rows, tokenize_documents
 
 
 @pytest.fixture(scope="module")

@@ -5,12 +5,12 @@ import math
 import pytest
 import torch
 
-import probe.train as train_module
+import probe.training.train as train_module
 from probe import load_checkpoint
 from probe.config import ModelConfig, TrainConfig
+from probe.data.tasks import TaskConfig
 from probe.errors import Interrupted, ProbeError
-from probe.tasks import TaskConfig
-from probe.train import TrainingDiverged, lr_at, random_positions, train
+from probe.training.train import TrainingDiverged, lr_at, random_positions, train
 
 
 def test_lr_schedule_warms_up_then_decays_by_cosine():

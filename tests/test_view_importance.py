@@ -16,8 +16,8 @@ from cli_run import exit_code
 
 from probe.checkpoint import save_checkpoint
 from probe.config import ModelConfig, TrainConfig
+from probe.data.tasks import TaskConfig
 from probe.model import Transformer
-from probe.tasks import TaskConfig
 
 TASK = TaskConfig(name="copy", n_symbols=6)
 

@@ -15,12 +15,12 @@ import numpy as np
 import pandas as pd
 
 from probe.analysis.roles import head_roles
-from probe.batching import micro_batches
+from probe.data.tasks import Batch, TaskConfig
 from probe.errors import ProbeError
-from probe.evaluate import check_lengths, eval_batches, form_for
+from probe.measure.batching import micro_batches
+from probe.measure.evaluate import check_lengths, eval_batches, form_for
+from probe.measure.observe import attention_stats
 from probe.model import Transformer
-from probe.observe import attention_stats
-from probe.tasks import Batch, TaskConfig
 
 SUMMARY_COLUMNS = [
     "layer",
@@ -103,7 +103,7 @@ def inspect_batches(
     """Attention statistics and head roles of `model` on given batches (each batch's `length`
     labels its rows: a task length, or the tokens per row of text), run in micro-batches of at
     most `max_batch_tokens` tokens: both are sums over query rows, so the split changes
-    nothing but memory (None: `probe.batching.DEFAULT_BATCH_TOKENS`)."""
+    nothing but memory (None: `probe.measure.batching.DEFAULT_BATCH_TOKENS`)."""
 
     def report(stage: str):
         if progress is None:

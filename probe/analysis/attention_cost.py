@@ -9,7 +9,8 @@ repeat so that machine load drifts hit every method alike) and its peak memory i
     sdpa               torch's fused scaled_dot_product_attention (a flash-style kernel on the CPU
                        for float32 in recent versions): the same output without an N x N matrix
     streaming_entropy  the entropy of every query row over key tiles of `tile` keys with an online
-                       softmax (probe.streaming): memory O(rows x tile) instead of O(rows x keys)
+                       softmax (probe.measure.streaming): memory O(rows x tile) instead of
+                       O(rows x keys)
     explicit_entropy   the same entropies from the full logits (streaming.entropy_materialized): the
                        materialized counterpart of streaming_entropy
 
@@ -40,13 +41,15 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from scipy import stats
+from torch._C._profiler import _EventType  # the event tree torch's memory profiler reads
+from torch.profiler import ProfilerActivity, profile
 
 from probe.config import choice
 from probe.errors import ProbeError
-from probe.memory import HEADROOM, available_bytes
+from probe.measure.memory import HEADROOM, available_bytes
+from probe.measure.streaming import entropy_materialized, entropy_streaming
 from probe.model.attention import AttentionCall
 from probe.site import Site
-from probe.streaming import entropy_materialized, entropy_streaming
 
 Progress = Callable[[int, int], None]  # (sizes done, sizes in all)
 FLOAT = 4  # bytes per float32
@@ -153,8 +156,8 @@ def measure_peak(fn: Callable[[], object], device: torch.device | str = "cpu") -
     result counts while it is alive inside the call; it is dropped afterwards).
 
     Garbage of earlier calls is collected first: tensors kept in reference cycles (the row
-    sums of probe.streaming are, until the collector runs) would otherwise be freed inside the
-    window and lower the peak by their size."""
+    sums of probe.measure.streaming are, until the collector runs) would otherwise be freed
+    inside the window and lower the peak by their size."""
     device = torch.device(device)
     gc.collect()
     if device.type == "cuda":
@@ -172,9 +175,6 @@ def measure_peak(fn: Callable[[], object], device: torch.device | str = "cpu") -
 def _cpu_peak(fn: Callable[[], object]) -> int:
     """The largest running sum of CPU allocations minus frees during fn(), from the profiler's
     allocation events in time order (the allocator's own accounting, not a formula)."""
-    from torch._C._profiler import _EventType  # the event tree torch's memory profiler reads
-    from torch.profiler import ProfilerActivity, profile
-
     # kineto reads this when the profiler first starts; without it every start and stop prints
     # a log line (KINETO_LOG_LEVEL=6 silences them; a value the user set is kept)
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")

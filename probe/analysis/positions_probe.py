@@ -16,7 +16,7 @@ where positions past the longest training sequence were never seen by the probe.
 Which tokens: every input token that is a task symbol (id >= N_SPECIAL), i.e. not PAD, BOS, SEP,
 EOS or MASK. A special token's identity alone gives its position away (BOS is always 0, SEP always
 follows the prompt), so including it would credit the embedding with position knowledge it does
-not have. With the layout of `probe.tasks` this is, per form:
+not have. With the layout of `probe.data.tasks` this is, per form:
 
     decoder          inputs [BOS] prompt [SEP] answer     -> prompt and answer symbols
     encoder          inputs [BOS] prompt [SEP] [MASK]*k   -> prompt symbols
@@ -34,11 +34,11 @@ import pandas as pd
 import torch
 
 from probe.config import Arch
+from probe.data.tasks import BOS, N_SPECIAL, SEP, Batch, TaskConfig, sequence_length
 from probe.errors import ProbeError
-from probe.evaluate import check_lengths, eval_batches, form_for, forward_batch
-from probe.memory import check_forward
+from probe.measure.evaluate import check_lengths, eval_batches, form_for, forward_batch
+from probe.measure.memory import check_forward
 from probe.model import Transformer
-from probe.tasks import BOS, N_SPECIAL, SEP, Batch, TaskConfig, sequence_length
 
 COLUMNS = ["layer", "length", "seen", "metric", "value", "n_tokens"]
 METRICS = ("r2", "accuracy", "mae")

@@ -17,7 +17,7 @@ the decoder position with the source position (0: the diagonal alignment of a co
 The observers summarise each attention call on the fly (sums per head and per relative offset),
 so no n x n matrix is kept after the call.
 
-The table is long (`probe.analysis.schema.ROLE_COLUMNS`): `statistic` names the role, `value`
+The table is long (`probe.schema.ROLE_COLUMNS`): `statistic` names the role, `value`
 holds its score. Whether a head *has* a role is `has_role`, by the thresholds in
 `ROLE_THRESHOLDS`, one per role, each with its source; every report that counts heads with a
 role reads them from there.
@@ -31,11 +31,11 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from probe.analysis.schema import ROLE_COLUMNS
-from probe.batching import micro_batches, rows_per_pass
-from probe.evaluate import features_batch
+from probe.data.tasks import BOS, N_SPECIAL, Batch
+from probe.measure.batching import micro_batches, rows_per_pass
+from probe.measure.evaluate import features_batch
 from probe.model import AttentionCall, Transformer
-from probe.tasks import BOS, N_SPECIAL, Batch
+from probe.schema import ROLE_COLUMNS
 
 ROLES = ("previous_token", "induction", "positional", "sink")
 

@@ -18,11 +18,12 @@ import pandas as pd
 import torch
 
 from probe.config import ModelConfig, Scale, TrainConfig, choice
+from probe.data.tasks import TaskConfig
 from probe.errors import ProbeError
+from probe.measure.streaming import row_statistics
 from probe.model import AttentionCall
 from probe.site import Site
-from probe.streaming import row_statistics
-from probe.tasks import TaskConfig
+from probe.training.train import train  # training sits above analysis; import it when asked
 
 D_KS = (8, 16, 32, 64, 128, 256, 512)
 NS = (128, 1024)
@@ -144,8 +145,6 @@ def train_scaling(
     return their curves: a tidy table with columns d_k, scale, step, layer, head, statistic,
     value; statistic is loss and exact_match (layer and head empty) or a per-head attention
     statistic from TRAIN_STATISTICS, logged every `stats_every` steps."""
-    from probe.train import train  # training sits above analysis; import it when asked
-
     task = task or TaskConfig()
     if steps < 1 or stats_every < 1:
         raise ProbeError("steps and stats_every must be at least 1.")

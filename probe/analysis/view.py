@@ -17,9 +17,16 @@ import numpy as np
 import pandas as pd
 import torch
 
-from probe.evaluate import features_batch
+from probe.analysis.attention import induction_period
+from probe.analysis.roles import head_roles
+from probe.data.tasks import Batch, TaskConfig, token_name
+from probe.errors import ProbeError
+from probe.measure.batching import micro_batches
+from probe.measure.evaluate import check_lengths, eval_batches, features_batch, form_for
+from probe.measure.observe import attention_stats
 from probe.model import AttentionCall, Transformer
-from probe.tasks import Batch
+from probe.pruning.importance import head_importance
+from probe.pruning.splits import checkpoint_splits
 
 STATISTICS = {  # statistic of the attention table -> label in the viewer
     "normalized_entropy": "normalized entropy (H / log n)",
@@ -152,13 +159,7 @@ def build_view(
     batches, importance by `importance` (None: none) on `importance_batches` (default: all the
     batches), and patterns on the first example of each label's first batch.
     `token_name(id) -> str` labels the pattern's axes. Every pass holds at most
-    `max_batch_tokens` tokens (`probe.batching`)."""
-    from probe.analysis.attention import induction_period
-    from probe.analysis.importance import head_importance
-    from probe.analysis.roles import head_roles
-    from probe.batching import micro_batches
-    from probe.observe import attention_stats
-
+    `max_batch_tokens` tokens (`probe.measure.batching`)."""
     batches = [b for _, group in examples for b in group]
     stats = attention_stats(model, list(micro_batches(batches, max_batch_tokens)), list(STATISTICS))
     lengths = sorted({int(b.inputs.shape[1]) for b in batches})
@@ -177,9 +178,6 @@ def build_view(
 
 
 def _task_for(ckpt, name: str | None):
-    from probe.errors import ProbeError
-    from probe.tasks import TaskConfig
-
     if name is None:
         return ckpt.task
     task = TaskConfig.from_dict({**ckpt.task.to_dict(), "name": name})
@@ -194,9 +192,6 @@ def _task_for(ckpt, name: str | None):
 
 def default_lengths(ckpt, task) -> list[int]:
     """L and 2L (L: the longest training length), 2L only where the model can take it."""
-    from probe.errors import ProbeError
-    from probe.evaluate import check_lengths
-
     longest = ckpt.train_cfg.train_len[1]
     lengths = [longest]
     try:
@@ -242,11 +237,6 @@ def checkpoint_view(
     (`checkpoint_splits`: the same rows, and for a sentence encoder the same reference
     embeddings), so the page's colours are that command's numbers: `probe importance --lengths`
     at these lengths, or `--max-tokens N` for an imported model viewed at one length N."""
-    from probe.analysis.splits import checkpoint_splits
-    from probe.errors import ProbeError
-    from probe.evaluate import check_lengths, eval_batches, form_for
-    from probe.tasks import token_name
-
     scored = []  # the importance split of `probe importance`
     if ckpt.imported:
         if task is not None:

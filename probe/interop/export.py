@@ -9,9 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from probe.errors import ProbeError
+from probe.files import atomic_write_text
 from probe.interop.families import family
+from probe.interop.tokenizer import save_tokenizer
 from probe.model import Transformer
-from probe.weights import FILES
+from probe.runtime import dtype_name
+from probe.weights import FILES, weights_dtype, write_weights
 
 # what an export may write (the shards' names as a pattern), for `claim_output`
 WRITES = ("config.json", *FILES, "tokenizer.json", "tokenizer_config.json")
@@ -28,11 +31,6 @@ def export_hf(
     dtype its weights are held in, tensor by tensor (shards of at most `shard_bytes`, default
     `probe.weights.SHARD_BYTES`, when larger); returns the files written. A model the format
     cannot express is one clear ProbeError."""
-    from probe.checkpoint import weights_dtype
-    from probe.files import atomic_write_text
-    from probe.runtime import dtype_name
-    from probe.weights import write_weights
-
     fam = family({"model_type": model_type}, "export")
     dtype = weights_dtype(model)
     state = {k: v.detach() for k, v in model.state_dict().items()}
@@ -47,8 +45,6 @@ def export_hf(
     written.insert(0, out / "config.json")
     atomic_write_text(written[0], json.dumps(hf_config, indent=2) + "\n")
     if tokenizer is not None:
-        from probe.interop.tokenizer import save_tokenizer
-
         written.append(save_tokenizer(tokenizer, out / "tokenizer.json"))
         tok_config = {"tokenizer_class": "PreTrainedTokenizerFast"}
         written.append(out / "tokenizer_config.json")

@@ -24,9 +24,12 @@ import torch
 from probe.config import Arch, ModelConfig
 from probe.errors import ProbeError
 from probe.files import check_input_file
+from probe.interop.bundled import resolve
 from probe.interop.families import family
 from probe.interop.fields import Fields
-from probe.memory import check_model
+from probe.interop.gguf import read_gguf
+from probe.interop.tokenizer import load_tokenizer, tokenizer_from_gguf
+from probe.measure.memory import check_model
 from probe.model import Transformer
 from probe.runtime import dtype_name, resolve_dtype
 from probe.weights import Weights, nonfinite, open_weights, read_json
@@ -211,9 +214,6 @@ def import_model(path: str | Path, allow_nonfinite: bool = False,
     see `probe.interop.bundled`) as a probe model on the CPU, in `dtype` (float32, bfloat16,
     float16; default: the source's own, float32 for a quantized GGUF, which is dequantized).
     Weights holding NaN or infinities are refused unless `allow_nonfinite`."""
-    from probe.interop.bundled import resolve
-    from probe.interop.tokenizer import load_tokenizer, tokenizer_from_gguf
-
     dtype = resolve_dtype(dtype)
     path = resolve(path)
     if not path.exists():
@@ -224,7 +224,6 @@ def import_model(path: str | Path, allow_nonfinite: bool = False,
                 f"'{path}' is a file; import a Hugging Face model directory (config.json + "
                 "model.safetensors) or a .gguf file."
             )
-        from probe.interop.gguf import read_gguf
 
         gguf = read_gguf(path)
         label = f"GGUF file '{path}': metadata (read as a Llama config)"

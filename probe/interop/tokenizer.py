@@ -24,7 +24,9 @@ from typing import Any
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from probe.errors import ProbeError
+from probe.files import atomic_write_text
 from probe.interop.fields import Fields
+from probe.interop.gguf import metadata_of
 
 # GGUF token types (llama.cpp `llama_token_type`)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -80,7 +82,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     """A tokenizer from a `tokenizer.json`, or from a directory holding one.
 
     The file's own truncation and padding (MiniLM's cut and pad everything to 128 tokens) are
-    switched off: lengths are the caller's to choose, see `probe.text.tokenize_documents`.
+    switched off: lengths are the caller's to choose, see `probe.data.text.tokenize_documents`.
     """
     path = Path(path)
     if path.is_dir():
@@ -108,7 +110,6 @@ def save_tokenizer(tok: Tokenizer, path: str | Path) -> Path:
     path = Path(path)
     if path.is_dir():
         path = path / "tokenizer.json"
-    from probe.files import atomic_write_text
 
     atomic_write_text(path, tok.to_str(pretty=True))
     return path
@@ -128,7 +129,6 @@ def gguf_metadata(path: str | Path, prefix: str = "") -> dict[str, Any]:
         reader = GGUFReader(path)
     except Exception as exc:  # bad magic, truncated file, unknown version
         raise ProbeError(f"{path} is not a readable GGUF file ({exc}).") from None
-    from probe.interop.gguf import metadata_of
 
     return {k: v for k, v in metadata_of(reader, path).items() if k.startswith(prefix)}
 

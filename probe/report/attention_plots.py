@@ -17,10 +17,10 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from probe.analysis.schema import normalise
 from probe.files import atomic_write_bytes
 from probe.report.files import atomic_save_figure, atomic_write_csv, atomic_write_json
 from probe.report.layout import title_above
+from probe.schema import normalise
 
 ROLE_TITLES = {
     "previous_token": "previous token: p(i -> i-1)",

@@ -9,10 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
 from probe.report.files import atomic_save_figure, atomic_write_csv, atomic_write_text
+from probe.report.html.report_page import report_html
 
 
 def _cell(value: Any, digits: int) -> str:
@@ -79,8 +81,6 @@ class MarkdownReport:
 
     def figure(self, fig: Any, png: str, caption: str) -> None:
         """Save `fig` as `png` beside the report, close it and reference it."""
-        import matplotlib.pyplot as plt
-
         atomic_save_figure(self.folder / png, fig)
         plt.close(fig)
         self.files.append(png)
@@ -92,8 +92,6 @@ class MarkdownReport:
     def write(self, name: str = "report.md") -> Path:
         """Write the Markdown report, and beside it the same as one self-contained HTML page
         (figures embedded)."""
-        from probe.report.html.report_page import report_html
-
         path = self.folder / name
         text = self.text()
         atomic_write_text(path, text)

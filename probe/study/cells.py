@@ -26,7 +26,7 @@ from probe.study.engine.units import Progress
 from probe.study.grid import Cell, expand
 from probe.study.spec import Study, study_dict
 from probe.study.steps import StepContext, get_step
-from probe.train import train
+from probe.training.train import train
 
 
 def model_dir(root: Path, cell: Cell) -> Path:

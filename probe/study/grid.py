@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from probe.config import ModelConfig, TrainConfig, to_plain
+from probe.data.tasks import TaskConfig, sequence_length
 from probe.errors import ProbeError
-from probe.evaluate import form_for
+from probe.measure.evaluate import form_for
 from probe.study.spec import Study
 from probe.study.steps import options_dict, resolve_lengths
-from probe.tasks import TaskConfig, sequence_length
 from probe.words import counted
 
 CELL_FORMAT = 1  # bump when a cell's results change meaning, to invalidate every cache

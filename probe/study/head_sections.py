@@ -19,7 +19,7 @@ KEEP = 0.5  # the survivors: the most important half of the heads
 def agreement(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list[str]:
     """Spearman rank correlation between every pair of estimators, per cell, then averaged
     over the cells of each arm (and over arms in the heatmap)."""
-    from probe.analysis.importance import importance_correlations
+    from probe.pruning.importance import importance_correlations
 
     parts = []
     for (cell, arm, seed), g in table.groupby(["cell", "arm", "seed"], sort=False):

@@ -183,7 +183,7 @@ def _check_hf_config(config: Path, here: str) -> None:
 def check_text(study: HeadStudy) -> None:
     """The [text] file is a UTF-8 text file, and it (or the shipped corpus) holds at least one
     character for each token the study's rows take: a token covers at least one character."""
-    from probe.text import default_corpus
+    from probe.data.text import default_corpus
 
     here = f"{study.where} [text] file"
     path = study.text_file()
@@ -238,8 +238,8 @@ def check_model_fit(subject: Any) -> None:
     rows and prompts within its position table, enough text for the rows, needle prompts only
     for a causal language model and buildable from the text, knock-outs smaller than half the
     heads. Run before the first step is computed, so nothing fails after minutes of work."""
-    from probe.analysis.pruning import present_heads
-    from probe.text import stream_rows
+    from probe.data.text import stream_rows
+    from probe.pruning.heads import present_heads
 
     study = subject.study
     where, t, roles = study.where, study.text, study.roles

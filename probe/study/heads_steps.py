@@ -14,16 +14,16 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import torch
 
-from probe.analysis.fisher import fisher_prune
-from probe.analysis.groups import plan_units
-from probe.analysis.importance import head_importance
-from probe.analysis.layer_drop import layer_importance, plan_layers
-from probe.analysis.objectives import objective_of, operating_points
-from probe.analysis.pruning import masked, plan_removal, present_heads, prune_heads, quota
-from probe.analysis.pruning_runs import pruning_curve, score_batches
 from probe.analysis.retrieval import retrieval_scores
 from probe.analysis.roles import head_roles
-from probe.analysis.timing import time_forward, timing_batches
+from probe.pruning.curves import pruning_curve, score_batches
+from probe.pruning.fisher import fisher_prune
+from probe.pruning.groups import plan_units
+from probe.pruning.heads import masked, plan_removal, present_heads, prune_heads, quota
+from probe.pruning.importance import head_importance
+from probe.pruning.layer_drop import layer_importance, plan_layers
+from probe.pruning.objectives import objective_of, operating_points
+from probe.pruning.timing import time_forward, timing_batches
 from probe.study.heads_spec import HeadStudy
 
 if TYPE_CHECKING:  # the plan's units and context: they call the steps defined here

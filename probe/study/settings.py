@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from probe.config import ModelConfig, TrainConfig, check_keys, did_you_mean
+from probe.data.tasks import TaskConfig
 from probe.errors import ProbeError
 from probe.fields import check_field, shown
-from probe.tasks import TaskConfig
 
 SECTIONS = {"model": ModelConfig, "task": TaskConfig, "train": TrainConfig}
 

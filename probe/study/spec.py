@@ -16,7 +16,6 @@ from typing import Any
 from probe.config import check_keys, did_you_mean, from_dict
 from probe.errors import ProbeError
 from probe.fields import shown
-from probe.presets import with_preset
 from probe.references import published
 from probe.study.contrast import Contrast
 from probe.study.documents import read_toml
@@ -31,6 +30,7 @@ from probe.study.settings import (
 )
 from probe.study.steps import get_step, parse_options
 from probe.study.verdicts import parse_verdicts
+from probe.training.presets import with_preset
 
 TOP_LEVEL = (
     "study",

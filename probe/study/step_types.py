@@ -13,9 +13,9 @@ import pandas as pd
 import torch
 
 from probe.config import TrainConfig
+from probe.data.tasks import TaskConfig, parse_lengths
 from probe.errors import ProbeError
 from probe.model import Transformer
-from probe.tasks import TaskConfig, parse_lengths
 
 Progress = Callable[[int, int], None]
 

@@ -39,7 +39,7 @@ class AttentionOptions:
         "max_logit",
         "sink_mass",
         "attention_distance",
-    )  # see probe.streaming
+    )  # see probe.measure.streaming
     batch_size: int = 32
     n_batches: int = 1
     seed: int = 4321
@@ -73,7 +73,7 @@ class InitScalingOptions:
 
 
 def _eval_lengths(ctx: StepContext, opts: EvalLengthsOptions) -> dict[str, pd.DataFrame]:
-    from probe.evaluate import evaluate
+    from probe.measure.evaluate import evaluate
 
     lengths = resolve_lengths(opts.lengths, ctx.train_max)
     table = evaluate(
@@ -84,8 +84,8 @@ def _eval_lengths(ctx: StepContext, opts: EvalLengthsOptions) -> dict[str, pd.Da
 
 
 def _attention(ctx: StepContext, opts: AttentionOptions) -> dict[str, pd.DataFrame]:
-    observe = require("attention", "probe.observe")
-    from probe.evaluate import eval_batches, form_for
+    observe = require("attention", "probe.measure.observe")
+    from probe.measure.evaluate import eval_batches, form_for
 
     form = form_for(ctx.model.cfg.arch)
     batches = [
@@ -112,13 +112,13 @@ def _init_scaling(ctx: StepContext, opts: InitScalingOptions) -> dict[str, pd.Da
 
 
 def _prune(ctx: StepContext, opts: PruneOptions) -> dict[str, pd.DataFrame]:
-    """`probe.analysis.pruning_runs.pruning_curve`: the metrics after masking the least important
+    """`probe.pruning.curves.pruning_curve`: the metrics after masking the least important
     heads, per estimator and fraction (0: the unpruned model), importance measured on data
     disjoint from the scoring data."""
-    runs = require("prune", "probe.analysis.pruning_runs")
-    from probe.analysis.importance import disjoint_splits
-    from probe.analysis.pruning import present_heads
-    from probe.evaluate import form_for
+    runs = require("prune", "probe.pruning.curves")
+    from probe.measure.evaluate import form_for
+    from probe.pruning.heads import present_heads
+    from probe.pruning.importance import disjoint_splits
 
     lengths = resolve_lengths(opts.lengths, ctx.train_max)
     splits, scoring = disjoint_splits(
@@ -142,12 +142,12 @@ def _prune(ctx: StepContext, opts: PruneOptions) -> dict[str, pd.DataFrame]:
 
 
 def _check_attention(opts: AttentionOptions) -> None:
-    observe = require("attention", "probe.observe")
+    observe = require("attention", "probe.measure.observe")
     observe.check_statistics(list(opts.statistics))
 
 
 def _check_prune(opts: PruneOptions) -> None:
-    from probe.analysis.importance import Method
+    from probe.pruning.importance import Method
 
     for method in (*opts.methods, *opts.iterative):
         choice(Method, method, "importance method")

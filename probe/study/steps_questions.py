@@ -29,7 +29,7 @@ def _position_probe(ctx: StepContext, opts: PositionProbeOptions) -> dict[str, p
     training lengths and beyond; for an encoder also how far it is from permutation-equivariant
     (statistic permutation_gap: max |f(x[pi]) - f(x)[pi]| over the final hidden states)."""
     probing = require("position_probe", "probe.analysis.positions_probe")
-    from probe.evaluate import eval_batches, form_for
+    from probe.measure.evaluate import eval_batches, form_for
 
     low, high = ctx.train.train_len
     fit = (
@@ -77,7 +77,7 @@ def _roles(ctx: StepContext, opts: RolesOptions) -> dict[str, pd.DataFrame]:
     """`probe.analysis.roles.head_roles`: every head's previous-token, induction, positional and
     sink score (mean attention probabilities in [0, 1]) on the task's data."""
     roles = require("roles", "probe.analysis.roles")
-    from probe.evaluate import eval_batches, form_for
+    from probe.measure.evaluate import eval_batches, form_for
 
     form = form_for(ctx.model.cfg.arch)
     lengths = resolve_lengths(opts.lengths, ctx.train_max)
@@ -135,10 +135,10 @@ class ImportanceOptions:
 
 
 def _importance(ctx: StepContext, opts: ImportanceOptions) -> dict[str, pd.DataFrame]:
-    """`probe.analysis.importance.head_importance` of every head by each estimator, on one set
+    """`probe.pruning.importance.head_importance` of every head by each estimator, on one set
     of task data (by default the prune step's first importance split)."""
-    importance = require("importance", "probe.analysis.importance")
-    from probe.evaluate import eval_batches, form_for
+    importance = require("importance", "probe.pruning.importance")
+    from probe.measure.evaluate import eval_batches, form_for
 
     form = form_for(ctx.model.cfg.arch)
     lengths = resolve_lengths(opts.lengths, ctx.train_max)
@@ -150,7 +150,7 @@ def _importance(ctx: StepContext, opts: ImportanceOptions) -> dict[str, pd.DataF
 
 
 def _check_importance(opts: ImportanceOptions) -> None:
-    from probe.analysis.importance import Method
+    from probe.pruning.importance import Method
 
     for method in opts.methods:
         choice(Method, method, "importance method")
@@ -173,9 +173,9 @@ def _prune_timing(ctx: StepContext, opts: PruneTimingOptions) -> dict[str, pd.Da
     """Seconds per forward pass of the physically pruned model (`prune_model`: the heads go from
     the weights) against the original, side by side in one process on `threads` threads, at
     each fraction; columns fraction, n_pruned, batch_size, part, seconds, ratio, params."""
-    pruning = require("prune_timing", "probe.analysis.pruning")
-    from probe.analysis.timing import time_forward, time_ratios, timing_batches
-    from probe.evaluate import eval_batches, form_for
+    pruning = require("prune_timing", "probe.pruning.heads")
+    from probe.measure.evaluate import eval_batches, form_for
+    from probe.pruning.timing import time_forward, time_ratios, timing_batches
 
     form = form_for(ctx.model.cfg.arch)
     lengths = resolve_lengths(opts.lengths, ctx.train_max)

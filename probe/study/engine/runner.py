@@ -21,10 +21,10 @@ import pandas as pd
 import torch
 
 from probe import provenance
-from probe.analysis.schema import normalise
 from probe.errors import Interrupted, ProbeError
 from probe.report.files import atomic_write_csv, atomic_write_json, atomic_write_text
 from probe.runtime import resolve_device
+from probe.schema import normalise
 from probe.study.engine.executors import check_ray, run_here, run_on_ray, run_pool
 from probe.study.engine.store import Store, read_table
 from probe.study.engine.units import Event, Plan, Record, Unit

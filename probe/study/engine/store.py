@@ -21,9 +21,9 @@ from typing import Any
 import pandas as pd
 
 from probe import provenance
-from probe.analysis.schema import normalise
 from probe.errors import ProbeError
 from probe.report.files import atomic_write_csv, atomic_write_json
+from probe.schema import normalise
 from probe.study.documents import read_json
 from probe.study.engine.units import Record, Unit
 
@@ -119,5 +119,7 @@ class Store:
         """The tables of a finished unit."""
         folder = self.root / self.folder / record.key
         files = self.files(record.facts) if record.facts else {}
-        return {name: normalise(name, read_table(folder / files.get(name, f"{name}.csv")))
-                for name in record.tables}  # an older schema too
+        return {
+            name: normalise(name, read_table(folder / files.get(name, f"{name}.csv")))
+            for name in record.tables
+        }  # an older schema too

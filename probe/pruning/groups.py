@@ -19,13 +19,13 @@ from enum import StrEnum
 
 import pandas as pd
 
-from probe.analysis.importance import head_importance
-from probe.analysis.layer_drop import layer_importance, plan_layers
-from probe.analysis.pruning import n_to_remove, present_heads, ranking
 from probe.config import choice
+from probe.data.tasks import Batch
 from probe.errors import ProbeError
 from probe.model import Transformer
-from probe.tasks import Batch
+from probe.pruning.heads import n_to_remove, present_heads, ranking
+from probe.pruning.importance import head_importance
+from probe.pruning.layer_drop import layer_importance, plan_layers
 
 COLUMNS = ["step", "layer", "head", "method", "value"]
 

@@ -40,15 +40,15 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from probe.analysis.pruning import check_heads, head_mask, plan_removal, present_heads, prune_heads
-from probe.analysis.pruning import quota as head_quota
-from probe.batching import micro_batches
-from probe.evaluate import features_batch
+from probe.data.tasks import Batch
+from probe.measure.batching import micro_batches
+from probe.measure.evaluate import features_batch
 from probe.model import AttentionCall, Transformer
-from probe.tasks import Batch
+from probe.pruning.heads import check_heads, head_mask, plan_removal, present_heads, prune_heads
+from probe.pruning.heads import quota as head_quota
+from probe.pruning.importance import head_importance
+from probe.pruning.mask_tuning import RIDGE, tune_layer_by_layer
 
-RIDGE = 1e-6  # relative to the mean diagonal of each site's normal equations
-MAX_SCALE = 10.0  # Kwon et al.'s code stops tuning when a scale leaves [-MAX_SCALE, MAX_SCALE]
 TUNINGS = ("layer-by-layer", "one-pass")
 
 
@@ -129,8 +129,6 @@ def tune_masks(
     The normal equations are sums over tokens, accumulated in micro-batches of
     `max_batch_tokens` tokens."""
     if procedure == "layer-by-layer":
-        from probe.analysis.mask_tuning import tune_layer_by_layer
-
         return tune_layer_by_layer(model, removed, batches, max_batch_tokens)
     if procedure != "one-pass":
         raise ValueError(f"procedure must be one of {', '.join(TUNINGS)}, got {procedure!r}")
@@ -177,8 +175,6 @@ def fisher_prune(
     weights of a physically pruned copy. The input model is left unchanged. `table`: the Fisher
     importance already computed on `batches` (computed here when None). Both run in
     micro-batches of `max_batch_tokens` tokens."""
-    from probe.analysis.importance import head_importance
-
     if table is None:
         table = head_importance(model, batches, "fisher", progress=progress,
                                 max_batch_tokens=max_batch_tokens)  # fmt: skip

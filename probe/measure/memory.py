@@ -4,7 +4,7 @@ allocated, so an impossible size fails in one line instead of after minutes and 
 The estimates are upper-end orders of magnitude (weights and activations at the weights'
 dtype's size, attention scores and logits in float32), not exact accounting: they exist to
 refuse `d_model = 10**9` or a 100,000-token evaluation, not to pack memory tightly. A command
-that runs its batches in micro-batches of a token budget (`probe.batching`) is sized by one
+that runs its batches in micro-batches of a token budget (`probe.measure.batching`) is sized by one
 micro-batch, not by its statistical batch: the data of every batch is held, but only one
 micro-batch's activations.
 `PROBE_MEMORY_CHECK=off` in the environment skips the check (to insist).
@@ -13,9 +13,13 @@ micro-batch's activations.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 from probe.config import PE, ModelConfig
 from probe.errors import ProbeError
+from probe.measure.batching import rows_per_pass
+from probe.measure.loss import LOSS_CHUNK
 from probe.words import counted
 
 FLOAT = 4  # bytes per float32
@@ -45,14 +49,11 @@ def forward_bytes(cfg: ModelConfig, batch: int, seq: int, backward: bool = False
     with their softmax and gradient.
 
     max_batch_tokens: the pass runs in micro-batches of that many tokens (whole rows, at least
-    one) and its loss projects at most `probe.loss.LOSS_CHUNK` logits at a time, so `batch`
+    one) and its loss projects at most `probe.measure.loss.LOSS_CHUNK` logits at a time, so `batch`
     counts only up to a micro-batch, and a backward pass recomputes each block's activations
-    (`probe.recompute`) instead of keeping them; None: the whole batch at once with all its
+    (`probe.measure.recompute`) instead of keeping them; None: the whole batch at once with all its
     logits and every layer's activations kept (as training runs). dtype: the activations'
     (default float32)."""
-    from probe.batching import rows_per_pass
-    from probe.loss import LOSS_CHUNK
-
     size = FLOAT if dtype is None else dtype.itemsize
     rows = batch if max_batch_tokens is None else min(batch, rows_per_pass(seq, max_batch_tokens))
     scores = 3 * rows * cfg.n_head * seq * seq * FLOAT
@@ -62,7 +63,9 @@ def forward_bytes(cfg: ModelConfig, batch: int, seq: int, backward: bool = False
     logits = 3 * rows * seq * cfg.vocab_size * FLOAT
     if max_batch_tokens is not None:
         logits = min(logits, 3 * max(LOSS_CHUNK, cfg.vocab_size) * FLOAT)
-        if backward:  # blocks recompute (probe.recompute): each keeps its input and head outputs
+        # a backward pass recomputes blocks (probe.measure.recompute): each keeps its input and
+        # its head outputs
+        if backward:
             kept = cfg.n_sites * rows * seq * 2 * cfg.d_model * size + 2 * (kept // layers)
     return scores + kept + logits
 
@@ -184,9 +187,6 @@ _LAUNCHER = (
 def peak_rss(argv: list[str], env: dict | None = None) -> tuple[int, int, str]:
     """Run `argv` as a child process: (its peak resident memory in bytes, its exit code, what it
     printed). The peak is the kernel's account of that process alone (wait4's ru_maxrss)."""
-    import subprocess
-    import sys
-
     done = subprocess.run(
         [sys.executable, "-S", "-c", _LAUNCHER, *argv], capture_output=True,
         env={**os.environ, **(env or {})},

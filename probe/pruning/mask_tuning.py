@@ -1,5 +1,5 @@
 """Kwon et al. 2022's mask tuning, layer by layer on the pruned model's own inputs (the procedure
-is described in `probe.analysis.fisher`'s docstring, with the authors' code it follows).
+is described in `probe.pruning.fisher`'s docstring, with the authors' code it follows).
 
 Each site's least-squares problem is accumulated over tokens as normal equations: with A the
 [token * d_model, kept (+1)] matrix of the kept heads' contributions (and a column of ones where a
@@ -18,13 +18,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from probe.analysis.fisher import MAX_SCALE, RIDGE
-from probe.analysis.pruning import check_heads, head_mask
-from probe.batching import micro_batches
 from probe.config import Norm
-from probe.evaluate import features_batch
+from probe.data.tasks import Batch
+from probe.measure.batching import micro_batches
+from probe.measure.evaluate import features_batch
 from probe.model import Transformer
-from probe.tasks import Batch
+from probe.pruning.heads import check_heads, head_mask
+
+RIDGE = 1e-6  # relative to the mean diagonal of each site's normal equations
+MAX_SCALE = 10.0  # Kwon et al.'s code stops tuning when a scale leaves [-MAX_SCALE, MAX_SCALE]
 
 
 class _Stop(Exception):

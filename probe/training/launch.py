@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from probe.errors import Interrupted, ProbeError
-from probe.memory import check_fits
+from probe.measure.memory import check_fits
 
 LAUNCHER = "PROBE_LAUNCHER_PID"  # the launcher's pid, for its ranks' check of their parent
 MODULE = "probe_cli.main"  # what each rank runs: the `probe` command line

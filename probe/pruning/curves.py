@@ -1,5 +1,5 @@
 """What `probe prune --sweep` runs: the pruning curve, and the scoring every pruning run shares
-(`probe.analysis.prune_compare` prunes one fraction physically and compares).
+(`probe.pruning.compare` prunes one fraction physically and compares).
 
 `pruning_curve` gives a metric against the fraction of heads pruned, per
 estimator and seed. Along the curve heads are removed by masking (gate 0), which gives the same
@@ -15,24 +15,24 @@ from collections.abc import Callable, Sequence
 import pandas as pd
 import torch
 
-from probe.analysis.fisher import tune_masks
-from probe.analysis.groups import plan_units
-from probe.analysis.importance import head_importance
-from probe.analysis.layer_drop import layer_importance, plan_layers
-from probe.analysis.objectives import primary
-from probe.analysis.pruning import (
+from probe.data.tasks import Batch, score
+from probe.errors import ProbeError
+from probe.measure.batching import micro_batches
+from probe.measure.evaluate import batch_loss, forward_batch, text_metrics
+from probe.model import Transformer
+from probe.pruning.fisher import tune_masks
+from probe.pruning.groups import plan_units
+from probe.pruning.heads import (
     check_counts,
     head_mask,
     plan_removal,
     present_heads,
     quota,
 )
-from probe.analysis.schema import CURVE_COLUMNS
-from probe.batching import micro_batches
-from probe.errors import ProbeError
-from probe.evaluate import batch_loss, forward_batch, text_metrics
-from probe.model import Transformer
-from probe.tasks import Batch, score
+from probe.pruning.importance import head_importance
+from probe.pruning.layer_drop import layer_importance, plan_layers
+from probe.pruning.objectives import primary
+from probe.schema import CURVE_COLUMNS
 from probe.words import counted
 
 Progress = Callable[[int, int], None]
@@ -153,7 +153,7 @@ def pruning_curve(
     max_batch_tokens: int | None = None,
 ) -> pd.DataFrame:
     """Metrics on `scoring` after pruning each fraction of heads: the curve schema
-    (`probe.analysis.schema.CURVE_COLUMNS`: fraction, method, seed, metric, value, n_pruned,
+    (`probe.schema.CURVE_COLUMNS`: fraction, method, seed, metric, value, n_pruned,
     unit). One seed per importance split: `seeds` (default 0, 1, ...) labels them and seeds
     the random baseline.
 
@@ -163,7 +163,7 @@ def pruning_curve(
     One-shot ranks heads once per (method, seed); iterative re-estimates importance on the masked
     model before each further fraction. `fraction` is the share of heads actually removed.
     The model's gates are restored afterwards. Every forward (and backward) pass holds at most
-    `max_batch_tokens` tokens (micro-batches; None: `probe.batching.DEFAULT_BATCH_TOKENS`).
+    `max_batch_tokens` tokens (micro-batches; None: `probe.measure.batching.DEFAULT_BATCH_TOKENS`).
     """
     present = present_heads(model)
     n_heads = sum(len(h) for h in present)

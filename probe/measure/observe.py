@@ -6,7 +6,7 @@
     stats.table()  # layer, site, head, statistic, value, min, max, n
 
 `AttentionStats` is an observer (see `probe.model.attention.Observer`): each attention call is
-summarised per query row from the call's q and k (`probe.streaming`) and only per-head sums,
+summarised per query row from the call's q and k (`probe.measure.streaming`) and only per-head sums,
 minima and maxima are kept, so no n x n matrix outlives the call. Below the streaming threshold
 the statistics materialize the weights of a few examples at a time anyway, and hand the model
 softmax(logits) @ v through `attend`, so attention runs once; above it the model keeps its fused
@@ -22,9 +22,10 @@ import pandas as pd
 import torch
 
 from probe.config import did_you_mean
+from probe.data.tasks import Batch
 from probe.errors import ProbeError
-from probe.model import AttentionCall, Transformer
-from probe.streaming import (
+from probe.measure.evaluate import features_batch
+from probe.measure.streaming import (
     MAX_STATISTICS,
     STATISTICS,
     STREAM_ABOVE,
@@ -32,7 +33,7 @@ from probe.streaming import (
     row_values,
     rows_and_output,
 )
-from probe.tasks import Batch
+from probe.model import AttentionCall, Transformer
 
 TABLE_COLUMNS = ["layer", "site", "head", "statistic", "value", "min", "max", "n"]
 
@@ -93,9 +94,10 @@ class _SiteTotals:
 class AttentionStats:
     """An observer accumulating per-(layer, head) statistics over any number of forward passes.
 
-    statistics: names from `probe.streaming.STATISTICS` (None: all); only these are computed.
-    streaming: True (always over key tiles), False (one materialized tile) or "auto" (tiles once
-    a call has more than `stream_above` keys); `tile` keys per tile (None: sized automatically).
+    statistics: names from `probe.measure.streaming.STATISTICS` (None: all); only these are
+    computed. streaming: True (always over key tiles), False (one materialized tile) or "auto"
+    (tiles once a call has more than `stream_above` keys); `tile` keys per tile (None: sized
+    automatically).
     """
 
     needs_weights = False  # never the explicit path: `attend` or the fused one
@@ -189,8 +191,6 @@ class Fanout:
 
 
 def _forward(model: Transformer, batch: Batch) -> torch.Tensor:
-    from probe.evaluate import features_batch
-
     return features_batch(model, batch)  # no logits: only the attention is observed
 
 

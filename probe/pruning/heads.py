@@ -25,11 +25,11 @@ from enum import StrEnum
 import pandas as pd
 import torch
 
-from probe.analysis.importance import head_importance
 from probe.config import choice
+from probe.data.tasks import Batch
 from probe.errors import ProbeError
 from probe.model import Transformer
-from probe.tasks import Batch
+from probe.pruning.importance import head_importance
 from probe.words import counted
 
 Progress = Callable[[int, int], None]  # (done, total)

@@ -18,7 +18,7 @@ L); a head study adds none (one model). The measured part is the same in both ki
   is named `split` there, and the cell adds `n_heads`. Grid cells wrote no `unit` before (heads
   only).
 - importance: `layer, head, method, value` (the importance split `seed` beside it in a head
-  study; `probe.analysis.importance.head_importance` returns these four).
+  study; `probe.pruning.importance.head_importance` returns these four).
 
 `normalise` is applied wherever a stored table is read (cached cells and steps, gathered
 tables), so results written before stay valid: their keys hash what a step does, not its

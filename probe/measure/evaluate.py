@@ -11,17 +11,18 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from probe.batching import check_budget, micro_batches, split_batch
 from probe.config import Arch
+from probe.data.tasks import Batch, Form, TaskConfig, make_batch, score, sequence_length
+from probe.data.text import TextOptions, text_splits
 from probe.errors import ProbeError
-from probe.loss import per_example, token_losses, token_losses_and_hits
-from probe.memory import check_forward
+from probe.measure.batching import check_budget, micro_batches, split_batch
+from probe.measure.loss import per_example, token_losses, token_losses_and_hits
+from probe.measure.memory import check_forward
 from probe.model import Transformer
 from probe.runtime import ACCUMULATE
-from probe.tasks import Batch, Form, TaskConfig, make_batch, score, sequence_length
 
 if TYPE_CHECKING:
-    from probe.text import TextOptions
+    from probe.data.text import TextOptions
 
 METRICS = ("exact_match", "token_accuracy", "loss")
 
@@ -125,7 +126,7 @@ def evaluate(
     """Exact match, token accuracy and loss per task length: a tidy table with columns
     length, metric, value, n (n = examples). Teacher-forced argmax, which equals greedy decoding
     for exact match. Each batch runs in micro-batches of at most `max_batch_tokens` tokens
-    (None: `probe.batching.DEFAULT_BATCH_TOKENS`); the metrics are sums over examples."""
+    (None: `probe.measure.batching.DEFAULT_BATCH_TOKENS`); the metrics are sums over examples."""
     lengths = list(lengths)
     check_lengths(model, task, lengths)
     budget = check_budget(max_batch_tokens)
@@ -214,7 +215,7 @@ def text_metrics(
     (next-token or masked-token; with `accuracy`, token accuracy from the same forward pass);
     for sentence encoders the mean cosine similarity to the reference embeddings and the
     agreement of nearest neighbours. Batches run in micro-batches of `max_batch_tokens` tokens,
-    the vocabulary projection over the scored positions in chunks (`probe.loss`)."""
+    the vocabulary projection over the scored positions in chunks (`probe.measure.loss`)."""
     device = model.embed.weight.device
     if objective == "embedding":
         return _embedding_metrics(model, batches, max_batch_tokens)
@@ -251,8 +252,6 @@ def text_splits_for(
     model's objective; sentence encoders get `model`'s own embeddings as the reference (unless
     `reference` is False: for uses that compute no loss, such as attention statistics).
     `options` names the caller's text settings in messages (default: --max-tokens ...)."""
-    from probe.text import TextOptions, text_splits
-
     options = options or TextOptions()
     limit = model.cfg.max_positions
     if limit is not None and max_tokens > limit:
@@ -285,8 +284,6 @@ def evaluate_text(
     metric, value, n. A sentence encoder is scored against `reference`'s embeddings (the
     unpruned model; itself when None). `options` names the caller's text settings in messages
     (default: the row width is --lengths, as `probe eval` calls it)."""
-    from probe.text import TextOptions
-
     options = options or TextOptions(width="--lengths")
     rows = []
     for width in widths:

@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 from tokenizers import Encoding, Tokenizer
 
+from probe.data.tasks import Batch
 from probe.errors import ProbeError
 from probe.files import check_input_file
-from probe.tasks import Batch
 from probe.words import counted
 
 CORPUS = ("data", "corpus", "stdlib_docs.txt")  # inside the `probe` package; see its SOURCE.md

@@ -13,8 +13,8 @@ running sums kept per row while the keys go past tile by tile (Milakov & Gimelsh
 subtract two large numbers). Means and standard deviations of the logits combine across tiles with
 Chan's parallel formula. Memory is O(rows x tile) instead of O(rows x keys).
 
-Short inputs take the materialized path instead (`probe.materialized`): the full logits of a few
-examples at a time, worked in place, and the same row sums read off them in fewer passes over
+Short inputs take the materialized path instead (`probe.measure.materialized`): the full logits of a
+few examples at a time, worked in place, and the same row sums read off them in fewer passes over
 memory.
 """
 
@@ -24,9 +24,9 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from probe.materialized import materialized_rows
+from probe.measure.materialized import materialized_rows
+from probe.measure.rowsums import RowSums, key_gap, visible_count
 from probe.model.attention import AttentionCall
-from probe.rowsums import RowSums, key_gap, visible_count
 
 # statistic -> the running sums it needs: "softmax" (m, l, u), "distance", "sink", "raw", "logit",
 # "output" (the head's output), "count" (visible keys)
@@ -157,7 +157,7 @@ def row_values(
     Rows that see no key are NaN, and so are rows that see a single key for normalized_entropy
     and the p_max_gt fractions. With `stream`, keys go past in tiles of `tile` (default: about
     TILE_ELEMENTS logits per tile); otherwise the logits are materialized, a few examples at a
-    time (`probe.materialized`).
+    time (`probe.measure.materialized`).
     """
     need = needs(statistics)
     if stream:

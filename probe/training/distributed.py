@@ -2,7 +2,8 @@
 process group, and the data split that makes N processes compute what one process computes with
 the same global batch.
 
-    torchrun --nproc-per-node N -m probe train ...     (or `probe train --nproc N`: `probe.launch`)
+    torchrun --nproc-per-node N -m probe train ...     (or `probe train --nproc N`:
+    `probe.training.launch`)
 
 NCCL on GPUs, gloo on the CPU. Every step draws one task length from the run's seed (shared by
 all ranks) and a global batch made of `shards` sub-batches, sub-batch k from its own seeded
@@ -23,9 +24,9 @@ from dataclasses import dataclass, fields, replace
 import torch
 import torch.distributed as dist
 
+from probe.data.tasks import Batch, Form, TaskConfig, make_batch
 from probe.errors import ProbeError
-from probe.launch import tie_to_parent
-from probe.tasks import Batch, Form, TaskConfig, make_batch
+from probe.training.launch import tie_to_parent
 
 SHARD_SEED = 1_000_003  # sub-batch k >= 1 is drawn from seed + k * SHARD_SEED
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from probe.errors import ProbeError
 
 if TYPE_CHECKING:  # nothing here imports torch: the CLI's --help reads DEFAULT_BATCH_TOKENS
-    from probe.tasks import Batch
+    from probe.data.tasks import Batch
 
 # tokens one pass holds by default: with activation checkpointing and the chunked loss, a
 # forward and backward pass of SmolLM2-135M holds about 0.2 GB at this size, an 8B model

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
+from probe.data.tasks import Batch
 from probe.errors import ProbeError
-from probe.evaluate import forward_batch
+from probe.measure.evaluate import forward_batch
 from probe.model import Transformer
-from probe.tasks import Batch
 
 Progress = Callable[[int, int], None]
 COLUMNS = ["variant", "batch_size", "part", "seconds", "min_seconds", "repeats"]

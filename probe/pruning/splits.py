@@ -8,7 +8,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from probe.tasks import Batch, TaskConfig
+from probe.data.tasks import Batch, TaskConfig
+from probe.data.text import read_documents
+from probe.measure.evaluate import form_for, text_splits_for
+from probe.pruning.importance import disjoint_splits
 
 
 def checkpoint_splits(
@@ -29,12 +32,9 @@ def checkpoint_splits(
     """(n_importance importance splits, a scoring split) for `ckpt`: text rows of `max_tokens`
     tokens from `text` (None: the shipped corpus) for an imported model, else `task` (default:
     the one trained on) at `lengths`, with every scoring example removed from the importance
-    splits; `options` (a `probe.text.TextOptions`) names the caller's text settings in messages.
-    A sentence encoder's reference embeddings are made `max_batch_tokens` tokens at a time."""
-    from probe.analysis.importance import disjoint_splits
-    from probe.evaluate import form_for, text_splits_for
-    from probe.text import read_documents
-
+    splits; `options` (a `probe.data.text.TextOptions`) names the caller's text settings in
+    messages. A sentence encoder's reference embeddings are made `max_batch_tokens` tokens at a
+    time."""
     if ckpt.imported:
         docs = read_documents(text, whole=whole)
         return text_splits_for(ckpt.model, ckpt.tokenizer(), ckpt.objective, docs, max_tokens,

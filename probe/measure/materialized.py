@@ -1,11 +1,11 @@
 """Row sums of short attention calls from their full logits, worked in place.
 
-The materialized path of `probe.streaming` (inputs up to STREAM_ABOVE keys): the logits of a few
-examples at a time (about CHUNK_ELEMENTS of them, so the passes over them stay in cache) and, for
-causal self-attention, of a block of QUERY_BLOCK queries with only the keys those queries can see
-(a causal call of n queries in blocks of 64 computes about half of the n x n logits at n = 512).
-Written for few passes over memory, since observation should cost little more than the fused
-attention it replaces:
+The materialized path of `probe.measure.streaming` (inputs up to STREAM_ABOVE keys): the logits
+of a few examples at a time (about CHUNK_ELEMENTS of them, so the passes over them stay in cache)
+and, for causal self-attention, of a block of QUERY_BLOCK queries with only the keys those queries
+can see (a causal call of n queries in blocks of 64 computes about half of the n x n logits at
+n = 512). Written for few passes over memory, since observation should cost little more than the
+fused attention it replaces:
 
 - one buffer of raw q.k per chunk is worked in place (masks multiplied and added rather than
   filled); the raw statistics are read off it, and the logits' too when there is no bias (they
@@ -26,8 +26,8 @@ import itertools
 import torch
 import torch.nn.functional as F
 
+from probe.measure.rowsums import RowSums, key_gap, row_factor, visible_count
 from probe.model.attention import AttentionCall
-from probe.rowsums import RowSums, key_gap, row_factor, visible_count
 
 CHUNK_ELEMENTS = 2**18  # logits per group of examples
 QUERY_BLOCK = 64  # queries per block of a causal self-attention call (see the module docstring)

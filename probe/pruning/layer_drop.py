@@ -16,11 +16,12 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from probe.batching import micro_batches
 from probe.config import Norm
-from probe.evaluate import features_batch
+from probe.data.tasks import Batch
+from probe.measure.batching import micro_batches
+from probe.measure.evaluate import features_batch
 from probe.model import Transformer
-from probe.tasks import Batch
+from probe.pruning.heads import n_to_remove, present_heads
 
 COLUMNS = ["layer", "site", "method", "value"]
 
@@ -79,8 +80,6 @@ def layer_importance(model: Transformer, batches: Sequence[Batch],
 def plan_layers(table: pd.DataFrame, model: Transformer, fraction: float) -> list[tuple[int, int]]:
     """Every head of the round(fraction * sites) least important attention sub-layers that
     still hold heads (ties: lower layer first)."""
-    from probe.analysis.pruning import n_to_remove, present_heads
-
     present = present_heads(model)
     live = table[[bool(present[layer]) for layer in table.layer]]
     live = live.sort_values(["value", "layer"], kind="stable")

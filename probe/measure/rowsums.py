@@ -1,6 +1,6 @@
 """What every attention statistic is derived from, per query row, and the per-call quantities both
-ways of computing it share (`probe.streaming` over key tiles, `probe.materialized` over the full
-logits of a few examples at a time)."""
+ways of computing it share (`probe.measure.streaming` over key tiles, `probe.measure.materialized`
+over the full logits of a few examples at a time)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """Per-example gradients of the loss with respect to every head's gate, for gradient (Michel et
 al. 2019) and Fisher (Kwon et al. 2022) importance: one backward pass per micro-batch gives every
-head at once (see `probe.analysis.importance` for the derivation from the head outputs).
+head at once (see `probe.pruning.importance` for the derivation from the head outputs).
 
 Only the gates require grad during the pass, so no weight gradient is computed; a micro-batch
 whose backward pass would keep more than RECOMPUTE_ABOVE bytes of activations runs with its blocks
-recomputed (`probe.recompute`) instead of keeping them. Sums per head are float64 on the CPU, the
-per-example products float32 (`probe.runtime.ACCUMULATE`), whatever the weights' dtype.
+recomputed (`probe.measure.recompute`) instead of keeping them. Sums per head are float64 on the
+CPU, the per-example products float32 (`probe.runtime.ACCUMULATE`), whatever the weights' dtype.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
-from probe.batching import row_tokens, split_batch
-from probe.distributed import active_world, sum_over_ranks
-from probe.evaluate import batch_loss
+from probe.data.tasks import Batch
+from probe.measure.batching import row_tokens, split_batch
+from probe.measure.evaluate import batch_loss
+from probe.measure.recompute import recomputed_blocks
 from probe.model import AttentionCall, Transformer
-from probe.recompute import recomputed_blocks
 from probe.runtime import ACCUMULATE
-from probe.tasks import Batch
+from probe.training.distributed import active_world, sum_over_ranks
 
 Progress = Callable[[int, int], None]  # (done, total)
 
@@ -82,7 +82,8 @@ def gate_gradients(model: Transformer, batches: Sequence[Batch], progress: Progr
 
 
 RECOMPUTE_ABOVE = 2**27  # bytes of activations a backward pass would keep (128 MiB) above which
-# the blocks recompute them instead (`probe.recompute`): below, the extra forward is not worth it
+# the blocks recompute them instead (`probe.measure.recompute`): below, the extra forward is not
+# worth it
 
 
 def _recompute(model: Transformer, batch: Batch) -> bool:

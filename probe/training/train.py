@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from probe import provenance
 from probe.checkpoint import (
@@ -26,7 +27,14 @@ from probe.checkpoint import (
     save_checkpoint,
 )
 from probe.config import ModelConfig, Schedule, TrainConfig
-from probe.distributed import (
+from probe.data.tasks import Batch, TaskConfig, sample_length, score, sequence_length
+from probe.errors import Interrupted, ProbeError
+from probe.measure.evaluate import batch_loss, check_lengths, evaluate, form_for, forward_batch
+from probe.measure.memory import check_forward, check_model
+from probe.measure.observe import attention_stats
+from probe.model import Transformer
+from probe.runtime import resolve_device
+from probe.training.distributed import (
     barrier,
     check_batch_size,
     global_batch,
@@ -38,12 +46,6 @@ from probe.distributed import (
     shard_generators,
     world_from_env,
 )
-from probe.errors import Interrupted, ProbeError
-from probe.evaluate import batch_loss, check_lengths, evaluate, form_for, forward_batch
-from probe.memory import check_forward, check_model
-from probe.model import Transformer
-from probe.runtime import resolve_device
-from probe.tasks import Batch, TaskConfig, sample_length, score, sequence_length
 
 # per-head statistics logged every stats_every steps: entropy collapse and max-logit growth
 MONITORED = ("entropy", "normalized_entropy", "max_logit", "p_max", "sink_mass")
@@ -178,8 +180,8 @@ def train(
     the end, only while the loss is finite) and metrics.csv as training goes.
 
     Under torchrun (WORLD_SIZE > 1) each process trains on its share of every global batch with
-    DistributedDataParallel and only rank 0 writes (`probe.distributed`). `shards` splits each
-    global batch into that many independently seeded sub-batches in one process: the update N
+    DistributedDataParallel and only rank 0 writes (`probe.training.distributed`). `shards` splits
+    each global batch into that many independently seeded sub-batches in one process: the update N
     processes compute (default: the number of processes, 1 alone)."""
     world = world_from_env()
     shards = shards or world.size
@@ -213,8 +215,6 @@ def _train(model_cfg, task, train_cfg, out, earlier, progress, model, world, sha
     optimizer = _optimizer(model, train_cfg)
     net = model
     if world.size > 1:
-        from torch.nn.parallel import DistributedDataParallel
-
         ids = [device.index] if device.type == "cuda" else None
         net = DistributedDataParallel(model, device_ids=ids)
     autocast = device.type == "cuda"
@@ -323,9 +323,7 @@ def _train(model_cfg, task, train_cfg, out, earlier, progress, model, world, sha
 
 def _attention_rows(model: Transformer, batch: Batch, step: int) -> list[dict]:
     """Per-head attention statistics on one batch, for monitoring entropy collapse and max-logit
-    growth during training (probe.observe)."""
-    from probe.observe import attention_stats
-
+    growth during training (probe.measure.observe)."""
     was_training = model.training
     table = attention_stats(model, [batch], statistics=MONITORED)
     model.train(was_training)

@@ -13,23 +13,23 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from probe.analysis.fisher import fisher_prune
-from probe.analysis.groups import select_units
-from probe.analysis.pruning import (
+from probe.data.tasks import Batch
+from probe.errors import ProbeError
+from probe.measure.batching import split_batch
+from probe.measure.evaluate import features_batch
+from probe.measure.loss import LOSS_CHUNK
+from probe.measure.memory import model_bytes, room_for
+from probe.model import Transformer
+from probe.pruning.curves import score_batches
+from probe.pruning.fisher import fisher_prune
+from probe.pruning.groups import select_units
+from probe.pruning.heads import (
     head_mask,
     prune_heads,
     select_heads,
 )
-from probe.analysis.pruning_runs import score_batches
-from probe.analysis.timing import COLUMNS as TIMING_COLUMNS
-from probe.analysis.timing import Gated, time_forward, timing_batches
-from probe.batching import split_batch
-from probe.errors import ProbeError
-from probe.evaluate import features_batch
-from probe.loss import LOSS_CHUNK
-from probe.memory import model_bytes, room_for
-from probe.model import Transformer
-from probe.tasks import Batch
+from probe.pruning.timing import COLUMNS as TIMING_COLUMNS
+from probe.pruning.timing import Gated, time_forward, timing_batches
 
 Phase = Callable[[str, int, int], None]  # (phase, done, total)
 
@@ -92,9 +92,9 @@ def prune_and_compare(
     gates at 0 (`Gated`), not a copy of its weights.
 
     The input model is left unchanged, unless `in_place` (None: when a pruned copy would not
-    fit beside it, `probe.memory.room_for`): then it is scored and timed first, pruned in place
-    (it becomes the result's model: no second copy of the weights), and the pruned model scored
-    and timed after it, not interleaved with it. Mask tuning (`tune`) prunes a copy.
+    fit beside it, `probe.measure.memory.room_for`): then it is scored and timed first, pruned in
+    place (it becomes the result's model: no second copy of the weights), and the pruned model
+    scored and timed after it, not interleaved with it. Mask tuning (`tune`) prunes a copy.
 
     Every pass holds at most `max_batch_tokens` tokens (micro-batches). The timing takes at
     most `timing_budget` seconds, or `timing_share` times what choosing, pruning and scoring

@@ -13,7 +13,8 @@ value).
   mean-ablation: the head's output replaced by its mean over the data instead of by 0.
 - confidence (Voita et al. 2019): mean over queries of the maximum attention weight.
 - entropy: mean attention entropy in nats (LOW entropy = focused head, so pruning plans rank
-  low entropy as important). Both come from `probe.observe.AttentionStats` (fused attention).
+  low entropy as important). Both come from `probe.measure.observe.AttentionStats` (fused
+  attention).
 - random: a seeded uniform baseline (Prasanna et al. 2020).
 
 Heads whose gate is already 0 (masked) get no row. `layer` is the attention site index, `head` the
@@ -30,15 +31,15 @@ import pandas as pd
 import torch
 from scipy.stats import spearmanr
 
-from probe.analysis.gate_gradients import gate_gradients
-from probe.batching import check_budget, micro_batches, split_batch
 from probe.config import choice
-from probe.distributed import active_world
+from probe.data.tasks import Batch, Form, TaskConfig
 from probe.errors import ProbeError
-from probe.evaluate import batch_loss, eval_batches, features_batch
+from probe.measure.batching import check_budget, micro_batches, split_batch
+from probe.measure.evaluate import batch_loss, eval_batches, features_batch
+from probe.measure.observe import AttentionStats
 from probe.model import AttentionCall, Transformer
-from probe.observe import AttentionStats
-from probe.tasks import Batch, Form, TaskConfig
+from probe.pruning.gate_gradients import gate_gradients
+from probe.training.distributed import active_world
 
 Progress = Callable[[int, int], None]  # (done, total)
 COLUMNS = ["layer", "head", "method", "value"]
@@ -148,7 +149,7 @@ def _rows(model: Transformer, method: str, values: list[torch.Tensor]) -> list[d
 def mean_loss(model: Transformer, batches: Sequence[Batch],
               max_batch_tokens: int | None = None) -> float:  # fmt: skip
     """Mean per-example loss over all examples of `batches` (micro-batches of at most
-    `max_batch_tokens` tokens; None: `probe.batching.DEFAULT_BATCH_TOKENS`)."""
+    `max_batch_tokens` tokens; None: `probe.measure.batching.DEFAULT_BATCH_TOKENS`)."""
     total, n = 0.0, 0
     for batch in micro_batches(batches, max_batch_tokens):
         total += batch_loss(model, batch, reduction="none").double().sum().item()
@@ -203,7 +204,7 @@ def _ablation(model, batches, mean: bool, progress: Progress | None,
 @torch.no_grad()
 def _attention(model, batches, statistic: str, progress: Progress | None,
                max_batch_tokens: int | None = None):  # fmt: skip
-    """Mean over query rows and examples of one `probe.observe` statistic, per head."""
+    """Mean over query rows and examples of one `probe.measure.observe` statistic, per head."""
     observer = AttentionStats([statistic])
     with model.observe(_SkipEmpty(observer)):
         for step, batch in enumerate(batches):
@@ -236,7 +237,7 @@ def head_importance(
     normalization). seed: only the random baseline uses it. max_batch_tokens: tokens per
     forward (and backward) pass; each batch runs in micro-batches of that size and every
     estimator sums over examples, so the values do not depend on it beyond float rounding
-    (None: `probe.batching.DEFAULT_BATCH_TOKENS`).
+    (None: `probe.measure.batching.DEFAULT_BATCH_TOKENS`).
     """
     budget = check_budget(max_batch_tokens)
     method = choice(Method, method, "importance method")
