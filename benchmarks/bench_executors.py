@@ -12,9 +12,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from probe.study.grid import expand as run_cells
+from probe.study.grid.cells import expand as run_cells
+from probe.study.grid.spec import load_study, smoke_version
 from probe.study.runner import run_study
-from probe.study.spec import load_study, smoke_version
 
 
 def timed(study, out: Path, **options) -> float:

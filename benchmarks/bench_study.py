@@ -17,8 +17,8 @@ import time
 import tomllib
 from pathlib import Path
 
+from probe.study.grid.spec import parse_study
 from probe.study.runner import run_study
-from probe.study.spec import parse_study
 
 STUDY = """
 [study]

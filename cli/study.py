@@ -24,9 +24,9 @@ from probe.words import counted
 
 if TYPE_CHECKING:  # the study modules import torch: commands import them when they run
     from probe.study.engine import Event
-    from probe.study.expect import Outcome
-    from probe.study.heads_spec import HeadStudy
-    from probe.study.spec import Study
+    from probe.study.grid.spec import Study
+    from probe.study.heads.spec import HeadStudy
+    from probe.study.verdicts.expect import Outcome
 
 app = typer.Typer(
     help="Declarative studies: train a grid of models, analyse them, write a report.",
@@ -132,11 +132,11 @@ def run_cli(
     expectations; exit code 1 when an expectation fails."""
     from probe.interop.bundled import resolve
     from probe.runtime import Runtime
-    from probe.study.heads_checks import check_threads
-    from probe.study.heads_spec import HeadStudy, load_any, smoke_head_study
-    from probe.study.reproduce import verdict
+    from probe.study.grid.spec import smoke_version
+    from probe.study.heads.checks import check_threads
+    from probe.study.heads.spec import HeadStudy, load_any, smoke_head_study
     from probe.study.runner import plan_for, run_study
-    from probe.study.spec import smoke_version
+    from probe.study.verdicts.reproduce import verdict
 
     Runtime.resolve(device, dtype)  # a bad name is one line now, not after a unit
     if junit is not None:
@@ -181,9 +181,9 @@ def run_cli(
 
 def _write_report(out: Path, study, result) -> tuple[Path, list[Outcome]]:
     """The report of a finished run of either kind, and its expectations' outcomes."""
-    from probe.study.heads_report import write_head_report
-    from probe.study.heads_spec import HeadStudy
-    from probe.study.reporting import write_report
+    from probe.study.grid.report import write_report
+    from probe.study.heads.report import write_head_report
+    from probe.study.heads.spec import HeadStudy
 
     if isinstance(study, HeadStudy):
         return write_head_report(out)
@@ -194,7 +194,7 @@ def finish(name: str, outcomes: list[Outcome], junit: Path | None, seconds: floa
            last: str = "") -> None:  # fmt: skip
     """Show the expectations, write them as JUnit XML, print `last` (the reproduction verdict
     of a run) as the last line, exit 1 when an expectation failed."""
-    from probe.study.expect import write_junit
+    from probe.study.verdicts.expect import write_junit
 
     if outcomes:
         show_outcomes(outcomes)
@@ -212,10 +212,10 @@ def finish(name: str, outcomes: list[Outcome], junit: Path | None, seconds: floa
 
 def _size(study: Study | HeadStudy) -> tuple[str, str]:
     """How big a study is, full and smoke ('' without [smoke]): cells, or a head study's steps."""
-    from probe.study.grid import expand
-    from probe.study.heads_spec import HeadStudy, smoke_head_study
-    from probe.study.heads_steps import step_count
-    from probe.study.spec import smoke_version
+    from probe.study.grid.cells import expand
+    from probe.study.grid.spec import smoke_version
+    from probe.study.heads.spec import HeadStudy, smoke_head_study
+    from probe.study.heads.steps import step_count
 
     if isinstance(study, HeadStudy):
         smoke = smoke_head_study(study) if study.smoke is not None else None
@@ -230,7 +230,7 @@ def ls_cli(
     folder: Annotated[Path, typer.Argument(help="Folder of study files.")] = Path("studies"),
 ) -> None:
     """List the study files in a folder with their question and size."""
-    from probe.study.heads_spec import load_any
+    from probe.study.heads.spec import load_any
 
     files = sorted(folder.glob("*.toml"))
     if not files:
@@ -254,7 +254,7 @@ def validate_cli(
     paths: Annotated[list[Path], typer.Argument(help="Study files to check, or folders of them.")],
 ) -> None:
     """Check study files (every cell's configuration is built); exit code 2 if one is invalid."""
-    from probe.study.heads_spec import load_any
+    from probe.study.heads.spec import load_any
 
     files = [f for p in paths for f in (sorted(p.glob("*.toml")) if p.is_dir() else [p])]
     if not files:
@@ -296,8 +296,8 @@ def report_cli(
 ) -> None:
     """Rebuild a study's report (report.md and report.html; expectations rechecked) from its
     results directory, and a head viewer page for each cell whose trained model is kept."""
-    from probe.study.heads_report import write_head_report
-    from probe.study.reporting import read_manifest, report_from_dir
+    from probe.study.grid.report import read_manifest, report_from_dir
+    from probe.study.heads.report import write_head_report
 
     if read_manifest(folder).get("kind") == "heads":
         path, outcomes = write_head_report(folder)
@@ -313,7 +313,7 @@ def report_cli(
 
 
 def _viewers(folder: Path) -> None:
-    from probe.study.viewers import VIEWERS, write_viewers
+    from probe.study.grid.viewers import VIEWERS, write_viewers
 
     with Progress(TextColumn("viewers"), BarColumn(), MofNCompleteColumn(),
                   console=console, transient=True) as bar:  # fmt: skip

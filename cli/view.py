@@ -82,7 +82,7 @@ def view_cli(
     from probe.pruning.importance import Method
     from probe.report.html.viewer import write_viewer
     from probe.runtime import resolve_device
-    from probe.study.viewers import pick_cell
+    from probe.study.grid.viewers import pick_cell
 
     check_positive(batch_size=batch_size, batches=batches, max_batch_tokens=max_batch_tokens)
     if out.suffix.lower() not in (".html", ".htm"):

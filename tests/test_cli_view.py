@@ -124,8 +124,8 @@ def test_study_report_writes_viewers_and_view_picks_a_cell(tmp_path):
 
     from tiny_study import tiny_study
 
+    from probe.study.grid.spec import parse_study
     from probe.study.runner import run_study
-    from probe.study.spec import parse_study
 
     out = tmp_path / "study"
     run_study(parse_study(tomllib.loads(tiny_study(steps=2))), out)

@@ -12,8 +12,8 @@ from cli_run import exit_code
 
 from probe.errors import ProbeError
 from probe.pruning.objectives import operating_points
-from probe.study import heads_evidence as ev
-from probe.study.heads_spec import parse_head_study
+from probe.study.heads import evidence as ev
+from probe.study.heads.spec import parse_head_study
 
 pytest.importorskip("transformers")
 
@@ -107,7 +107,7 @@ def test_a_head_study_runs_resumes_and_reports(llama_dir, tmp_path, capsys):
     pruned = timing[timing.variant == "pruned"]
     assert (pruned.parameters < timing[timing.variant == "original"].parameters.max()).all()
     # timing noise: how much the original's own tokens/s varied over its timings, by hand
-    from probe.study.heads_report import HeadReport
+    from probe.study.heads.report import HeadReport
 
     original = timing[timing.variant == "original"].groupby("batch_size").tokens_per_s
     by_hand = {b: v.max() / v.min() - 1 for b, v in original}
@@ -132,7 +132,7 @@ def check_knockout(file: Path, ko: pd.DataFrame) -> None:
 
     from probe.analysis.retrieval import retrieval_scores
     from probe.pruning.heads import masked
-    from probe.study.heads_runner import Subject
+    from probe.study.heads.plan import Subject
 
     subject = Subject(parse_head_study(tomllib.loads(file.read_text())))
     prompts = subject.needles(subject.study.knockout.prompts, seed=1)
@@ -218,8 +218,8 @@ def test_timing_reuses_the_importance_it_would_compute(llama_dir):
 
     from probe.pruning.importance import head_importance
     from probe.pruning.layer_drop import layer_importance
-    from probe.study.heads_runner import Subject
-    from probe.study.heads_steps import pruned_model
+    from probe.study.heads.plan import Subject
+    from probe.study.heads.steps import pruned_model
 
     subject = Subject(parse_head_study(tomllib.loads(study_text(llama_dir))))
     model, split = subject.model, subject.splits[0][0]
@@ -245,9 +245,9 @@ def test_each_knockout_run_masks_only_its_own_heads(llama_dir, monkeypatch):
     import tomllib
 
     import probe.analysis.retrieval as retrieval
-    from probe.study import heads_steps
-    from probe.study.heads_runner import Subject
-    from probe.study.heads_steps import knockout
+    from probe.study.heads import steps as heads_steps
+    from probe.study.heads.plan import Subject
+    from probe.study.heads.steps import knockout
 
     real = retrieval.retrieval_scores
 
@@ -269,7 +269,7 @@ def test_only_the_steps_whose_definition_changed_carry_it_in_their_key():
     a rerun recomputes those and nothing else (the timing step follows its variants)."""
     import tomllib
 
-    from probe.study.heads_steps import MASK_TUNING, RETRIEVAL_SCORE, plan_steps
+    from probe.study.heads.steps import MASK_TUNING, RETRIEVAL_SCORE, plan_steps
 
     raw = tomllib.loads(Path("studies/smollm2-heads.toml").read_text())
     steps = [SimpleNamespace(key=k, options=o) for k, _, o in plan_steps(parse_head_study(raw))]
@@ -300,7 +300,7 @@ def test_kwon_verdict_quotes_the_abstract_and_compares_like_with_like():
     from types import SimpleNamespace
 
     from probe.references import published
-    from probe.study.heads_claims import kwon
+    from probe.study.heads.claims import kwon
 
     ref = published("kwon2022")
     assert all(q in KWON_ABSTRACT for q in ref.quotes.values())  # verbatim
@@ -321,7 +321,7 @@ def test_kwon_verdict_quotes_the_abstract_and_compares_like_with_like():
 def test_a_retrieval_head_scores_above_the_threshold_and_other_roles_reach_theirs():
     import pandas as pd
 
-    from probe.study import heads_evidence as ev
+    from probe.study.heads import evidence as ev
 
     roles = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1],
                           "statistic": ["retrieval", "retrieval", "sink", "sink"],

@@ -15,9 +15,9 @@ from cli_run import exit_code
 from scipy import stats
 
 from probe.errors import ProbeError
-from probe.study.expect import check_all
-from probe.study.heads_spec import head_study_dict, parse_head_study, smoke_head_study
-from probe.study.verdicts import verdicts_from_dict
+from probe.study.heads.spec import head_study_dict, parse_head_study, smoke_head_study
+from probe.study.verdicts.checks import verdicts_from_dict
+from probe.study.verdicts.expect import check_all
 
 pytest.importorskip("transformers")
 

@@ -13,8 +13,8 @@ from probe.data.tasks import TaskConfig, make_batch
 from probe.errors import ProbeError
 from probe.measure.evaluate import batch_loss
 from probe.model import Transformer
-from probe.study.grid import expand
-from probe.study.spec import parse_study
+from probe.study.grid.cells import expand
+from probe.study.grid.spec import parse_study
 from probe.training.presets import preset, with_preset
 from probe.training.train import lr_at
 

@@ -1,5 +1,5 @@
 """The comparison with a published ranking: Kendall's S and tau-b against scipy, the exact
-permutation p-value against scipy's exact test, and each rule of probe.study.published."""
+permutation p-value against scipy's exact test, and each rule of probe.study.verdicts.published."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from scipy.stats import kendalltau
 
 from probe.references import load_references, published
-from probe.study import summary
-from probe.study.published import (
+from probe.study.grid import summary
+from probe.study.verdicts.published import (
     ALPHA,
     compare_ranking,
     decide,

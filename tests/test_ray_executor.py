@@ -17,8 +17,8 @@ import pytest
 from tiny_study import tiny_study
 
 from probe.errors import ProbeError
+from probe.study.grid.spec import parse_study
 from probe.study.runner import load_tables, run_study
-from probe.study.spec import parse_study
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'probe[ray]')")
 

@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 from test_study_report import MANIFEST, STUDY, fake_tables
 
-from probe.study.reporting import write_report
-from probe.study.spec import parse_study
-from probe.study.stats import band_words, interval_words
+from probe.study.grid.report import write_report
+from probe.study.grid.spec import parse_study
+from probe.study.verdicts.stats import band_words, interval_words
 
 TWO_OR_MORE = "Lines are means over seeds, bands 95% bootstrap intervals; the grey band"
 
@@ -46,7 +46,7 @@ def test_captions_follow_the_seeds_behind_each_point():
 def test_sections_with_one_seed_say_so(tmp_path):
     """Roles, the spread of heads and the position probe: one seed, no interval promised."""
     from probe.report.report import MarkdownReport
-    from probe.study import question_sections as q
+    from probe.study.grid import question_sections as q
 
     rows = [{"cell": f"c{arm}", "arm": arm, "seed": 0, "layer": 0, "head": h, "length": 8,
              "statistic": s, "value": 0.1 * h, "depth": 1}
@@ -66,7 +66,7 @@ def test_sections_with_one_seed_say_so(tmp_path):
 
 
 def test_contrast_note_with_one_seed():
-    from probe.study.contrast import _interval_note
+    from probe.study.verdicts.contrast import _interval_note
 
     assert _interval_note([3, 3]) == "Means are over seeds with 95% bootstrap intervals."
     assert "no interval" in _interval_note([1, 1])

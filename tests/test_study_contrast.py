@@ -13,9 +13,9 @@ import pytest
 from tiny_study import SMOKE, tiny_study
 
 from probe.errors import ProbeError
-from probe.study.contrast import Contrast, evaluate, parse_contrast, smallest_p
-from probe.study.expect import parse_conditions
-from probe.study.spec import parse_study
+from probe.study.grid.spec import parse_study
+from probe.study.verdicts.contrast import Contrast, evaluate, parse_contrast, smallest_p
+from probe.study.verdicts.expect import parse_conditions
 
 
 def table(a: list[float], b: list[float], noise: float = 0.0) -> pd.DataFrame:
@@ -135,7 +135,7 @@ def test_baseline_makes_each_seed_a_change_within_the_model():
 
 
 def test_fitted_contrast_compares_only_arms_that_fit_their_training_lengths():
-    from probe.study.contrast import verdict_table
+    from probe.study.verdicts.contrast import verdict_table
 
     eval_table = table([1.0, 0.98, 0.99], [0.5, 0.6, 0.4]).assign(L_min=2, variant="")
     claim = Contrast(claim="a generalizes better", table="eval", metric="exact_match", a="a",
@@ -154,7 +154,7 @@ def test_similar_is_read_from_the_two_sided_exact_p():
     row prints the two-sided p; 4 against 4 separated: 2/70 < 0.05, a difference."""
     from scipy import stats
 
-    from probe.study.contrast import _p
+    from probe.study.verdicts.contrast import _p
 
     x, y = [0.9, 0.8, 0.95], [0.1, 0.3, 0.2]
     row = evaluate(contrast("similar"), table(x, y)).iloc[0]
@@ -176,8 +176,8 @@ def test_similar_is_read_from_the_two_sided_exact_p():
 
 
 def test_a_shown_value_never_rounds_across_its_threshold():
-    from probe.study.contrast import verdict_table
-    from probe.study.stats import fmt_ci, fmt_vs
+    from probe.study.verdicts.contrast import verdict_table
+    from probe.study.verdicts.stats import fmt_ci, fmt_vs
 
     assert fmt_vs(0.9468, 0.95) == "0.947"  # "0.95" would read as fitted
     assert fmt_vs(0.951, 0.95) == "0.951"  # "0.95" would read as equal

@@ -11,8 +11,8 @@ import pytest
 from tiny_study import tiny_study
 
 from probe.errors import ProbeError
+from probe.study.grid.spec import load_study
 from probe.study.runner import load_tables, run_study
-from probe.study.spec import load_study
 
 
 def study_file(tmp_path: Path, name: str = "tiny") -> Path:
@@ -79,8 +79,8 @@ def test_a_damaged_cell_is_computed_again_and_the_run_says_so(tmp_path):
 
 
 def test_a_partial_report_covers_the_finished_cells_and_says_what_is_missing(tmp_path):
-    from probe.study.grid import expand
-    from probe.study.reporting import report_from_dir
+    from probe.study.grid.cells import expand
+    from probe.study.grid.report import report_from_dir
     from probe.study.runner import finished_tables, plan_for
 
     out = tmp_path / "out"

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from probe.errors import ProbeError
-from probe.study.expect import check, check_all, parse_expectation, write_junit
+from probe.study.verdicts.expect import check, check_all, parse_expectation, write_junit
 
 
 def eval_table() -> pd.DataFrame:
@@ -112,7 +112,7 @@ def test_junit_xml_counts_failures(tmp_path):
     ("when", "ful", ["when", "Did you mean 'full'?", "Available: always, full, smoke"]),
 ])  # fmt: skip
 def test_a_misspelt_choice_names_the_field_and_the_choices(field, value, words):
-    from probe.study.expect import parse_expectation
+    from probe.study.verdicts.expect import parse_expectation
 
     raw = {"table": "eval", "metric": "exact_match", "bound": ">= 0.5", field: value}
     with pytest.raises(ProbeError) as info:

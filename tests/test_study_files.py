@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from probe.study.grid import expand
-from probe.study.heads_spec import HeadStudy, load_any, smoke_head_study
-from probe.study.spec import smoke_version
+from probe.study.grid.cells import expand
+from probe.study.grid.spec import smoke_version
+from probe.study.heads.spec import HeadStudy, load_any, smoke_head_study
 
 STUDIES = sorted((Path(__file__).resolve().parents[1] / "studies").glob("*.toml"))
 

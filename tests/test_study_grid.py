@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from probe.errors import ProbeError
-from probe.study.grid import expand, factor_column
-from probe.study.spec import parse_study, smoke_version
+from probe.study.grid.cells import expand, factor_column
+from probe.study.grid.spec import parse_study, smoke_version
 
 STUDY = """
 [study]

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from probe.errors import ProbeError
-from probe.study.contrast import parse_contrast, verdict_table
-from probe.study.expect import check_all, parse_expectation
+from probe.study.verdicts.contrast import parse_contrast, verdict_table
+from probe.study.verdicts.expect import check_all, parse_expectation
 
 
 def eval_table() -> pd.DataFrame:
@@ -74,8 +74,8 @@ def test_a_contrast_on_a_name_the_table_lacks_is_one_line_not_a_silent_no_data(r
 def test_the_report_names_the_study_file(tmp_path):
     from tiny_study import tiny_study
 
-    from probe.study.reporting import write_report
-    from probe.study.spec import parse_study
+    from probe.study.grid.report import write_report
+    from probe.study.grid.spec import parse_study
 
     text = tiny_study() + ('\n[[expect]]\ntable = "eval"\nmetric = "exact_mach"\nbound = ">= 0"\n')
     study = parse_study(tomllib.loads(text), Path("tiny.toml"))

@@ -47,8 +47,8 @@ def test_pruning_messages_of_a_one_head_model():
 def test_a_one_cell_one_head_study_report_says_so(tmp_path):
     from tiny_study import tiny_study
 
-    from probe.study.reporting import write_report
-    from probe.study.spec import parse_study
+    from probe.study.grid.report import write_report
+    from probe.study.grid.spec import parse_study
 
     text = tiny_study(pes=("learned",)).replace("train.seed = [0, 1]", "train.seed = [0]")
     text = text.replace("n_head = 2", "n_head = 1").replace("steps = 4", "steps = 1")
@@ -68,7 +68,7 @@ def test_a_one_cell_one_head_study_report_says_so(tmp_path):
 
 
 def test_a_contrast_sentence_with_one_seed():
-    from probe.study.contrast import _verdict, sentence
+    from probe.study.verdicts.contrast import _verdict, sentence
 
     row = pd.Series({"claim": "c", "change": False, "metric": "m", "a": "x", "b": "y",
                      "mean_a": 1.0, "mean_b": 0.0, "n_a": 1, "n_b": 1, "expect": "higher",

@@ -11,10 +11,10 @@ import pytest
 from tiny_study import tiny_study
 
 from probe.report.report import MarkdownReport
-from probe.study import question_sections
-from probe.study.reporting import write_report
+from probe.study.grid import question_sections
+from probe.study.grid.report import write_report
+from probe.study.grid.spec import parse_study
 from probe.study.runner import run_study
-from probe.study.spec import parse_study
 
 EXTRA = """
 [[variant]]

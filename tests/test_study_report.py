@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from probe.study.reporting import write_report
-from probe.study.spec import parse_study
+from probe.study.grid.report import write_report
+from probe.study.grid.spec import parse_study
 
 STUDY = """
 [study]

@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 from tiny_study import tiny_study
 
-from probe.study import reproduce
-from probe.study.reporting import write_report
+from probe.study.grid.report import write_report
+from probe.study.grid.spec import parse_study
 from probe.study.runner import load_tables, run_study
-from probe.study.spec import parse_study
+from probe.study.verdicts import reproduce
 
 
 @pytest.fixture(scope="module")

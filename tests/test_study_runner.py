@@ -15,10 +15,10 @@ import pytest
 from tiny_study import tiny_study
 
 from probe.errors import ProbeError
-from probe.study import cells as cells_module
-from probe.study.grid import expand
+from probe.study.grid import plan as cells_module
+from probe.study.grid.cells import expand
+from probe.study.grid.spec import load_study
 from probe.study.runner import load_tables, run_study
-from probe.study.spec import load_study
 
 
 def write_study(tmp_path: Path, steps: int = 4) -> Path:

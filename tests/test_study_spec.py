@@ -15,7 +15,7 @@ from tiny_study import SMOKE, tiny_study
 from probe.config import ModelConfig, TrainConfig
 from probe.data.tasks import TaskConfig
 from probe.errors import ProbeError
-from probe.study.spec import load_study, parse_study, smoke_version
+from probe.study.grid.spec import load_study, parse_study, smoke_version
 
 TINY = tiny_study(seed_key='"train.seed"', extra=SMOKE)  # a quoted dotted key too
 

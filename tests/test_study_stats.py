@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from probe.study.stats import fmt_ci, mean_ci, over_seeds
+from probe.study.verdicts.stats import fmt_ci, mean_ci, over_seeds
 
 
 def test_interval_matches_a_plain_numpy_percentile_bootstrap():

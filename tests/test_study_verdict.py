@@ -13,7 +13,7 @@ from test_head_study_checks import mutated
 from tiny_study import tiny_study
 from typer.testing import CliRunner
 
-from probe.study import reproduce
+from probe.study.verdicts import reproduce
 
 
 def run(args: list[str]) -> tuple[int, str]:

@@ -51,7 +51,7 @@ def test_curves_without_a_unit_were_pruned_by_head():
 
 
 def test_the_study_readers_take_an_old_results_directory(tmp_path):
-    from probe.study.heads_runner import read_head_tables
+    from probe.study.heads.plan import read_head_tables
     from probe.study.runner import load_tables
 
     old = pd.DataFrame(ROWS, columns=["layer", "site", "head", "role", "score", "offset"])
@@ -92,7 +92,7 @@ def test_probe_s_own_thresholds_are_reached_and_every_threshold_has_a_source():
 
 
 def test_role_counts_use_the_one_definition():
-    from probe.study import heads_evidence as ev
+    from probe.study.heads import evidence as ev
 
     rng = np.random.default_rng(0)
     rows = [(layer, "s", head, role, float(rng.random()), np.nan)

@@ -5,9 +5,9 @@ result = run_study(study, "results/quickstart", jobs=2)
 report, outcomes = write_report("results/quickstart", study, result.tables, result.manifest)
 """
 
-from probe.study.reporting import report_from_dir, write_report
+from probe.study.grid.report import report_from_dir, write_report
+from probe.study.grid.spec import load_study, smoke_version
 from probe.study.runner import load_tables, run_study
-from probe.study.spec import load_study, smoke_version
 
 __all__ = ["load_study", "load_tables", "report_from_dir", "run_study", "smoke_version",
            "write_report"]  # fmt: skip

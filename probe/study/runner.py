@@ -9,13 +9,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from probe.errors import ProbeError
-from probe.study.cells import GridPlan
 from probe.study.engine import Event, Plan, RunResult, Settings, run_plan
 from probe.study.engine.runner import finished_tables, load_tables
 from probe.study.engine.workdir import LOCK, MANIFEST, locked
-from probe.study.heads_runner import HeadPlan
-from probe.study.heads_spec import HeadStudy
-from probe.study.spec import Study
+from probe.study.grid.plan import GridPlan
+from probe.study.grid.spec import Study
+from probe.study.heads.plan import HeadPlan
+from probe.study.heads.spec import HeadStudy
 
 __all__ = ["LOCK", "MANIFEST", "finished_tables", "load_tables", "locked", "plan_for",
            "run_study"]  # fmt: skip

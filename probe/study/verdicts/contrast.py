@@ -40,9 +40,9 @@ from scipy import stats
 from probe.config import check_keys, did_you_mean
 from probe.errors import ProbeError
 from probe.references import published
-from probe.study import summary
-from probe.study.expect import Condition, parse_conditions, select_rows
-from probe.study.stats import fmt_ci, fmt_vs, mean_ci
+from probe.study.grid import summary
+from probe.study.verdicts.expect import Condition, parse_conditions, select_rows
+from probe.study.verdicts.stats import fmt_ci, fmt_vs, mean_ci
 from probe.words import counted
 
 KEYS = (

@@ -26,13 +26,13 @@ from probe.report.pruning_plots import (
 )
 from probe.report.report import MarkdownReport
 from probe.schema import ROLE_COLUMNS
-from probe.study import heads_evidence as ev
 from probe.study.documents import read_json
-from probe.study.expect import Outcome
-from probe.study.heads_runner import read_head_tables
-from probe.study.reproduce import head_reproduction, reference_for
+from probe.study.heads import evidence as ev
+from probe.study.heads.plan import read_head_tables
 from probe.study.runner import MANIFEST
-from probe.study.verdicts import head_verdicts
+from probe.study.verdicts.checks import head_verdicts
+from probe.study.verdicts.expect import Outcome
+from probe.study.verdicts.reproduce import head_reproduction, reference_for
 from probe.words import counted
 
 
@@ -385,7 +385,7 @@ class HeadReport:
 def write_head_report(out: Path | str, comparison=None) -> tuple[Path, list[Outcome]]:
     """Write report.md (and its tables and figures) into the results directory `out`; returns
     its path and the expectations' outcomes."""
-    from probe.study.heads_claims import comparison as default_comparison
+    from probe.study.heads.claims import comparison as default_comparison
 
     report = HeadReport(Path(out))
     s = report.study

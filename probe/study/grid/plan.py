@@ -23,9 +23,9 @@ from probe.files import TMP_SUFFIX
 from probe.runtime import resolve_device
 from probe.study.engine import Plan, Record, Unit
 from probe.study.engine.units import Progress
-from probe.study.grid import Cell, expand
-from probe.study.spec import Study, study_dict
-from probe.study.steps import StepContext, get_step
+from probe.study.grid.cells import Cell, expand
+from probe.study.grid.spec import Study, study_dict
+from probe.study.grid.steps import StepContext, get_step
 from probe.training.train import train
 
 

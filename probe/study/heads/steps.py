@@ -24,10 +24,10 @@ from probe.pruning.importance import head_importance
 from probe.pruning.layer_drop import layer_importance, plan_layers
 from probe.pruning.objectives import objective_of, operating_points
 from probe.pruning.timing import time_forward, timing_batches
-from probe.study.heads_spec import HeadStudy
+from probe.study.heads.spec import HeadStudy
 
 if TYPE_CHECKING:  # the plan's units and context: they call the steps defined here
-    from probe.study.heads_runner import HeadStep, Subject
+    from probe.study.heads.plan import HeadStep, Subject
 
 # which retrieval score and which mask tuning the steps compute: in the steps' options, so a
 # change of definition recomputes exactly the steps that use it (retrieval, knock-out, and the

@@ -10,8 +10,8 @@ from scipy import stats
 from probe.analysis.roles import DOMINANT
 from probe.report import study_plots as plots
 from probe.report.report import MarkdownReport
-from probe.study.stats import interval_words, over_seeds, row_ci
-from probe.study.summary import arm_sorted
+from probe.study.grid.summary import arm_sorted
+from probe.study.verdicts.stats import interval_words, over_seeds, row_ci
 
 KEEP = 0.5  # the survivors: the most important half of the heads
 

@@ -10,7 +10,7 @@ import pandas as pd
 
 from probe.config import choice
 from probe.errors import ProbeError
-from probe.study.step_types import StepContext, require, resolve_lengths
+from probe.study.grid.step_types import StepContext, require, resolve_lengths
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,8 @@ from probe.config import check_keys, did_you_mean, from_dict
 from probe.errors import ProbeError
 from probe.fields import shown
 from probe.references import published
-from probe.study.contrast import Contrast
 from probe.study.documents import read_toml
-from probe.study.expect import Expectation
+from probe.study.grid.steps import get_step, parse_options
 from probe.study.settings import (
     SECTIONS,
     check_key,
@@ -28,8 +27,9 @@ from probe.study.settings import (
     heading_dict,
     study_heading,
 )
-from probe.study.steps import get_step, parse_options
-from probe.study.verdicts import parse_verdicts
+from probe.study.verdicts.checks import parse_verdicts
+from probe.study.verdicts.contrast import Contrast
+from probe.study.verdicts.expect import Expectation
 from probe.training.presets import with_preset
 
 TOP_LEVEL = (
@@ -245,7 +245,7 @@ def parse_study(data: dict[str, Any], path: Path | None = None) -> Study:
         contrasts=contrasts,
         smoke=smoke,
     )
-    from probe.study.grid import expand
+    from probe.study.grid.cells import expand
 
     arms = {cell.arm for cell in expand(study)}  # every cell must build
     for i, c in enumerate(contrasts):
@@ -333,7 +333,7 @@ def smoke_version(study: Study) -> Study:
 
 def study_dict(study: Study) -> dict[str, Any]:
     """A JSON-ready description of the (possibly smoke) study, stored in its results directory."""
-    from probe.study.steps import options_dict
+    from probe.study.grid.steps import options_dict
 
     return {
         **heading_dict(study),

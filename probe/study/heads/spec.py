@@ -20,11 +20,11 @@ from probe.errors import ProbeError
 from probe.fields import shown
 from probe.pruning.curves import CURVE_EXTRAS
 from probe.pruning.importance import Method
-from probe.study.contrast import Contrast
-from probe.study.expect import Expectation
-from probe.study.heads_checks import check_source, check_text, check_values
+from probe.study.heads.checks import check_source, check_text, check_values
 from probe.study.settings import heading_dict, study_heading
-from probe.study.verdicts import parse_verdicts, verdicts_dict
+from probe.study.verdicts.checks import parse_verdicts, verdicts_dict
+from probe.study.verdicts.contrast import Contrast
+from probe.study.verdicts.expect import Expectation
 
 TOP_LEVEL = ("study", "model", "text", "importance", "curves", "roles", "knockout", "timing",
              "operating", "expect", "contrast", "smoke")  # fmt: skip
@@ -258,7 +258,7 @@ def head_study_dict(study: HeadStudy) -> dict[str, Any]:
 def load_any(path: str | Path):
     """A study file as a head study (`[model] source`) or a grid study (`[base]`)."""
     from probe.study.documents import read_toml
-    from probe.study.spec import parse_study
+    from probe.study.grid.spec import parse_study
 
     path = Path(path)
     data = read_toml(path)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from probe.study.stats import over_seeds
+from probe.study.verdicts.stats import over_seeds
 
 CELL = ["arm", "task", "seed", "L_min", "L"]
 

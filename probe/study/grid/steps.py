@@ -15,8 +15,8 @@ import pandas as pd
 
 from probe.config import choice, did_you_mean, from_dict
 from probe.errors import ProbeError
-from probe.study import steps_questions as q
-from probe.study.step_types import Step, StepContext, require, resolve_lengths
+from probe.study.grid import steps_questions as q
+from probe.study.grid.step_types import Step, StepContext, require, resolve_lengths
 
 # ------------------------------------------------------------------------------------ options
 

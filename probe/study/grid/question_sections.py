@@ -10,8 +10,8 @@ from probe.analysis.roles import DOMINANT
 from probe.references import published
 from probe.report import study_plots as plots
 from probe.report.report import MarkdownReport
-from probe.study.stats import interval_words, over_seeds, row_ci, seed_counts
-from probe.study.summary import arm_sorted
+from probe.study.grid.summary import arm_sorted
+from probe.study.verdicts.stats import interval_words, over_seeds, row_ci, seed_counts
 from probe.words import counted
 
 

@@ -17,15 +17,15 @@ import pandas as pd
 
 from probe.errors import ProbeError
 from probe.report.report import MarkdownReport
-from probe.study import head_sections, question_sections, sections
 from probe.study.documents import read_json
-from probe.study.expect import Outcome
-from probe.study.grid import expand
-from probe.study.reproduce import reference_for, reproduction
+from probe.study.grid import head_sections, question_sections, sections
+from probe.study.grid.cells import expand
+from probe.study.grid.spec import Study, load_study, smoke_version
+from probe.study.grid.steps import options_dict
 from probe.study.runner import MANIFEST, finished_tables, load_tables, plan_for
-from probe.study.spec import Study, load_study, smoke_version
-from probe.study.steps import options_dict
-from probe.study.verdicts import report_verdicts
+from probe.study.verdicts.checks import report_verdicts
+from probe.study.verdicts.expect import Outcome
+from probe.study.verdicts.reproduce import reference_for, reproduction
 from probe.words import counted
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from probe.errors import ProbeError
 from probe.files import atomic_write_text
-from probe.study.cells import model_dir
-from probe.study.grid import Cell, expand
-from probe.study.reporting import study_from_dir
+from probe.study.grid.cells import Cell, expand
+from probe.study.grid.plan import model_dir
+from probe.study.grid.report import study_from_dir
 
 VIEWERS = "viewers"
 

@@ -17,9 +17,9 @@ import pandas as pd
 
 from probe.config import did_you_mean
 from probe.errors import ProbeError
-from probe.study import contrast
-from probe.study.contrast import Contrast, parse_contrast
-from probe.study.expect import (
+from probe.study.verdicts import contrast
+from probe.study.verdicts.contrast import Contrast, parse_contrast
+from probe.study.verdicts.expect import (
     GRID_TABLES,
     Condition,
     Expectation,

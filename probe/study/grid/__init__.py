@@ -1,0 +1,2 @@
+"""Grid studies: a base configuration x grid axes and variants, trained as cells, analysed by
+steps, reported by sections."""

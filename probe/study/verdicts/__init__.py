@@ -1,0 +1,2 @@
+"""What a study concludes: expectations, contrasts over seeds, comparisons with published
+numbers and the reproduction check."""
