@@ -25,7 +25,6 @@ from probe.words import counted
 if TYPE_CHECKING:  # the study modules import torch: commands import them when they run
     from probe.study.engine import Event
     from probe.study.grid.spec import Study
-    from probe.study.heads.spec import HeadStudy
     from probe.study.verdicts.expect import Outcome
 
 app = typer.Typer(
@@ -130,11 +129,10 @@ def run_cli(
 ) -> None:
     """Run a study (finished cells or steps are reused), write its report and check its
     expectations; exit code 1 when an expectation fails."""
-    from probe.interop.bundled import resolve
     from probe.runtime import Runtime
-    from probe.study.grid.spec import smoke_version
+    from probe.study.engine import Settings
     from probe.study.heads.checks import check_threads
-    from probe.study.heads.spec import HeadStudy, load_any, smoke_head_study
+    from probe.study.kinds import kind_of, load_any, smoke_of
     from probe.study.runner import plan_for, run_study
     from probe.study.verdicts.reproduce import verdict
 
@@ -142,24 +140,16 @@ def run_cli(
     if junit is not None:
         claim_file(junit, overwrite=True, what="--junit", inputs=[file])
     study = load_any(file)
-    heads = isinstance(study, HeadStudy)
     check_threads(threads, "--threads")
-    if dtype is not None and not heads:
-        raise ProbeError("--dtype sets the weights' dtype of a head study's real model; a grid "
-                         "study trains its models in float32 (bf16 autocast on CUDA): drop "
-                         "--dtype.")  # fmt: skip
     if smoke:
-        if study.smoke is None:
-            raise ProbeError(f"{file} has no [smoke] section; run it without --smoke.")
-        study = smoke_head_study(study) if heads else smoke_version(study)
+        study = smoke_of(study, file)
     out = out or default_out(study)
-    plan = plan_for(study, out)
-    inputs = [file, *((resolve(study.source),) if heads else ()), *plan.inputs()]
-    check_output_dir(out, inputs=inputs, inside_ok=heads)  # a head study's inputs may be near
-    size = plan.size()
-    what = f"{shown(study.source)}, {counted(size, 'step')}" if heads else counted(size, "cell")
+    kind = kind_of(study)
+    plan = plan_for(study, out, Settings(device, dtype))  # refuses what the kind cannot do
+    # a head study's results may lie inside its model's folder, never the other way round
+    check_output_dir(out, inputs=[file, *plan.inputs()], inside_ok=True)
     console.print(f"study [bold]{shown(study.name)}[/]{' (smoke)' if smoke else ''}: "
-                  f"{what} -> {shown(out)}")  # fmt: skip
+                  f"{shown(kind.describe(study, plan.size()))} -> {shown(out)}")  # fmt: skip
     columns = (
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[note]}"), TimeElapsedColumn(), TimeRemainingColumn(),
@@ -169,25 +159,15 @@ def run_cli(
                            progress=UnitProgress(bar, plan.noun), overwrite=overwrite,
                            executor=executor, address=address)  # fmt: skip
     seconds = float(result.manifest["wall_s"])
-    trained = sum(not r.cached and r.facts.get("train_s", 0) > 0 for r in result.records)
-    models = "" if heads else f" ({counted(trained, 'model')} trained)"
+    trained = [not r.cached and r.facts["train_s"] > 0 for r in result.records
+               if "train_s" in r.facts]  # fmt: skip
+    models = f" ({counted(sum(trained), 'model')} trained)" if trained else ""
     console.print(f"{counted(result.n_run, plan.noun)} run{models}, {result.n_cached} reused "
                   f"from the cache, {seconds:.0f} s")  # fmt: skip
-    path, outcomes = _write_report(out, study, result)
+    path, outcomes = kind.report(out, study, result)
     console.print(f"report: [bold]{shown(path)}[/]", soft_wrap=True)
     last = verdict(out, study.name, study.is_smoke, result.tables, result.manifest)
     finish(study.name, outcomes, junit, seconds, last)
-
-
-def _write_report(out: Path, study, result) -> tuple[Path, list[Outcome]]:
-    """The report of a finished run of either kind, and its expectations' outcomes."""
-    from probe.study.grid.report import write_report
-    from probe.study.heads.report import write_head_report
-    from probe.study.heads.spec import HeadStudy
-
-    if isinstance(study, HeadStudy):
-        return write_head_report(out)
-    return write_report(out, study, result.tables, result.manifest)
 
 
 def finish(name: str, outcomes: list[Outcome], junit: Path | None, seconds: float,
@@ -210,27 +190,11 @@ def finish(name: str, outcomes: list[Outcome], junit: Path | None, seconds: floa
         raise SystemExit(1)
 
 
-def _size(study: Study | HeadStudy) -> tuple[str, str]:
-    """How big a study is, full and smoke ('' without [smoke]): cells, or a head study's steps."""
-    from probe.study.grid.cells import expand
-    from probe.study.grid.spec import smoke_version
-    from probe.study.heads.spec import HeadStudy, smoke_head_study
-    from probe.study.heads.steps import step_count
-
-    if isinstance(study, HeadStudy):
-        smoke = smoke_head_study(study) if study.smoke is not None else None
-        return f"{study.source}, {counted(step_count(study), 'step')}", (
-            str(step_count(smoke)) if smoke else ""
-        )
-    smoke = str(len(expand(smoke_version(study)))) if study.smoke is not None else ""
-    return f"{counted(len(expand(study)), 'cell')}", smoke
-
-
 def ls_cli(
     folder: Annotated[Path, typer.Argument(help="Folder of study files.")] = Path("studies"),
 ) -> None:
     """List the study files in a folder with their question and size."""
-    from probe.study.heads.spec import load_any
+    from probe.study.kinds import describe, load_any
 
     files = sorted(folder.glob("*.toml"))
     if not files:
@@ -244,7 +208,7 @@ def ls_cli(
         except ProbeError as exc:
             view.add_row(shown(path), "[red]invalid[/]", "", "", shown(exc))
             continue
-        full, smoke = _size(study)
+        full, smoke = describe(study)
         view.add_row(shown(path), shown(study.name), full, smoke or "–",
                      shown(study.question))  # fmt: skip
     console.print(view)
@@ -254,7 +218,7 @@ def validate_cli(
     paths: Annotated[list[Path], typer.Argument(help="Study files to check, or folders of them.")],
 ) -> None:
     """Check study files (every cell's configuration is built); exit code 2 if one is invalid."""
-    from probe.study.heads.spec import load_any
+    from probe.study.kinds import describe, load_any
 
     files = [f for p in paths for f in (sorted(p.glob("*.toml")) if p.is_dir() else [p])]
     if not files:
@@ -271,7 +235,7 @@ def validate_cli(
             err_console.print(f"[bold red]invalid[/] {shown(problem)}", highlight=False,
                               soft_wrap=True)  # fmt: skip
             continue
-        full, smoke = _size(study)
+        full, smoke = describe(study)
         smoke = f", smoke {smoke}" if smoke else ""
         console.print(f"[green]ok[/] {shown(path)}: {full}{smoke}", soft_wrap=True)
     if errors:
@@ -296,18 +260,13 @@ def report_cli(
 ) -> None:
     """Rebuild a study's report (report.md and report.html; expectations rechecked) from its
     results directory, and a head viewer page for each cell whose trained model is kept."""
-    from probe.study.grid.report import read_manifest, report_from_dir
-    from probe.study.heads.report import write_head_report
+    from probe.study.grid.report import read_manifest
+    from probe.study.kinds import rebuild_report
 
-    if read_manifest(folder).get("kind") == "heads":
-        path, outcomes = write_head_report(folder)
-        console.print(f"report: [bold]{shown(path)}[/]", soft_wrap=True)
-        finish(read_manifest(folder)["study"], outcomes, junit, 0.0)
-        return
-    path, outcomes = report_from_dir(folder, partial=partial)
+    kind, (path, outcomes) = rebuild_report(folder, partial=partial)
     console.print(f"report: [bold]{shown(path)}[/] (and {path.with_suffix('.html').name})",
                   soft_wrap=True)  # fmt: skip
-    if viewers:
+    if viewers and kind.viewers:
         _viewers(folder)
     finish(read_manifest(folder)["study"], outcomes, junit, 0.0)
 

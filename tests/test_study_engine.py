@@ -13,7 +13,7 @@ from cli_run import exit_code
 from test_head_study_checks import mutated
 
 from probe.study.engine.store import Store, read_table
-from probe.study.heads.spec import load_any
+from probe.study.kinds import load_any
 from probe.study.runner import load_tables, plan_for, run_study
 from probe.study.verdicts.reproduce import TIMED
 

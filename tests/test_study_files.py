@@ -9,7 +9,8 @@ import pytest
 
 from probe.study.grid.cells import expand
 from probe.study.grid.spec import smoke_version
-from probe.study.heads.spec import HeadStudy, load_any, smoke_head_study
+from probe.study.heads.spec import HeadStudy, smoke_head_study
+from probe.study.kinds import load_any
 
 STUDIES = sorted((Path(__file__).resolve().parents[1] / "studies").glob("*.toml"))
 

@@ -57,7 +57,7 @@ def llama(tmp_path_factory):
 
 
 def test_a_head_study_rerun_removes_only_its_own_leftovers(llama, tmp_path):
-    from probe.study.heads.spec import load_any
+    from probe.study.kinds import load_any
     from probe.study.runner import run_study
 
     file = tmp_path / "heads.toml"

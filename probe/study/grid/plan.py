@@ -110,6 +110,10 @@ class GridPlan(Plan):
     noun = "cell"
 
     def __init__(self, study: Study, root: Path, settings) -> None:
+        if settings.dtype is not None:
+            raise ProbeError("--dtype sets the weights' dtype of a head study's real model; a "
+                             "grid study trains its models in float32 (bf16 autocast on CUDA): "
+                             "drop --dtype.")  # fmt: skip
         super().__init__(study, root, settings)
         self.cells = expand(study)
 

@@ -18,11 +18,14 @@ import pandas as pd
 from probe.errors import ProbeError
 from probe.report.report import MarkdownReport
 from probe.study.documents import read_json
+from probe.study.engine import Settings
+from probe.study.engine.runner import finished_tables, load_tables
+from probe.study.engine.workdir import MANIFEST
 from probe.study.grid import head_sections, question_sections, sections
 from probe.study.grid.cells import expand
+from probe.study.grid.plan import GridPlan
 from probe.study.grid.spec import Study, load_study, smoke_version
 from probe.study.grid.steps import options_dict
-from probe.study.runner import MANIFEST, finished_tables, load_tables, plan_for
 from probe.study.verdicts.checks import report_verdicts
 from probe.study.verdicts.expect import Outcome
 from probe.study.verdicts.reproduce import reference_for, reproduction
@@ -205,7 +208,7 @@ def report_from_dir(out: Path | str, partial: bool = False) -> tuple[Path, list[
     out = Path(out)
     study, manifest = study_from_dir(out)
     if partial:
-        tables, missing = finished_tables(plan_for(study, out))
+        tables, missing = finished_tables(GridPlan(study, out, Settings()))
         if not tables:
             raise ProbeError(f"{out} has no finished cell yet; there is nothing to report.")
         return write_report(out, study, tables, manifest, tuple(c.label for c in missing))

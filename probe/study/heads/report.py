@@ -27,9 +27,9 @@ from probe.report.pruning_plots import (
 from probe.report.report import MarkdownReport
 from probe.schema import ROLE_COLUMNS
 from probe.study.documents import read_json
+from probe.study.engine.workdir import MANIFEST
 from probe.study.heads import evidence as ev
 from probe.study.heads.plan import read_head_tables
-from probe.study.runner import MANIFEST
 from probe.study.verdicts.checks import head_verdicts
 from probe.study.verdicts.expect import Outcome
 from probe.study.verdicts.reproduce import head_reproduction, reference_for

@@ -13,8 +13,9 @@ import pandas as pd
 
 from probe.errors import ProbeError
 from probe.study.documents import read_json
+from probe.study.engine.runner import load_tables
+from probe.study.engine.workdir import MANIFEST
 from probe.study.grid import summary
-from probe.study.runner import MANIFEST, load_tables
 
 REFERENCE_ROOT = Path("results")
 TOLERANCE = 0.01  # exact match: one point
