@@ -1,9 +1,11 @@
 """A study's report: results/NAME/report.md with its tables and figures beside it.
 
-The report opens with the question and the findings stated plainly, then the set-up, the result
-sections the study's tables allow (accuracy by length, unseen lengths, attention entropy, pruning,
-training), the comparison with published numbers, the expectations and what produced the files.
-It is rebuilt from the results directory alone (`probe study report DIR`).
+The report opens with the question and the findings stated plainly, then the set-up, the
+sections of the study's steps in their registered order (each step's module in
+`probe.study.grid.steps` owns the sections presenting its tables: accuracy by length, attention
+entropy, pruning, the comparison with published numbers, ...), the training section every grid
+study has, the expectations and what produced the files. It is rebuilt from the results
+directory alone (`probe study report DIR`).
 """
 
 from __future__ import annotations
@@ -136,13 +138,13 @@ def write_report(
             findings += lines
     if "train" in tables:
         training(rep, tables["train"], order)
-    verdicts, outcomes, summary = report_verdicts(rep, study.expectations, study.contrasts,
+    verdicts, outcomes, verdict_findings = report_verdicts(rep, study.expectations, study.contrasts,
                                                   tables, study.is_smoke, study.where)  # fmt: skip
     answers += verdicts
     if answers:
         rep.blocks.insert(question_at, "**Answer.** " + "; ".join(answers) + ".")
         findings_at += 1
-    findings += summary
+    findings += verdict_findings
     rep.heading("Files")
     rep.bullets([
         "`tables/*.csv`: every cell's tidy results, one row per seed, with the cell's identity "
@@ -160,12 +162,12 @@ def write_report(
     return rep.write(), outcomes
 
 
-def training(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list[str]:
+def training(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> None:
     """Every cell's training log (the `train` table): loss, attention during training, final
     loss. Every grid study has it, whatever its steps."""
     loss = summary.training_loss(table, smooth=9)
     if loss.empty or loss["step"].nunique() < 2:  # nothing to draw (a model trained one step)
-        return []
+        return
     rep.heading("Training")
     rep.figure(
         plots.training_curves(loss, order=order),
@@ -187,7 +189,6 @@ def training(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list
     final = summary.final_loss(table)
     rep.table(wide_table(final, order), "final_loss.csv", data=final,
               caption="Last logged training loss.")  # fmt: skip
-    return []
 
 
 def read_manifest(out: Path | str) -> dict[str, Any]:

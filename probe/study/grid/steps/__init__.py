@@ -13,6 +13,7 @@ import dataclasses
 import importlib
 import itertools
 import pkgutil
+from collections.abc import Iterable
 from types import MappingProxyType
 from typing import Any
 
@@ -21,16 +22,16 @@ from probe.errors import ProbeError
 from probe.study.grid.steps.base import Given, Section, Step, StepContext, resolve_lengths
 
 __all__ = [
-    "SECTIONS", "STEPS", "Given", "Section", "Step", "StepContext", "get_step", "options_dict",
-    "parse_options", "resolve_lengths",
+    "SECTIONS", "STEPS", "Given", "Section", "Step", "StepContext", "discover", "get_step",
+    "options_dict", "ordered", "parse_options", "resolve_lengths",
 ]  # fmt: skip
 
 
-def _discover() -> dict[str, Step]:
-    """Every `STEP` declared by a module of this package, by name."""
+def discover(package: str, path: Iterable[str]) -> dict[str, Step]:
+    """Every `STEP` declared by a module of `package` (found on `path`), by name."""
     found: dict[str, Step] = {}
-    for info in pkgutil.iter_modules(__path__):
-        step = getattr(importlib.import_module(f"{__name__}.{info.name}"), "STEP", None)
+    for info in pkgutil.iter_modules(path):
+        step = getattr(importlib.import_module(f"{package}.{info.name}"), "STEP", None)
         if step is None:
             continue
         if step.name in found:
@@ -39,7 +40,7 @@ def _discover() -> dict[str, Step]:
     return dict(sorted(found.items()))
 
 
-def _ordered(steps: dict[str, Step]) -> tuple[Section, ...]:
+def ordered(steps: dict[str, Step]) -> tuple[Section, ...]:
     """Every step's report sections in the report's order; places and names are unique."""
     sections = sorted((s for step in steps.values() for s in step.sections), key=lambda s: s.place)
     for a, b in itertools.pairwise(sections):
@@ -51,8 +52,8 @@ def _ordered(steps: dict[str, Step]) -> tuple[Section, ...]:
     return tuple(sections)
 
 
-STEPS: MappingProxyType[str, Step] = MappingProxyType(_discover())
-SECTIONS: tuple[Section, ...] = _ordered(dict(STEPS))  # the report's order
+STEPS: MappingProxyType[str, Step] = MappingProxyType(discover(__name__, __path__))
+SECTIONS: tuple[Section, ...] = ordered(dict(STEPS))  # the report's order
 
 
 def get_step(name: str) -> Step:
