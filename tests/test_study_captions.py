@@ -46,7 +46,7 @@ def test_captions_follow_the_seeds_behind_each_point():
 def test_sections_with_one_seed_say_so(tmp_path):
     """Roles, the spread of heads and the position probe: one seed, no interval promised."""
     from probe.report.report import MarkdownReport
-    from probe.study.grid import question_sections as q
+    from probe.study.grid.steps import attention, position_probe, roles
 
     rows = [{"cell": f"c{arm}", "arm": arm, "seed": 0, "layer": 0, "head": h, "length": 8,
              "statistic": s, "value": 0.1 * h, "depth": 1}
@@ -54,9 +54,9 @@ def test_sections_with_one_seed_say_so(tmp_path):
             for s in ("previous_token", "normalized_entropy", "r2")]  # fmt: skip
     table = pd.DataFrame(rows)
     rep = MarkdownReport(tmp_path / "report.md", "t")
-    q.roles(rep, table[table["statistic"] == "previous_token"], ["a", "b"])
-    q.head_spread(rep, table, ["a", "b"])
-    q.position_probe(rep, table[table["statistic"] == "r2"], ["a", "b"])
+    roles.section(rep, table[table["statistic"] == "previous_token"], ["a", "b"])
+    attention.head_spread(rep, table, ["a", "b"])
+    position_probe.section(rep, table[table["statistic"] == "r2"], ["a", "b"])
     text = "\n".join(str(b) for b in rep.blocks)
     assert "95%" not in text
     assert "the model, one seed, so no interval." in text

@@ -11,9 +11,10 @@ import pytest
 from tiny_study import tiny_study
 
 from probe.report.report import MarkdownReport
-from probe.study.grid import question_sections
 from probe.study.grid.report import write_report
 from probe.study.grid.spec import parse_study
+from probe.study.grid.steps import attention
+from probe.study.grid.steps import roles as role_step
 from probe.study.runner import run_study
 
 EXTRA = """
@@ -87,17 +88,17 @@ def test_head_spread_and_role_shares_by_hand(tmp_path):
                 roles.append({"cell": cell, "arm": "4", "seed": seed, "layer": i // 2,
                               "head": i % 2, "statistic": role, "value": score})  # fmt: skip
     rep = MarkdownReport(tmp_path, "t")
-    [spread] = question_sections.head_spread(rep, pd.DataFrame(rows), ["4"])
+    [spread] = attention.head_spread(rep, pd.DataFrame(rows), ["4"])
     expected = np.mean([np.std(v) for v in values.values()])
     assert f"4 {expected:.2f}" in spread
-    [share] = question_sections.roles(rep, pd.DataFrame(roles), ["4"])
+    [share] = role_step.section(rep, pd.DataFrame(roles), ["4"])
     # a role when sink >= 0.5 or induction >= 0.5: seed 0 all 4 heads (0.1 -> 0.9 induction,
     # 0.3 -> 0.7), seed 1 all 4 (0.4 -> 0.6 induction, 0.2 -> 0.8); every head has a role
     assert "4 100%" in share
     roles_df = pd.DataFrame(roles)
     weaker = (roles_df.seed == 1) & (roles_df.statistic == "induction") & (roles_df.value == 0.6)
     roles_df.loc[weaker, "value"] = 0.45
-    [share] = question_sections.roles(rep, roles_df, ["4"])
+    [share] = role_step.section(rep, roles_df, ["4"])
     # seed 1's heads 0 and 1 (sink 0.4, induction 0.6 -> 0.45) lose their role: 2 of 4 keep
     # one (head 2 by its sink score 0.6); mean over seeds (1 + 0.5) / 2
     assert "4 75%" in share

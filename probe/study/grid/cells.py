@@ -19,7 +19,7 @@ from probe.config import ModelConfig, TrainConfig, to_plain
 from probe.data.tasks import TaskConfig, sequence_length
 from probe.errors import ProbeError
 from probe.measure.evaluate import form_for
-from probe.study.grid.spec import Study
+from probe.study.grid.definition import Study
 from probe.study.grid.steps import options_dict, resolve_lengths
 from probe.words import counted
 

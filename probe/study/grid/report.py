@@ -1,9 +1,11 @@
 """A study's report: results/NAME/report.md with its tables and figures beside it.
 
-The report opens with the question and the findings stated plainly, then the set-up, the result
-sections the study's tables allow (accuracy by length, unseen lengths, attention entropy, pruning,
-training), the comparison with published numbers, the expectations and what produced the files.
-It is rebuilt from the results directory alone (`probe study report DIR`).
+The report opens with the question and the findings stated plainly, then the set-up, the
+sections of the study's steps in their registered order (each step's module in
+`probe.study.grid.steps` owns the sections presenting its tables: accuracy by length, attention
+entropy, pruning, the comparison with published numbers, ...), the training section every grid
+study has, the expectations and what produced the files. It is rebuilt from the results
+directory alone (`probe study report DIR`).
 """
 
 from __future__ import annotations
@@ -16,19 +18,23 @@ from typing import Any
 import pandas as pd
 
 from probe.errors import ProbeError
+from probe.model import Transformer
+from probe.report import study_plots as plots
 from probe.report.report import MarkdownReport
 from probe.study.documents import read_json
 from probe.study.engine import Settings
 from probe.study.engine.runner import finished_tables, load_tables
 from probe.study.engine.workdir import MANIFEST
-from probe.study.grid import head_sections, question_sections, sections
+from probe.study.grid import summary
 from probe.study.grid.cells import expand
 from probe.study.grid.plan import GridPlan
 from probe.study.grid.spec import Study, load_study, smoke_version
-from probe.study.grid.steps import options_dict
+from probe.study.grid.steps import SECTIONS, Given, options_dict
+from probe.study.grid.steps.shared import wide_table
 from probe.study.verdicts.checks import report_verdicts
 from probe.study.verdicts.expect import Outcome
 from probe.study.verdicts.reproduce import reference_for, reproduction
+from probe.study.verdicts.stats import band_words, seed_counts
 from probe.words import counted
 
 
@@ -46,8 +52,6 @@ def _settings(values: dict[str, Any]) -> str:
 
 
 def _setup(rep: MarkdownReport, study: Study, manifest: dict[str, Any]) -> None:
-    from probe.model import Transformer
-
     cells = expand(study)
     first = cells[0]
     params = Transformer(first.model).parameter_counts()["total"]
@@ -127,41 +131,23 @@ def write_report(
     _setup(rep, study, manifest)
     order = arm_order(study)
     findings: list[str] = []
-    if "init_scaling" in tables:
-        findings += sections.init_scaling(rep, tables["init_scaling"])
-    answers = []
-    if "attention_cost" in tables:
-        cost = question_sections.attention_cost(rep, tables["attention_cost"])
-        answers, findings = cost[:1], findings + cost[1:]
-    if "eval" in tables:
-        findings += sections.accuracy(rep, tables["eval"], order)
-    if "attention" in tables:
-        findings += sections.attention(rep, tables["attention"], order)
-    if "attention" in tables:
-        findings += question_sections.head_spread(rep, tables["attention"], order)
-    if "roles" in tables:
-        findings += question_sections.roles(rep, tables["roles"], order)
-    if "position_probe" in tables:
-        findings += question_sections.position_probe(rep, tables["position_probe"], order)
-    if "pruning" in tables:
-        findings += sections.pruning(rep, tables["pruning"], order)
-    if "importance" in tables:
-        findings += head_sections.agreement(rep, tables["importance"], order)
-        if "roles" in tables:
-            findings += head_sections.survivors(rep, tables["importance"], tables["roles"], order)
-    if "prune_timing" in tables:
-        findings += head_sections.prune_timing(rep, tables["prune_timing"], order)
-    if study.reference is not None and "eval" in tables:
-        findings += sections.reference(rep, tables["eval"], study.reference)
+    answers: list[str] = []
+    given = Given(tables, order, study)
+    for section in SECTIONS:  # the steps' sections in the report's order
+        if section.wanted(study, tables):
+            lines = section.write(rep, given)
+            if section.answers:
+                answers, lines = answers + lines[:1], lines[1:]
+            findings += lines
     if "train" in tables:
-        sections.training(rep, tables["train"], order)
-    verdicts, outcomes, summary = report_verdicts(rep, study.expectations, study.contrasts,
+        training(rep, tables["train"], order)
+    verdicts, outcomes, verdict_findings = report_verdicts(rep, study.expectations, study.contrasts,
                                                   tables, study.is_smoke, study.where)  # fmt: skip
     answers += verdicts
     if answers:
         rep.blocks.insert(question_at, "**Answer.** " + "; ".join(answers) + ".")
         findings_at += 1
-    findings += summary
+    findings += verdict_findings
     rep.heading("Files")
     rep.bullets([
         "`tables/*.csv`: every cell's tidy results, one row per seed, with the cell's identity "
@@ -177,6 +163,35 @@ def write_report(
     if ref is not None:
         rep.paragraph("**Reproduction.** " + reproduction(tables, manifest, ref))
     return rep.write(), outcomes
+
+
+def training(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> None:
+    """Every cell's training log (the `train` table): loss, attention during training, final
+    loss. Every grid study has it, whatever its steps."""
+    loss = summary.training_loss(table, smooth=9)
+    if loss.empty or loss["step"].nunique() < 2:  # nothing to draw (a model trained one step)
+        return
+    rep.heading("Training")
+    rep.figure(
+        plots.training_curves(loss, order=order),
+        "training_loss.png",
+        "Training loss against step (log scale; moving average over 9 logged steps)",
+    )
+    rep.data(loss, "training_loss.csv", "Smoothed training loss per seed.")
+    stats = summary.attention_over_training(table)
+    if not stats.empty:
+        shown = [m for m in ("normalized_entropy", "max_logit", "p_max") if m in set(stats.metric)]
+        drawn = stats[stats["metric"].isin(shown)]
+        counts = seed_counts(drawn, ["metric", "arm", "step"], rows=True)
+        rep.figure(plots.attention_training_curves(stats, shown, order=order),
+                   "attention_during_training.png",
+                   "Attention statistics during training, averaged over every head "
+                   f"({band_words(counts, short=True)})")  # fmt: skip
+        rep.data(stats, "attention_during_training.csv",
+                 "Per-cell attention statistics by step (mean over heads).")  # fmt: skip
+    final = summary.final_loss(table)
+    rep.table(wide_table(final, order), "final_loss.csv", data=final,
+              caption="Last logged training loss.")  # fmt: skip
 
 
 def read_manifest(out: Path | str) -> dict[str, Any]:

@@ -9,7 +9,6 @@ section and the field.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,9 @@ from probe.errors import ProbeError
 from probe.fields import shown
 from probe.references import published
 from probe.study.documents import read_toml
-from probe.study.grid.steps import get_step, parse_options
+from probe.study.grid.cells import expand
+from probe.study.grid.definition import Override, Reference, Study, Variant
+from probe.study.grid.steps import get_step, options_dict, parse_options
 from probe.study.settings import (
     SECTIONS,
     check_key,
@@ -28,8 +29,6 @@ from probe.study.settings import (
     study_heading,
 )
 from probe.study.verdicts.checks import parse_verdicts
-from probe.study.verdicts.contrast import Contrast
-from probe.study.verdicts.expect import Expectation
 from probe.training.presets import with_preset
 
 TOP_LEVEL = (
@@ -50,57 +49,6 @@ VARIANT_KEYS = ("name", "description", *SECTIONS)
 REPORT_KEYS = ("by", "title")
 REFERENCE_KEYS = ("id", "metric", "lengths", "notes")
 SMOKE_KEYS = ("grid", "variants", "analysis", *SECTIONS)
-
-
-@dataclass(frozen=True)
-class Variant:
-    name: str
-    overrides: dict[str, Any]  # dotted key ("train.random_positions") -> value
-    description: str = ""
-
-
-@dataclass(frozen=True)
-class Override:
-    """Settings applied to every cell whose configuration matches `where` (for example a shorter
-    training range for one task)."""
-
-    where: dict[str, tuple[Any, ...]]  # dotted key -> the values that match
-    overrides: dict[str, Any]  # dotted key -> value
-
-
-@dataclass(frozen=True)
-class Reference:
-    """The published result to compare with: an entry of the project's references file
-    (`probe/references.toml`), and which of our numbers to compare with it."""
-
-    id: str  # the entry's id in the references file
-    metric: str = "exact_match"
-    lengths: str = "unseen"  # which lengths of ours to compare: "unseen" (> L) or "seen"
-    notes: str = ""  # how this study's set-up differs from the paper's
-
-
-@dataclass(frozen=True)
-class Study:
-    name: str
-    question: str
-    path: Path | None
-    base: dict[str, dict[str, Any]]  # "model"/"task"/"train" -> settings
-    grid: dict[str, tuple[Any, ...]]  # dotted key -> values, crossed in file order
-    variants: tuple[Variant, ...] = ()
-    overrides: tuple[Override, ...] = ()
-    analysis: dict[str, Any] = field(default_factory=dict)  # step name -> options, in run order
-    expectations: tuple[Expectation, ...] = ()
-    by: str = "model.pe"  # the factor the report compares (variants show under their name)
-    title: str = ""
-    description: str = ""
-    reference: Reference | None = None
-    contrasts: tuple[Contrast, ...] = ()  # claims tested over seeds (the report's verdicts)
-    smoke: dict[str, Any] | None = None  # the raw [smoke] table, applied by `smoke_version`
-    is_smoke: bool = False
-
-    @property
-    def where(self) -> str:
-        return str(self.path) if self.path is not None else f"study '{self.name}'"
 
 
 def _section_configs(base: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
@@ -245,8 +193,6 @@ def parse_study(data: dict[str, Any], path: Path | None = None) -> Study:
         contrasts=contrasts,
         smoke=smoke,
     )
-    from probe.study.grid.cells import expand
-
     arms = {cell.arm for cell in expand(study)}  # every cell must build
     for i, c in enumerate(contrasts):
         for arm in (c.a, c.b) if c.column == "arm" else ():
@@ -333,8 +279,6 @@ def smoke_version(study: Study) -> Study:
 
 def study_dict(study: Study) -> dict[str, Any]:
     """A JSON-ready description of the (possibly smoke) study, stored in its results directory."""
-    from probe.study.grid.steps import options_dict
-
     return {
         **heading_dict(study),
         "base": study.base,

@@ -7,8 +7,11 @@ import html
 from collections.abc import Callable
 from pathlib import Path
 
+from probe.analysis.view import checkpoint_view
+from probe.checkpoint import load_checkpoint
 from probe.errors import ProbeError
 from probe.files import atomic_write_text
+from probe.report.html.viewer import write_viewer
 from probe.study.grid.cells import Cell, expand
 from probe.study.grid.plan import model_dir
 from probe.study.grid.report import study_from_dir
@@ -50,10 +53,6 @@ def write_viewers(
 ) -> list[Path]:
     """viewers/<cell key>.html for each kept model (reused while newer than the model) and
     viewers/index.html; returns the pages written or kept."""
-    from probe.analysis.view import checkpoint_view
-    from probe.checkpoint import load_checkpoint
-    from probe.report.html.viewer import write_viewer
-
     out = Path(out)
     kept = kept_models(out)
     if not kept:

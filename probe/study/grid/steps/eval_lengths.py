@@ -1,16 +1,21 @@
-"""The result sections of a study report. Each takes the report, the study's tables and the arm
-order, writes its tables (CSV) and figures (PNG) beside the report, and returns the findings it
-wants stated at the top of the report."""
+"""eval_lengths: exact match, token accuracy and loss at each task length (`eval`), and the
+report sections that present it: accuracy in and beyond the training lengths, and the comparison
+with the published result a study names in [reference]."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pandas as pd
 
+from probe.measure.evaluate import evaluate
 from probe.references import Published, published
 from probe.report import study_plots as plots
 from probe.report.report import MarkdownReport
 from probe.study.grid import summary
-from probe.study.grid.spec import Reference
+from probe.study.grid.definition import Reference
+from probe.study.grid.steps.base import Section, Step, StepContext, resolve_lengths
+from probe.study.grid.steps.shared import FIT, FIT_AT, seed_note, wide_table
 from probe.study.verdicts.published import (
     ALPHA,
     MIN_ARMS,
@@ -18,36 +23,25 @@ from probe.study.verdicts.published import (
     compare_ranking,
     seed_resamples,
 )
-from probe.study.verdicts.stats import band_words, fmt_vs, row_ci, seed_counts
+from probe.study.verdicts.stats import band_words, fmt_vs, seed_counts
 from probe.words import counted
 
-FIT = summary.FIT
-FIT_AT = summary.FIT - summary.FIT_TOLERANCE  # what summary.fitted compares means with
+
+@dataclass(frozen=True)
+class EvalLengthsOptions:
+    lengths: str | tuple[int, ...] = "1:2L"  # task lengths to evaluate at (L: longest trained)
+    batch_size: int = 64  # examples per batch
+    n_batches: int = 2  # batches per length
+    seed: int = 1234  # evaluation data seed (the same data for every cell)
 
 
-def _wide(table: pd.DataFrame, order: list[str], extra: dict[str, pd.Series] | None = None,
-          threshold: float | None = None):  # fmt: skip
-    """arm x task grid of 'mean [low, high]' strings, arms in `order` (each mean on the same side
-    of `threshold` as printed, when the means are tested against one)."""
-    cells = table.assign(text=table.apply(row_ci, axis=1, threshold=threshold))
-    wide = cells.pivot_table(index="arm", columns="task", values="text", aggfunc="first")
-    wide = wide.reindex([a for a in order if a in wide.index])
-    for name, column in (extra or {}).items():
-        wide[name] = column.reindex(wide.index)
-    return wide.reset_index()
-
-
-def _seed_note(table: pd.DataFrame) -> str:
-    n = int(table["n_seeds"].min()) if len(table) else 0
-    most = int(table["n_seeds"].max()) if len(table) else 0
-    if most < 2:
-        return "One seed per cell, so the numbers are single runs with no confidence interval."
-    if n < 2:
-        return (f"Each entry is the mean over 1 to {most} seeds, with a 95% bootstrap confidence "
-                "interval (scipy.stats.bootstrap, percentile) where there are two or more; "
-                "per-seed values are in the CSV.")  # fmt: skip
-    return (f"Each entry is the mean over {n} seeds with a 95% bootstrap confidence interval "
-            "(scipy.stats.bootstrap, percentile); per-seed values are in the CSV.")  # fmt: skip
+def run(ctx: StepContext, opts: EvalLengthsOptions) -> dict[str, pd.DataFrame]:
+    lengths = resolve_lengths(opts.lengths, ctx.train_max)
+    table = evaluate(
+        ctx.model, ctx.task, lengths, batch_size=opts.batch_size, n_batches=opts.n_batches,
+        seed=opts.seed, device=ctx.device, progress=ctx.progress,
+    )  # fmt: skip
+    return {"eval": table}
 
 
 def accuracy(rep: MarkdownReport, eval_table: pd.DataFrame, order: list[str]) -> list[str]:
@@ -60,9 +54,9 @@ def accuracy(rep: MarkdownReport, eval_table: pd.DataFrame, order: list[str]) ->
     seen = summary.by_arm_task(exact[summary.seen(exact)])
     rep.paragraph(
         "Exact match at the training lengths (L_min to L), where every encoding should fit. "
-        + _seed_note(seen)
+        + seed_note(seen)
     )
-    rep.table(_wide(seen, order, threshold=FIT_AT), "in_distribution.csv", data=seen)
+    rep.table(wide_table(seen, order, threshold=FIT_AT), "in_distribution.csv", data=seen)
     misfits = seen[~summary.fitted(seen)]
     if misfits.empty:
         findings.append(f"Every arm fits the training lengths (exact match >= {FIT} on each task).")
@@ -100,9 +94,9 @@ def accuracy(rep: MarkdownReport, eval_table: pd.DataFrame, order: list[str]) ->
         "and MRR the mean reciprocal rank of the arm across tasks (1 = best on every task). Only "
         f"arms that fit a task (exact match >= {FIT} at its training lengths) are ranked on it; "
         "an arm earns nothing on a task it does not fit, and tasks no arm fits are not ranked. "
-        + _seed_note(table)
+        + seed_note(table)
     )
-    wide = _wide(table, order, {"all tasks": over_tasks.round(2),
+    wide = wide_table(table, order, {"all tasks": over_tasks.round(2),
                                 "MRR": ranks.set_index("arm")["mrr"].round(2)})  # fmt: skip
     rep.table(wide, "unseen_lengths.csv", data=table)
     rep.table(ranks, "mean_reciprocal_rank.csv",
@@ -110,7 +104,7 @@ def accuracy(rep: MarkdownReport, eval_table: pd.DataFrame, order: list[str]) ->
     token = summary.by_arm_task(summary.metric_rows(eval_table, "token_accuracy").pipe(
         lambda d: d[summary.unseen(d)]))  # fmt: skip
     rep.paragraph("Token accuracy at unseen lengths (partial credit):")
-    rep.table(_wide(token, order), "unseen_token_accuracy.csv", data=token)
+    rep.table(wide_table(token, order), "unseen_token_accuracy.csv", data=token)
     if table["task"].nunique() > 1:
         fig = plots.heatmap(table, "arm", "task", row_order=order,
                             title="Exact match at unseen lengths (mean over seeds)")  # fmt: skip
@@ -129,104 +123,6 @@ def accuracy(rep: MarkdownReport, eval_table: pd.DataFrame, order: list[str]) ->
         )
     rep.paragraph(findings[-1])
     return findings
-
-
-def attention(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list[str]:
-    statistic = "normalized_entropy"
-    if statistic not in set(table["statistic"]):
-        statistic = "entropy"
-    rows = summary.entropy_by_length(table, statistic)
-    if rows.empty:
-        return []
-    label = "normalized entropy (H / log n)" if statistic == "normalized_entropy" else "entropy"
-    rep.heading("Attention entropy against length")
-    rep.paragraph(
-        f"Mean {label} over every layer and head, per arm. Flat lines mean attention stays as "
-        "focused at unseen lengths as at the training lengths; rising lines mean it spreads out."
-    )
-    fig = plots.length_curves(rows, label, order=order, ylim=None)
-    rep.figure(fig, f"{statistic}_by_length.png", f"Attention {label} against task length")
-    at = rows.groupby(["arm", "length"])["value"].mean().reset_index()
-    change = []
-    for arm, part in at.groupby("arm"):
-        first, last = part.sort_values("length").iloc[[0, -1]]["value"]
-        change.append({"arm": arm, "shortest": first, "longest": last, "change": last - first})
-    change = pd.DataFrame(change).set_index("arm").reindex(order).dropna().reset_index()
-    rep.table(change, f"{statistic}_change.csv", caption=f"{label} at the shortest and longest "
-              "recorded lengths (mean over tasks and seeds).", digits=3)  # fmt: skip
-    rep.data(rows, f"{statistic}_by_length.csv", "Per-seed values at every length.")
-    moves = ", ".join(f"{r.arm} {r.shortest:.2f} to {r.longest:.2f}" for r in change.itertuples())
-    return [f"Attention {label} from the shortest to the longest recorded length: {moves}."]
-
-
-def pruning(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list[str]:
-    rows = summary.pruning_rows(table, "exact_match")
-    rep.heading("Pruning heads")
-    rep.paragraph(
-        "Exact match after masking the least important heads (gates at 0), ranked by each "
-        "estimator on data disjoint from the scoring data; 'random' is the baseline of Prasanna "
-        "et al. 2020. Fraction 0 is the unpruned model; fractions are of all heads, rounded to "
-        "whole heads."
-    )
-    rep.figure(plots.pruning_curves(rows, "exact match"), "pruning.png",
-               "Exact match against the fraction of heads removed")  # fmt: skip
-    stats = summary.over_seeds(rows, ["arm", "method", "fraction"])
-    shown = stats.assign(text=stats.apply(row_ci, axis=1),
-                         fraction=stats["fraction"].map(lambda f: f"{100 * f:g}%"))  # fmt: skip
-    wide = shown.pivot_table(index=["arm", "method"], columns="fraction", values="text",
-                             aggfunc="first", sort=False)  # fmt: skip
-    columns = [f"{100 * f:g}%" for f in sorted(stats["fraction"].unique())]
-    wide = wide[[c for c in columns if c in wide.columns]].reset_index()
-    wide = summary.arm_sorted(wide, order)
-    rep.table(wide, "pruning.csv", data=rows, caption=_seed_note(stats))
-    findings = []
-    for arm, part in stats.groupby("arm", sort=False):
-        base = float(part.loc[part["fraction"] == 0, "mean"].mean())
-        pruned = part[part["fraction"] > 0]
-        if base < 0.5 or pruned.empty:
-            findings.append(f"{arm}: the unpruned model scores {base:.2f}, so its pruning curve "
-                            "says little.")  # fmt: skip
-            continue
-        first = pruned[pruned["fraction"] == pruned["fraction"].min()]
-        after = ", ".join(f"{r.mean:.2f} ranked by {r.method}" for r in first.itertuples())
-        kept = []
-        for method, curve in pruned.groupby("method"):
-            ok = curve[curve["mean"] >= base - 0.01]["fraction"]
-            kept.append(f"{100 * (ok.max() if len(ok) else 0):g}% by {method}")
-        findings.append(
-            f"{arm}: removing {100 * first['fraction'].iloc[0]:g}% of the heads takes exact "
-            f"match from {base:.2f} to {after}; removable for at most 1 point: {', '.join(kept)}."
-        )
-    rep.bullets(findings)
-    return findings
-
-
-def training(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list[str]:
-    loss = summary.training_loss(table, smooth=9)
-    if loss.empty or loss["step"].nunique() < 2:  # nothing to draw (a model trained one step)
-        return []
-    rep.heading("Training")
-    rep.figure(
-        plots.training_curves(loss, order=order),
-        "training_loss.png",
-        "Training loss against step (log scale; moving average over 9 logged steps)",
-    )
-    rep.data(loss, "training_loss.csv", "Smoothed training loss per seed.")
-    stats = summary.attention_over_training(table)
-    if not stats.empty:
-        shown = [m for m in ("normalized_entropy", "max_logit", "p_max") if m in set(stats.metric)]
-        drawn = stats[stats["metric"].isin(shown)]
-        counts = seed_counts(drawn, ["metric", "arm", "step"], rows=True)
-        rep.figure(plots.attention_training_curves(stats, shown, order=order),
-                   "attention_during_training.png",
-                   "Attention statistics during training, averaged over every head "
-                   f"({band_words(counts, short=True)})")  # fmt: skip
-        rep.data(stats, "attention_during_training.csv",
-                 "Per-cell attention statistics by step (mean over heads).")  # fmt: skip
-    final = summary.final_loss(table)
-    rep.table(_wide(final, order), "final_loss.csv", data=final,
-              caption="Last logged training loss.")  # fmt: skip
-    return []
 
 
 def reference(rep: MarkdownReport, eval_table: pd.DataFrame, ref: Reference) -> list[str]:
@@ -360,45 +256,14 @@ def _first_share(per_seed: pd.DataFrame, arms: list[str], tasks: list[str], best
     return hits / len(resamples)
 
 
-def init_scaling(rep: MarkdownReport, table: pd.DataFrame) -> list[str]:
-    """The sqrt(d_k) argument at initialization: one cell's table (every cell computes the same)."""
-    from probe.report.attention_plots import scaling_init_figure
-
-    first = table[table["cell"] == table["cell"].iloc[0]] if "cell" in table else table
-    first = first[["d_k", "n", "score_scale", "statistic", "value"]]
-    first = first.rename(columns={"score_scale": "scale"})
-    rep.heading("At initialization: why sqrt(d_k)")
-    rep.paragraph(
-        "Scores q.k of independent unit-variance q and k have variance d_k; each scale multiplies "
-        "them by 1/sqrt(d_k), 1 or 1/d_k. Measured on random vectors (no training)."
-    )
-    rep.figure(scaling_init_figure(first), "init_scaling.png", "Score variance, entropy, "
-               "near-one-hot rows and softmax Jacobian against d_k")  # fmt: skip
-    wanted = ["score_var", "normalized_entropy", "p_max_gt_0.9", "softmax_jacobian_norm"]
-    n, d_k = int(first["n"].max()), int(first["d_k"].max())
-    at = first[(first["n"] == n) & (first["d_k"] == d_k) & first["statistic"].isin(wanted)]
-    wide = at.pivot_table(index="scale", columns="statistic", values="value").reset_index()
-    rep.table(wide, "init_scaling.csv", data=first, digits=3,
-              caption=f"At d_k = {d_k} and n = {counted(n, 'key', grouped=False)} per "
-              "query.")  # fmt: skip
-    rows = wide.set_index("scale")
-    if {"sqrt", "none"} <= set(rows.index) and "p_max_gt_0.9" in rows:
-        var, hot = rows["score_var"], 100 * rows["p_max_gt_0.9"]
-        if "softmax_jacobian_norm" in rows:
-            jac = rows["softmax_jacobian_norm"]
-            rep.paragraph(
-                f"The mean softmax Jacobian norm is not the gauge of vanishing gradients: unscaled "
-                f"it is {jac['none']:.3f} against {jac['sqrt']:.3f} scaled, because it averages "
-                "saturated rows (a one-hot row has a zero Jacobian) with rows split between a few "
-                "keys (norms up to 0.5), and an evenly spread row has a small Jacobian too "
-                f"(about 1/sqrt(n) = {n**-0.5:.3f}). The share of near-one-hot rows, "
-                f"{hot['none']:.0f}% unscaled against {hot['sqrt']:.0f}% scaled, counts the rows "
-                "whose gradient has vanished."
-            )
-        return [
-            f"At initialization (d_k = {d_k}, n = {n}): unscaled scores have variance "
-            f"{var['none']:.0f} and {hot['none']:.0f}% of softmax rows are near one-hot "
-            f"(p_max > 0.9); scaled by 1/sqrt(d_k), variance {var['sqrt']:.2f} and "
-            f"{hot['sqrt']:.0f}%."
-        ]
-    return []
+STEP = Step(
+    "eval_lengths", EvalLengthsOptions, run, ("eval",),
+    "exact match, token accuracy and loss at each task length",
+    sections=(
+        Section("accuracy", 30, ("eval",),
+                lambda rep, given: accuracy(rep, given.tables["eval"], given.order)),
+        Section("reference", 120, ("eval",),
+                lambda rep, given: reference(rep, given.tables["eval"], given.study.reference),
+                applies=lambda study: study.reference is not None),
+    ),
+)  # fmt: skip

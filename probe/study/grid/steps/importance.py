@@ -1,26 +1,57 @@
-"""Report sections of a grid study that prunes its own trained models (the heads study): how
-the importance estimators agree, what physical pruning buys in time, and which roles the heads
-that survive pruning have."""
+"""importance: every head's importance by each estimator (`importance`), and the report sections
+on how the estimators agree and which roles the heads that survive pruning have."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import pandas as pd
 from scipy import stats
 
 from probe.analysis.roles import DOMINANT
+from probe.config import choice
+from probe.measure.evaluate import eval_batches, form_for
+from probe.pruning.importance import Method, head_importance, importance_correlations
 from probe.report import study_plots as plots
 from probe.report.report import MarkdownReport
+from probe.study.grid.steps.base import Section, Step, StepContext, resolve_lengths
 from probe.study.grid.summary import arm_sorted
 from probe.study.verdicts.stats import interval_words, over_seeds, row_ci
 
 KEEP = 0.5  # the survivors: the most important half of the heads
 
 
+@dataclass(frozen=True)
+class ImportanceOptions:
+    methods: tuple[str, ...] = (
+        "gradient", "fisher", "ablation", "mean-ablation", "confidence", "entropy",
+    )  # fmt: skip
+    lengths: str | tuple[int, ...] = "L"
+    batch_size: int = 64
+    n_batches: int = 2
+    seed: int = 2469  # the prune step's first importance split (seed + 1 there): the same data
+
+
+def run(ctx: StepContext, opts: ImportanceOptions) -> dict[str, pd.DataFrame]:
+    """`probe.pruning.importance.head_importance` of every head by each estimator, on one set
+    of task data (by default the prune step's first importance split)."""
+    form = form_for(ctx.model.cfg.arch)
+    lengths = resolve_lengths(opts.lengths, ctx.train_max)
+    batches = list(
+        eval_batches(ctx.task, form, lengths, opts.batch_size, opts.n_batches, opts.seed)
+    )
+    tables = [head_importance(ctx.model, batches, m) for m in opts.methods]
+    return {"importance": pd.concat(tables, ignore_index=True)}
+
+
+def check(opts: ImportanceOptions) -> None:
+    for method in opts.methods:
+        choice(Method, method, "importance method")
+
+
 def agreement(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list[str]:
     """Spearman rank correlation between every pair of estimators, per cell, then averaged
     over the cells of each arm (and over arms in the heatmap)."""
-    from probe.pruning.importance import importance_correlations
-
     parts = []
     for (cell, arm, seed), g in table.groupby(["cell", "arm", "seed"], sort=False):
         rho = importance_correlations(g[["layer", "head", "method", "value"]])
@@ -52,35 +83,6 @@ def agreement(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> lis
     with_gradient = mean[mean["other"] == "gradient"].set_index("method")["value"]
     text = ", ".join(f"{m} {v:.2f}" for m, v in with_gradient.items())
     finding = f"Rank agreement with gradient importance (mean Spearman rho): {text}."
-    rep.bullets([finding])
-    return [finding]
-
-
-def prune_timing(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list[str]:
-    rows = table[table["part"] == "model"]
-    rep.heading("Speed of the physically pruned models")
-    rep.paragraph(
-        "Forward-pass time of the model with the heads removed from its weights, over the "
-        "original's, timed side by side in one process on one thread (median of the repeats; "
-        "below 1 is faster). The heads are the least important by "
-        f"{rows['method'].iloc[0]} importance. Per arm, fraction and batch size the median "
-        "over seeds is shown with the smallest and largest seed's ratio (a timing disturbed by "
-        "other work on the machine shows as one outlying seed)."
-    )
-    keys = ["arm", "fraction", "batch_size"]
-    agg = rows.groupby(keys, sort=False)["ratio"].agg(["median", "min", "max"]).reset_index()
-    shown = agg.assign(
-        ratio=agg.apply(lambda r: f"{r['median']:.2f} [{r['min']:.2f}, {r['max']:.2f}]", axis=1),
-        speedup=(1 / agg["median"]).map("{:.2f}x".format),
-        fraction=agg["fraction"].map(lambda f: f"{100 * f:g}%"),
-    )[[*keys, "ratio", "speedup"]]
-    rep.table(arm_sorted(shown, order), "prune_timing.csv", data=table,
-              caption="Time ratio pruned / original: median over seeds [smallest, largest]; "
-              "speed-up = 1 / median ratio.")  # fmt: skip
-    pooled = rows.groupby(["fraction", "batch_size"], as_index=False)["ratio"].median()
-    text = "; ".join(f"{100 * r.fraction:g}% of heads at batch {r.batch_size}: "
-                     f"{1 / r.ratio:.2f}x" for r in pooled.itertuples())  # fmt: skip
-    finding = f"Speed-up of the physically pruned models (median over arms and seeds): {text}."
     rep.bullets([finding])
     return [finding]
 
@@ -129,3 +131,16 @@ def survivors(rep: MarkdownReport, importance: pd.DataFrame, roles: pd.DataFrame
     finding = "Roles of the heads that survive pruning: " + "; ".join(findings) + "."
     rep.bullets([finding])
     return [finding]
+
+
+STEP = Step(
+    "importance", ImportanceOptions, run, ("importance",),
+    "every head's importance by each estimator (for their agreement)", check,
+    sections=(
+        Section("importance_agreement", 90, ("importance",),
+                lambda rep, given: agreement(rep, given.tables["importance"], given.order)),
+        Section("survivor_roles", 100, ("importance", "roles"),
+                lambda rep, given: survivors(rep, given.tables["importance"],
+                                             given.tables["roles"], given.order)),
+    ),
+)  # fmt: skip
