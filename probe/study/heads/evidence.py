@@ -14,6 +14,7 @@ import pandas as pd
 from scipy import stats
 
 from probe.analysis.roles import ROLE_THRESHOLDS, has_role
+from probe.pruning.heads import ranking
 from probe.pruning.objectives import operating_points, primary
 
 
@@ -200,8 +201,6 @@ def speed_signs(speed_table: pd.DataFrame) -> pd.DataFrame:
 def least_important(importance: pd.DataFrame, method: str, n: int) -> list[str]:
     """The heads ("L2H11", ...) that `method` ranks among the n least important in every seed
     (n of them when the seeds agree)."""
-    from probe.pruning.heads import ranking
-
     if "method" not in importance.columns:  # a study without [importance] methods
         return []
     part = importance[importance.method == method]

@@ -13,8 +13,10 @@ import pandas as pd
 
 from probe.errors import ProbeError
 from probe.study.documents import read_json
+from probe.study.engine.runner import load_tables
+from probe.study.engine.workdir import MANIFEST
 from probe.study.grid import summary
-from probe.study.runner import MANIFEST, load_tables
+from probe.study.heads.plan import read_head_tables
 
 REFERENCE_ROOT = Path("results")
 TOLERANCE = 0.01  # exact match: one point
@@ -130,8 +132,6 @@ def reproduction(tables: dict[str, pd.DataFrame], manifest: dict, ref: Path) -> 
 def head_reproduction(tables: dict[str, pd.DataFrame], manifest: dict, ref: Path) -> str:
     """One sentence: whether a head study's tables are those of the reference folder (timings
     are wall clock and never compared; every other table must match value for value)."""
-    from probe.study.heads.plan import read_head_tables
-
     ref_manifest = read_json(ref / MANIFEST)
     ref_tables = read_head_tables(ref)
     where = f"the committed reference {ref}"
