@@ -1,8 +1,9 @@
 """The numbers a head study's report states, computed from its tables alone.
 
-Each function takes the gathered tables and returns a small DataFrame or a dict; the report
-(`heads_report.py`) only words and draws them. Comparisons follow the positions report's rules:
-an interval or a test, never a threshold on one point estimate; seeds are disjoint text splits.
+Each function takes the gathered tables and returns a small DataFrame or a dict; the report (the
+sections in `steps/`, answer.py, claims.py) only words and draws them. Comparisons follow the
+positions report's rules: an interval or a test, never a threshold on one point estimate; seeds
+are disjoint text splits.
 """
 
 from __future__ import annotations

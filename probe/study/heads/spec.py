@@ -59,7 +59,7 @@ def is_head_study(data: dict[str, Any]) -> bool:
 
 def _check(study: HeadStudy) -> HeadStudy:
     """The names in `study` (methods) and how its sections fit together; the values of its
-    fields are checked by `heads_checks.check_values`."""
+    fields are checked by `checks.check_values`."""
     where = study.where
     for section, field_name, methods, valid in (
         ("importance", "methods", study.importance.methods, [str(m) for m in Method]),
