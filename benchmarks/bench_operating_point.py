@@ -20,8 +20,8 @@ import torch
 from bench_imported import interleaved  # same folder: median of turns
 
 from probe.measure.evaluate import forward_batch
-from probe.study.heads.plan import Subject
-from probe.study.heads.steps import pruned_model
+from probe.study.heads.steps.timing import pruned_model
+from probe.study.heads.subject import Subject
 from probe.study.kinds import load_any
 
 

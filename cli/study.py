@@ -166,7 +166,7 @@ def run_cli(
                   f"from the cache, {seconds:.0f} s")  # fmt: skip
     path, outcomes = kind.report(out, study, result)
     console.print(f"report: [bold]{shown(path)}[/]", soft_wrap=True)
-    last = verdict(out, study.name, study.is_smoke, result.tables, result.manifest)
+    last = verdict(out, study.name, study.is_smoke, result.tables, result.manifest, kind.reproduce)
     finish(study.name, outcomes, junit, seconds, last)
 
 

@@ -107,11 +107,12 @@ def test_a_head_study_runs_resumes_and_reports(llama_dir, tmp_path, capsys):
     pruned = timing[timing.variant == "pruned"]
     assert (pruned.parameters < timing[timing.variant == "original"].parameters.max()).all()
     # timing noise: how much the original's own tokens/s varied over its timings, by hand
-    from probe.study.heads.report import HeadReport
+    from probe.study.heads.report import read_findings
+    from probe.study.heads.steps.timing import timing_noise
 
     original = timing[timing.variant == "original"].groupby("batch_size").tokens_per_s
     by_hand = {b: v.max() / v.min() - 1 for b, v in original}
-    assert HeadReport(out).timing_noise() == pytest.approx(by_hand)
+    assert timing_noise(read_findings(out).speed) == pytest.approx(by_hand)
     assert "Timing noise: the original's own speed varied by up to" in report
 
     # a rerun computes nothing; changing the fractions recomputes the curves (and timing) only
@@ -132,7 +133,7 @@ def check_knockout(file: Path, ko: pd.DataFrame) -> None:
 
     from probe.analysis.retrieval import retrieval_scores
     from probe.pruning.heads import masked
-    from probe.study.heads.plan import Subject
+    from probe.study.heads.subject import Subject
 
     subject = Subject(parse_head_study(tomllib.loads(file.read_text())))
     prompts = subject.needles(subject.study.knockout.prompts, seed=1)
@@ -218,8 +219,8 @@ def test_timing_reuses_the_importance_it_would_compute(llama_dir):
 
     from probe.pruning.importance import head_importance
     from probe.pruning.layer_drop import layer_importance
-    from probe.study.heads.plan import Subject
-    from probe.study.heads.steps import pruned_model
+    from probe.study.heads.steps.timing import pruned_model
+    from probe.study.heads.subject import Subject
 
     subject = Subject(parse_head_study(tomllib.loads(study_text(llama_dir))))
     model, split = subject.model, subject.splits[0][0]
@@ -245,9 +246,9 @@ def test_each_knockout_run_masks_only_its_own_heads(llama_dir, monkeypatch):
     import tomllib
 
     import probe.analysis.retrieval as retrieval
-    from probe.study.heads import steps as heads_steps
-    from probe.study.heads.plan import Subject
-    from probe.study.heads.steps import knockout
+    from probe.study.heads.steps import knockout as knockout_module
+    from probe.study.heads.steps.knockout import knockout
+    from probe.study.heads.subject import Subject
 
     real = retrieval.retrieval_scores
 
@@ -257,8 +258,8 @@ def test_each_knockout_run_masks_only_its_own_heads(llama_dir, monkeypatch):
         return table.assign(copy_accuracy=float(closed))
 
     subject = Subject(parse_head_study(tomllib.loads(study_text(llama_dir))))
-    monkeypatch.setattr(heads_steps, "retrieval_scores", closed_gates)
-    table = knockout(subject, None, lambda done, total: None)
+    monkeypatch.setattr(knockout_module, "retrieval_scores", closed_gates)
+    table = knockout(subject, {}, {}, lambda done, total: None)
     assert list(table.copy_accuracy) == list(table.k.astype(float))
     assert all((g == 1).all() for g in subject.model.gates())  # and nothing is left masked
 
@@ -269,7 +270,9 @@ def test_only_the_steps_whose_definition_changed_carry_it_in_their_key():
     a rerun recomputes those and nothing else (the timing step follows its variants)."""
     import tomllib
 
-    from probe.study.heads.steps import MASK_TUNING, RETRIEVAL_SCORE, plan_steps
+    from probe.study.heads.steps import plan_steps
+    from probe.study.heads.steps.curves import MASK_TUNING
+    from probe.study.heads.steps.roles import RETRIEVAL_SCORE
 
     raw = tomllib.loads(Path("studies/smollm2-heads.toml").read_text())
     steps = [SimpleNamespace(key=k, options=o) for k, _, o in plan_steps(parse_head_study(raw))]

@@ -12,7 +12,7 @@ import pytest
 from scipy.stats import kendalltau
 
 from probe.references import load_references, published
-from probe.study.grid import summary
+from probe.study.verdicts import summary
 from probe.study.verdicts.published import (
     ALPHA,
     compare_ranking,

@@ -23,9 +23,11 @@ from probe.study.grid.report import read_manifest, report_from_dir, write_report
 from probe.study.grid.spec import Study, parse_study, smoke_version
 from probe.study.heads.plan import HeadPlan
 from probe.study.heads.report import write_head_report
+from probe.study.heads.reproduction import head_reproduction
 from probe.study.heads.spec import HeadStudy, parse_head_study, smoke_head_study
 from probe.study.heads.steps import step_count
 from probe.study.verdicts.expect import Outcome
+from probe.study.verdicts.reproduce import reproduction
 
 Report = tuple[Path, list[Outcome]]
 
@@ -43,6 +45,7 @@ class Kind:
     report: Callable[[Path, Any, RunResult], Report]  # after a run
     rebuild: Callable[[Path, bool], Report]  # from a results directory alone (partial or not)
     viewers: bool  # whether its results keep trained models to view (a grid study's cells)
+    reproduce: Callable[[dict, dict, Path], str]  # (tables, manifest, reference) -> a sentence
 
 
 def _head_rebuild(out: Path, partial: bool) -> Report:
@@ -58,11 +61,11 @@ KINDS = (
     Kind("grid", Study, lambda data: "base" in data, parse_study, smoke_version, GridPlan,
          lambda s: len(expand(s)), lambda s, n: f"{n} cell{'s' * (n != 1)}",
          lambda out, s, result: write_report(out, s, result.tables, result.manifest),
-         lambda out, partial: report_from_dir(out, partial=partial), True),
+         lambda out, partial: report_from_dir(out, partial=partial), True, reproduction),
     Kind("heads", HeadStudy, lambda data: "model" in data and "base" not in data,
          parse_head_study, smoke_head_study, HeadPlan, step_count,
          lambda s, n: f"{s.source}, {n} step{'s' * (n != 1)}",
-         lambda out, s, result: write_head_report(out), _head_rebuild, False),
+         lambda out, s, result: write_head_report(out), _head_rebuild, False, head_reproduction),
 )  # fmt: skip
 
 

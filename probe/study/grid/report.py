@@ -25,12 +25,12 @@ from probe.study.documents import read_json
 from probe.study.engine import Settings
 from probe.study.engine.runner import finished_tables, load_tables
 from probe.study.engine.workdir import MANIFEST
-from probe.study.grid import summary
 from probe.study.grid.cells import expand
 from probe.study.grid.plan import GridPlan
 from probe.study.grid.spec import Study, load_study, smoke_version
 from probe.study.grid.steps import SECTIONS, Given, options_dict
 from probe.study.grid.steps.shared import wide_table
+from probe.study.verdicts import summary
 from probe.study.verdicts.checks import report_verdicts
 from probe.study.verdicts.expect import Outcome
 from probe.study.verdicts.reproduce import reference_for, reproduction

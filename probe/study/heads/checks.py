@@ -14,13 +14,16 @@ from __future__ import annotations
 import codecs
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from probe.data.text import default_corpus, stream_rows
 from probe.errors import ProbeError
+from probe.interop.bundled import MODELS, PREFIX, bundled_path
+from probe.interop.families import family
+from probe.pruning.heads import present_heads
+from probe.study.documents import read_json
+from probe.study.heads.study import HeadStudy
 from probe.words import counted
-
-if TYPE_CHECKING:
-    from probe.study.heads.spec import HeadStudy
 
 GGUF_MAGIC = b"GGUF"
 SNIFF = 1 << 16  # bytes of a text file read to tell text from binary
@@ -113,8 +116,6 @@ def _check_fractions(study: HeadStudy) -> None:
 def check_source(source: str, where: str) -> Path:
     """The path of the model `source` names: an installed bundled model, a Hugging Face folder
     (config.json and safetensors weights) or a GGUF file; else one line saying what it is."""
-    from probe.interop.bundled import MODELS, PREFIX, bundled_path
-
     here = f"{where} [model] source"
     if source.startswith(PREFIX):
         name = source[len(PREFIX) :]
@@ -157,8 +158,6 @@ def check_source(source: str, where: str) -> Path:
 
 
 def _check_hf_config(config: Path, here: str) -> None:
-    from probe.study.documents import read_json
-
     try:
         doc = read_json(config)
     except ProbeError as exc:
@@ -172,8 +171,6 @@ def _check_hf_config(config: Path, here: str) -> None:
             f"{here}: '{config.parent}' is a probe checkpoint; a head study imports its model "
             f"itself: give the Hugging Face folder, GGUF file or bundled model{hint}."
         )
-    from probe.interop.families import family
-
     try:
         family(doc, str(config))  # an architecture probe cannot import, named now
     except ProbeError as exc:
@@ -183,8 +180,6 @@ def _check_hf_config(config: Path, here: str) -> None:
 def check_text(study: HeadStudy) -> None:
     """The [text] file is a UTF-8 text file, and it (or the shipped corpus) holds at least one
     character for each token the study's rows take: a token covers at least one character."""
-    from probe.data.text import default_corpus
-
     here = f"{study.where} [text] file"
     path = study.text_file()
     if path is not None:
@@ -234,13 +229,10 @@ def check_threads(threads: int, what: str) -> None:
 
 
 def check_model_fit(subject: Any) -> None:
-    """What the study asks of its model, once the model is imported (a `heads_runner.Subject`):
+    """What the study asks of its model, once the model is imported (a `subject.Subject`):
     rows and prompts within its position table, enough text for the rows, needle prompts only
     for a causal language model and buildable from the text, knock-outs smaller than half the
     heads. Run before the first step is computed, so nothing fails after minutes of work."""
-    from probe.data.text import stream_rows
-    from probe.pruning.heads import present_heads
-
     study = subject.study
     where, t, roles = study.where, study.text, study.roles
     objectives = ("causal-lm", "masked-lm", "embedding")

@@ -8,20 +8,16 @@ criterion) is said next to the verdict.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import pandas as pd
 
 from probe.analysis.roles import ROLE_THRESHOLDS, has_role
 from probe.references import published
+from probe.report.report import MarkdownReport
 from probe.study.heads import evidence as ev
+from probe.study.heads.findings import Findings
 from probe.study.verdicts.contrast import smallest_p
 from probe.study.verdicts.stats import fmt_vs
 from probe.words import counted
-
-if TYPE_CHECKING:
-    from probe.report.report import MarkdownReport
-    from probe.study.heads.report import HeadReport
 
 ALPHA = 0.05
 
@@ -30,7 +26,7 @@ def _verdict(all_above: bool, none_above: bool) -> str:
     return "agrees" if all_above else ("disagrees" if none_above else "inconclusive")
 
 
-def michel(report: HeadReport) -> str | None:
+def michel(report: Findings) -> str | None:
     best = report.best()
     if best is None:
         return None
@@ -65,7 +61,7 @@ def michel(report: HeadReport) -> str | None:
     )
 
 
-def kwon(report: HeadReport) -> str | None:
+def kwon(report: Findings) -> str | None:
     """What the abstract says, quoted; the one part of it this study can test (mask tuning, the
     technique that "reconstructs the output activations for each layer", lowers the loss the
     Fisher mask costs), tested like with like: the same Fisher mask with and without Kwon et
@@ -98,7 +94,7 @@ def kwon(report: HeadReport) -> str | None:
     )
 
 
-def he(report: HeadReport) -> str | None:
+def he(report: Findings) -> str | None:
     c = report.curves
     if c.empty or "attention-layer" not in set(c.method):
         return None
@@ -123,7 +119,7 @@ def he(report: HeadReport) -> str | None:
     )
 
 
-def wu(report: HeadReport) -> list[str]:
+def wu(report: Findings) -> list[str]:
     out = []
     ref = published("wu2024")
     retrieval = report.tables.get("retrieval")
@@ -171,7 +167,7 @@ def wu(report: HeadReport) -> list[str]:
     return out
 
 
-def xiao(report: HeadReport) -> str | None:
+def xiao(report: Findings) -> str | None:
     roles = report.tables.get("roles")
     if roles is None or "sink" not in set(roles.statistic):
         return None
@@ -188,7 +184,7 @@ def xiao(report: HeadReport) -> str | None:
     )
 
 
-def comparison(report: HeadReport, rep: MarkdownReport) -> None:
+def comparison(report: Findings, rep: MarkdownReport) -> None:
     """The section comparing the study with the published direction of each claim."""
     items = [michel(report), kwon(report), he(report), *wu(report), xiao(report)]
     items = [i for i in items if i]

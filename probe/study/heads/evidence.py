@@ -1,8 +1,9 @@
 """The numbers a head study's report states, computed from its tables alone.
 
-Each function takes the gathered tables and returns a small DataFrame or a dict; the report
-(`heads_report.py`) only words and draws them. Comparisons follow the positions report's rules:
-an interval or a test, never a threshold on one point estimate; seeds are disjoint text splits.
+Each function takes the gathered tables and returns a small DataFrame or a dict; the report (the
+sections in `steps/`, answer.py, claims.py) only words and draws them. Comparisons follow the
+positions report's rules: an interval or a test, never a threshold on one point estimate; seeds
+are disjoint text splits.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pandas as pd
 from scipy import stats
 
 from probe.analysis.roles import ROLE_THRESHOLDS, has_role
+from probe.pruning.heads import ranking
 from probe.pruning.objectives import operating_points, primary
 
 
@@ -200,8 +202,6 @@ def speed_signs(speed_table: pd.DataFrame) -> pd.DataFrame:
 def least_important(importance: pd.DataFrame, method: str, n: int) -> list[str]:
     """The heads ("L2H11", ...) that `method` ranks among the n least important in every seed
     (n of them when the seeds agree)."""
-    from probe.pruning.heads import ranking
-
     if "method" not in importance.columns:  # a study without [importance] methods
         return []
     part = importance[importance.method == method]

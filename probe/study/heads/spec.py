@@ -11,7 +11,6 @@ field; `[smoke]` overrides any option to scale the study down for CI.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,101 +20,25 @@ from probe.fields import shown
 from probe.pruning.curves import CURVE_EXTRAS
 from probe.pruning.importance import Method
 from probe.study.heads.checks import check_source, check_text, check_values
+from probe.study.heads.steps import TABLES
+from probe.study.heads.study import (
+    CurveOptions,
+    HeadStudy,
+    ImportanceOptions,
+    KnockoutOptions,
+    OperatingOptions,
+    RoleOptions,
+    TextOptions,
+    TimingOptions,
+)
 from probe.study.settings import heading_dict, study_heading
 from probe.study.verdicts.checks import parse_verdicts, verdicts_dict
-from probe.study.verdicts.contrast import Contrast
-from probe.study.verdicts.expect import Expectation
 
 TOP_LEVEL = ("study", "model", "text", "importance", "curves", "roles", "knockout", "timing",
              "operating", "expect", "contrast", "smoke")  # fmt: skip
-# the tables a head study writes (tables/<name>.csv), which [[expect]] and [[contrast]] name
-TABLES = ("model", "importance", "layers", "curves", "roles", "retrieval", "knockout", "timing")
 STUDY_KEYS = ("name", "question", "description", "title")
 CURVE_METHODS = (*(str(m) for m in Method), *CURVE_EXTRAS)
 HEAD_TABLES = "(a head study's tables; those its sections ask for are written)"
-
-
-@dataclass(frozen=True)
-class TextOptions:
-    file: str = ""  # a text file (relative to the study file); "" is the shipped corpus
-    whole: bool = False  # the whole file as one document (else blank-line paragraphs)
-    max_tokens: int = 128  # tokens per row
-    batch_size: int = 8
-    batches: int = 4  # batches per set: one importance set per seed, one scoring set
-    seeds: int = 3  # disjoint importance sets (seed r also seeds the random baseline)
-
-
-@dataclass(frozen=True)
-class ImportanceOptions:
-    methods: tuple[str, ...] = ()  # head estimators compared by rank agreement
-
-
-@dataclass(frozen=True)
-class CurveOptions:
-    methods: tuple[str, ...] = ()  # by query head: estimators, "fisher+tune", "attention-layer"
-    group_methods: tuple[str, ...] = ()  # by whole key/value group: estimators
-    fractions: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
-
-
-@dataclass(frozen=True)
-class RoleOptions:
-    enabled: bool = False
-    period: int = 16  # repeated random sequences for induction
-    needles: int = 0  # needle-in-a-haystack prompts for retrieval heads (causal LMs; 0: none)
-    context: int = 256  # tokens per needle prompt
-
-
-@dataclass(frozen=True)
-class KnockoutOptions:
-    heads: tuple[int, ...] = ()  # remove the top-k retrieval heads, for each k
-    draws: int = 10  # against k random heads, this many draws
-    prompts: int = 20  # fresh needle prompts (not the ones the scores came from)
-
-
-@dataclass(frozen=True)
-class TimingOptions:
-    fractions: tuple[float, ...] = ()  # pruned models timed at these fractions (and the
-    # operating point of every curve method)
-    batch_sizes: tuple[int, ...] = (1, 8)
-    repeats: int = 3
-    threads: int = 1
-
-
-@dataclass(frozen=True)
-class OperatingOptions:
-    tolerance: float = 0.01  # how far the primary metric may move from the unpruned model's:
-    # similarity may fall by this much, loss (nats) may rise by this much
-
-
-@dataclass(frozen=True)
-class HeadStudy:
-    name: str
-    question: str
-    source: str  # what `probe import` takes
-    path: Path | None = None
-    description: str = ""
-    title: str = ""
-    text: TextOptions = TextOptions()
-    importance: ImportanceOptions = ImportanceOptions()
-    curves: CurveOptions = CurveOptions()
-    roles: RoleOptions = RoleOptions()
-    knockout: KnockoutOptions = KnockoutOptions()
-    timing: TimingOptions = TimingOptions()
-    operating: OperatingOptions = OperatingOptions()
-    expectations: tuple[Expectation, ...] = ()  # checked on the tables after a run
-    contrasts: tuple[Contrast, ...] = ()  # claims tested over seeds (the report's verdicts)
-    smoke: dict[str, Any] | None = field(default=None, compare=False)
-    is_smoke: bool = False
-
-    @property
-    def where(self) -> str:
-        return str(self.path) if self.path is not None else "study"
-
-    def text_file(self) -> Path | None:
-        if not self.text.file:
-            return None
-        base = self.path.parent if self.path is not None else Path.cwd()
-        return base / self.text.file
 
 
 SECTIONS = {
@@ -129,14 +52,9 @@ SECTIONS = {
 }
 
 
-def is_head_study(data: dict[str, Any]) -> bool:
-    """A parsed study file is a head study when it names a model to import."""
-    return isinstance(data, dict) and "model" in data and "base" not in data
-
-
 def _check(study: HeadStudy) -> HeadStudy:
     """The names in `study` (methods) and how its sections fit together; the values of its
-    fields are checked by `heads_checks.check_values`."""
+    fields are checked by `checks.check_values`."""
     where = study.where
     for section, field_name, methods, valid in (
         ("importance", "methods", study.importance.methods, [str(m) for m in Method]),
@@ -253,15 +171,3 @@ def head_study_dict(study: HeadStudy) -> dict[str, Any]:
     for name in SECTIONS:
         out[name] = dataclasses.asdict(getattr(study, name))
     return {**out, **verdicts_dict(study.expectations, study.contrasts)}
-
-
-def load_any(path: str | Path):
-    """A study file as a head study (`[model] source`) or a grid study (`[base]`)."""
-    from probe.study.documents import read_toml
-    from probe.study.grid.spec import parse_study
-
-    path = Path(path)
-    data = read_toml(path)
-    if is_head_study(data):
-        return parse_head_study(data, path)
-    return parse_study(data, path)

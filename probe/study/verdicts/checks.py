@@ -11,12 +11,13 @@ so `column = "arm"` and `fitted = true` are refused.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 
 from probe.config import did_you_mean
 from probe.errors import ProbeError
+from probe.report.report import MarkdownReport
 from probe.study.verdicts import contrast
 from probe.study.verdicts.contrast import Contrast, parse_contrast
 from probe.study.verdicts.expect import (
@@ -28,9 +29,6 @@ from probe.study.verdicts.expect import (
     parse_expectation,
 )
 from probe.words import counted
-
-if TYPE_CHECKING:
-    from probe.report.report import MarkdownReport
 
 
 def parse_verdicts(

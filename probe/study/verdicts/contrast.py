@@ -40,7 +40,7 @@ from scipy import stats
 from probe.config import check_keys, did_you_mean
 from probe.errors import ProbeError
 from probe.references import published
-from probe.study.grid import summary
+from probe.study.verdicts import summary
 from probe.study.verdicts.expect import Condition, parse_conditions, select_rows
 from probe.study.verdicts.stats import fmt_ci, fmt_vs, mean_ci
 from probe.words import counted

@@ -28,6 +28,7 @@ import pandas as pd
 
 from probe.config import check_keys, did_you_mean
 from probe.errors import ProbeError
+from probe.report.files import atomic_write_text
 
 OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt,
        "==": operator.eq, "!=": operator.ne}  # fmt: skip
@@ -280,8 +281,6 @@ def write_junit(
     path: Path | str, suite: str, outcomes: list[Outcome], seconds: float = 0.0
 ) -> Path:
     """JUnit XML (one testcase per outcome) that CI systems display."""
-    from probe.report.files import atomic_write_text
-
     failures = sum(not o.passed for o in outcomes)
     root = ET.Element("testsuites", tests=str(len(outcomes)), failures=str(failures))
     node = ET.SubElement(root, "testsuite", name=suite, tests=str(len(outcomes)),

@@ -28,7 +28,7 @@ from fractions import Fraction
 import numpy as np
 import pandas as pd
 
-from probe.study.grid.summary import fitted, reciprocal_ranks
+from probe.study.verdicts.summary import fitted, reciprocal_ranks
 
 MIN_ARMS = 4
 ALPHA = Fraction(1, 20)

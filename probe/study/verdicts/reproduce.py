@@ -15,7 +15,7 @@ from probe.errors import ProbeError
 from probe.study.documents import read_json
 from probe.study.engine.runner import load_tables
 from probe.study.engine.workdir import MANIFEST
-from probe.study.grid import summary
+from probe.study.verdicts import summary
 
 REFERENCE_ROOT = Path("results")
 TOLERANCE = 0.01  # exact match: one point
@@ -43,7 +43,7 @@ def reference_for(out: Path, name: str, smoke: bool) -> Path | None:
     return ref
 
 
-def _same(a: pd.DataFrame, b: pd.DataFrame) -> tuple[bool, float]:
+def same_values(a: pd.DataFrame, b: pd.DataFrame) -> tuple[bool, float]:
     """(identical, largest absolute difference of the value column) of two tables of the
     same cells, rows matched on every other column; wall-clock columns are left out (no two
     runs share them), and a table without a value column must match in every other column."""
@@ -87,7 +87,7 @@ def reproduction(tables: dict[str, pd.DataFrame], manifest: dict, ref: Path) -> 
             timed.append(name)
         mine = table[table["cell"].isin(common)]
         theirs = ref_tables[name][ref_tables[name]["cell"].isin(common)]
-        same, diff = _same(mine.reset_index(drop=True), theirs.reset_index(drop=True))
+        same, diff = same_values(mine.reset_index(drop=True), theirs.reset_index(drop=True))
         identical = identical and same
         largest = max(largest, diff) if not np.isnan(diff) else largest
     torch_here = manifest.get("versions", {}).get("torch", "?")
@@ -128,46 +128,14 @@ def reproduction(tables: dict[str, pd.DataFrame], manifest: dict, ref: Path) -> 
     )
 
 
-def head_reproduction(tables: dict[str, pd.DataFrame], manifest: dict, ref: Path) -> str:
-    """One sentence: whether a head study's tables are those of the reference folder (timings
-    are wall clock and never compared; every other table must match value for value)."""
-    from probe.study.heads.plan import read_head_tables
-
-    ref_manifest = read_json(ref / MANIFEST)
-    ref_tables = read_head_tables(ref)
-    where = f"the committed reference {ref}"
-    torch_here = manifest.get("versions", {}).get("torch", "?")
-    torch_there = ref_manifest.get("versions", {}).get("torch", "?")
-    compared, differ, largest = [], [], 0.0
-    for kind in sorted(set(tables) | set(ref_tables)):
-        if kind == "timing":
-            continue
-        if kind not in tables or kind not in ref_tables:
-            differ.append(kind)
-            continue
-        compared.append(kind)
-        same, diff = _same(tables[kind].reset_index(drop=True), ref_tables[kind])
-        if not same:
-            differ.append(kind)
-        largest = max(largest, diff) if not np.isnan(diff) else largest
-    if not differ:
-        return (f"This run reproduced {where} exactly: its tables ({', '.join(compared)}) are "
-                f"identical (torch {torch_here} here and there; timings are wall clock and not "
-                "compared).")  # fmt: skip
-    return (f"This run did not reproduce {where} exactly: {', '.join(differ)} differ (largest "
-            f"difference in a table value {largest:.3g}; torch {torch_here} here, {torch_there} "
-            "there; timings are wall clock and not compared).")  # fmt: skip
-
-
 def verdict(out: Path, name: str, smoke: bool, tables: dict[str, pd.DataFrame],
-            manifest: dict) -> str:  # fmt: skip
+            manifest: dict, compare=reproduction) -> str:  # fmt: skip
     """The last line of `probe study run`: whether the run reproduced the committed reference
-    results/NAME, or why there is nothing to compare it with."""
+    results/NAME (`compare(tables, manifest, reference)`: the study kind's comparison), or why
+    there is nothing to compare it with."""
     ref = reference_for(out, name, smoke)
     if ref is not None:
-        if manifest.get("kind") == "heads":
-            return head_reproduction(tables, manifest, ref)
-        return reproduction(tables, manifest, ref)
+        return compare(tables, manifest, ref)
     committed = REFERENCE_ROOT / name
     if committed.resolve() == Path(out).resolve():
         return (f"This run wrote the committed reference {committed} itself, so there is nothing "

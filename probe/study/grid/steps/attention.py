@@ -12,10 +12,10 @@ from probe.measure.evaluate import eval_batches, form_for
 from probe.measure.observe import attention_stats, check_statistics
 from probe.report import study_plots as plots
 from probe.report.report import MarkdownReport
-from probe.study.grid import summary
 from probe.study.grid.steps.base import Section, Step, StepContext, resolve_lengths
-from probe.study.grid.summary import arm_sorted
+from probe.study.verdicts import summary
 from probe.study.verdicts.stats import interval_words, over_seeds, row_ci
+from probe.study.verdicts.summary import arm_sorted
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ from probe.measure.evaluate import evaluate
 from probe.references import Published, published
 from probe.report import study_plots as plots
 from probe.report.report import MarkdownReport
-from probe.study.grid import summary
 from probe.study.grid.definition import Reference
 from probe.study.grid.steps.base import Section, Step, StepContext, resolve_lengths
 from probe.study.grid.steps.shared import FIT, FIT_AT, seed_note, wide_table
+from probe.study.verdicts import summary
 from probe.study.verdicts.published import (
     ALPHA,
     MIN_ARMS,

@@ -15,8 +15,8 @@ from probe.pruning.importance import Method, head_importance, importance_correla
 from probe.report import study_plots as plots
 from probe.report.report import MarkdownReport
 from probe.study.grid.steps.base import Section, Step, StepContext, resolve_lengths
-from probe.study.grid.summary import arm_sorted
 from probe.study.verdicts.stats import interval_words, over_seeds, row_ci
+from probe.study.verdicts.summary import arm_sorted
 
 KEEP = 0.5  # the survivors: the most important half of the heads
 

@@ -16,9 +16,9 @@ from probe.pruning.heads import present_heads
 from probe.pruning.importance import Method, disjoint_splits
 from probe.report import study_plots as plots
 from probe.report.report import MarkdownReport
-from probe.study.grid import summary
 from probe.study.grid.steps.base import Section, Step, StepContext, resolve_lengths
 from probe.study.grid.steps.shared import seed_note
+from probe.study.verdicts import summary
 from probe.study.verdicts.stats import row_ci
 
 

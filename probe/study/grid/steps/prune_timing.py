@@ -12,7 +12,7 @@ from probe.pruning.heads import prune_model
 from probe.pruning.timing import time_forward, time_ratios, timing_batches
 from probe.report.report import MarkdownReport
 from probe.study.grid.steps.base import Section, Step, StepContext, resolve_lengths
-from probe.study.grid.summary import arm_sorted
+from probe.study.verdicts.summary import arm_sorted
 
 
 @dataclass(frozen=True)

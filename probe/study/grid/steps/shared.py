@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from probe.study.grid import summary
+from probe.study.verdicts import summary
 from probe.study.verdicts.stats import row_ci
 
 FIT = summary.FIT

@@ -1,0 +1,94 @@
+"""What a head study is: its model, its text and the options of each measurement, as frozen
+dataclasses (spec.py reads them from a study file, checks.py checks their values)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from probe.study.verdicts.contrast import Contrast
+from probe.study.verdicts.expect import Expectation
+
+
+@dataclass(frozen=True)
+class TextOptions:
+    file: str = ""  # a text file (relative to the study file); "" is the shipped corpus
+    whole: bool = False  # the whole file as one document (else blank-line paragraphs)
+    max_tokens: int = 128  # tokens per row
+    batch_size: int = 8
+    batches: int = 4  # batches per set: one importance set per seed, one scoring set
+    seeds: int = 3  # disjoint importance sets (seed r also seeds the random baseline)
+
+
+@dataclass(frozen=True)
+class ImportanceOptions:
+    methods: tuple[str, ...] = ()  # head estimators compared by rank agreement
+
+
+@dataclass(frozen=True)
+class CurveOptions:
+    methods: tuple[str, ...] = ()  # by query head: estimators, "fisher+tune", "attention-layer"
+    group_methods: tuple[str, ...] = ()  # by whole key/value group: estimators
+    fractions: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+@dataclass(frozen=True)
+class RoleOptions:
+    enabled: bool = False
+    period: int = 16  # repeated random sequences for induction
+    needles: int = 0  # needle-in-a-haystack prompts for retrieval heads (causal LMs; 0: none)
+    context: int = 256  # tokens per needle prompt
+
+
+@dataclass(frozen=True)
+class KnockoutOptions:
+    heads: tuple[int, ...] = ()  # remove the top-k retrieval heads, for each k
+    draws: int = 10  # against k random heads, this many draws
+    prompts: int = 20  # fresh needle prompts (not the ones the scores came from)
+
+
+@dataclass(frozen=True)
+class TimingOptions:
+    fractions: tuple[float, ...] = ()  # pruned models timed at these fractions (and the
+    # operating point of every curve method)
+    batch_sizes: tuple[int, ...] = (1, 8)
+    repeats: int = 3
+    threads: int = 1
+
+
+@dataclass(frozen=True)
+class OperatingOptions:
+    tolerance: float = 0.01  # how far the primary metric may move from the unpruned model's:
+    # similarity may fall by this much, loss (nats) may rise by this much
+
+
+@dataclass(frozen=True)
+class HeadStudy:
+    name: str
+    question: str
+    source: str  # what `probe import` takes
+    path: Path | None = None
+    description: str = ""
+    title: str = ""
+    text: TextOptions = TextOptions()
+    importance: ImportanceOptions = ImportanceOptions()
+    curves: CurveOptions = CurveOptions()
+    roles: RoleOptions = RoleOptions()
+    knockout: KnockoutOptions = KnockoutOptions()
+    timing: TimingOptions = TimingOptions()
+    operating: OperatingOptions = OperatingOptions()
+    expectations: tuple[Expectation, ...] = ()  # checked on the tables after a run
+    contrasts: tuple[Contrast, ...] = ()  # claims tested over seeds (the report's verdicts)
+    smoke: dict[str, Any] | None = field(default=None, compare=False)
+    is_smoke: bool = False
+
+    @property
+    def where(self) -> str:
+        return str(self.path) if self.path is not None else "study"
+
+    def text_file(self) -> Path | None:
+        if not self.text.file:
+            return None
+        base = self.path.parent if self.path is not None else Path.cwd()
+        return base / self.text.file
