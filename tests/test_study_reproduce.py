@@ -71,6 +71,6 @@ def test_wall_clock_columns_are_left_out_and_the_rest_must_match():
          "ratio": [0.9, 0.8], "params": [10, 10]}
     )  # fmt: skip
     slower = timing.assign(seconds=[0.20, 0.07], ratio=[0.95, 0.7])  # another run's clock
-    assert reproduce._same(timing, slower) == (True, 0.0)
+    assert reproduce.same_values(timing, slower) == (True, 0.0)
     smaller = slower.assign(params=[10, 9])  # a measured count that differs is not reproduced
-    assert reproduce._same(timing, smaller)[0] is False
+    assert reproduce.same_values(timing, smaller)[0] is False
