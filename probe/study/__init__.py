@@ -1,13 +1,15 @@
-"""Declarative studies: study files -> grid of cells -> cached, resumable runs -> report.
+"""Declarative studies: a study file -> a plan of cached units -> one engine runs them -> report.
 
-study = load_study("studies/quickstart.toml")       # or smoke_version(study) for CI
+A grid study trains a grid of models (its units: cells); a head study measures one imported
+model's heads (its units: steps). Both run through `probe.study.engine`; `probe.study.kinds`
+says how each kind is read, planned and reported.
+
+study = load_any("studies/quickstart.toml")        # either kind; smoke_of(study, path) for CI
 result = run_study(study, "results/quickstart", jobs=2)
-report, outcomes = write_report("results/quickstart", study, result.tables, result.manifest)
+report, outcomes = kind_of(study).report(Path("results/quickstart"), study, result)
 """
 
-from probe.study.grid.report import report_from_dir, write_report
-from probe.study.grid.spec import load_study, smoke_version
+from probe.study.kinds import kind_of, load_any, rebuild_report, smoke_of
 from probe.study.runner import load_tables, run_study
 
-__all__ = ["load_study", "load_tables", "report_from_dir", "run_study", "smoke_version",
-           "write_report"]  # fmt: skip
+__all__ = ["kind_of", "load_any", "load_tables", "rebuild_report", "run_study", "smoke_of"]
