@@ -131,6 +131,7 @@ def run_cli(
     expectations; exit code 1 when an expectation fails."""
     from probe.runtime import Runtime
     from probe.study.engine import Settings
+    from probe.study.engine.runner import check_settings
     from probe.study.heads.checks import check_threads
     from probe.study.kinds import kind_of, load_any, smoke_of
     from probe.study.runner import plan_for, run_study
@@ -145,7 +146,9 @@ def run_cli(
         study = smoke_of(study, file)
     out = out or default_out(study)
     kind = kind_of(study)
-    plan = plan_for(study, out, Settings(device, dtype))  # refuses what the kind cannot do
+    settings = Settings(device, dtype, threads, jobs, executor, address)
+    plan = plan_for(study, out, settings)  # refuses what the kind cannot do
+    check_settings(plan)  # --jobs, --executor, a Ray address that answers: before any output
     # a head study's results may lie inside its model's folder, never the other way round
     check_output_dir(out, inputs=[file, *plan.inputs()], inside_ok=True)
     console.print(f"study [bold]{shown(study.name)}[/]{' (smoke)' if smoke else ''}: "
