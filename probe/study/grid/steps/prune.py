@@ -14,6 +14,7 @@ from probe.measure.evaluate import form_for
 from probe.pruning.curves import pruning_curve
 from probe.pruning.heads import present_heads
 from probe.pruning.importance import Method, disjoint_splits
+from probe.pruning.objectives import primary
 from probe.report import study_plots as plots
 from probe.report.report import MarkdownReport
 from probe.study.grid.steps.base import Section, Step, StepContext, resolve_lengths
@@ -72,7 +73,7 @@ def check(opts: PruneOptions) -> None:
 
 
 def section(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list[str]:
-    rows = summary.pruning_rows(table, "exact_match")
+    rows = summary.pruning_rows(table, primary(None).metric)  # a task model's: exact match
     rep.heading("Pruning heads")
     rep.paragraph(
         "Exact match after masking the least important heads (gates at 0), ranked by each "
