@@ -78,6 +78,30 @@ def test_a_damaged_cell_is_computed_again_and_the_run_says_so(tmp_path):
     assert set(done["sha256"]) == {"eval.csv", "train.csv"}
 
 
+def test_every_kind_of_damage_to_a_cell_is_named_and_the_cell_computed_again(tmp_path):
+    out = tmp_path / "out"
+    study = load_study(study_file(tmp_path))
+    run_study(study, out, device="cpu")
+    good = load_tables(out)
+    cells = sorted((out / "cells").iterdir())
+    (cells[0] / "eval.csv").unlink()  # a table deleted
+    done = json.loads((cells[1] / "done.json").read_text())
+    (cells[1] / "done.json").write_text(json.dumps({**done, "hash": "0" * 16}))  # edited
+    (cells[2] / "done.json").write_text((cells[2] / "done.json").read_text()[:30])  # torn
+    events = []
+    result = run_study(study, out, device="cpu", progress=events.append)
+    notes = {e.label: e.note for e in events if e.kind == "unit-stale"}
+    labels = {json.loads((c / "done.json").read_text())["label"]: c for c in cells}  # rewritten
+    by_cell = {labels[label]: note for label, note in notes.items()}
+    assert sorted(by_cell) == cells[:3]
+    assert by_cell[cells[0]] == "eval.csv is missing; computing it again"
+    assert by_cell[cells[1]].startswith("done.json records another hash")
+    assert by_cell[cells[2]].startswith("done.json cannot be read")
+    assert sum(not r.cached for r in result.records) == 3
+    for name, table in load_tables(out).items():
+        pd.testing.assert_frame_equal(table, good[name], check_exact=True)
+
+
 def test_a_partial_report_covers_the_finished_cells_and_says_what_is_missing(tmp_path):
     from probe.study.grid.cells import expand
     from probe.study.grid.report import report_from_dir

@@ -127,8 +127,7 @@ def run_plan(plan: Plan, *, progress: Callable[[Event], None] | None = None,
                 for unit in units:
                     record, stale = store.cached(unit)
                     if stale:
-                        note = f"{', '.join(stale)} no longer match their checksums; " \
-                               "computing it again"  # fmt: skip
+                        note = f"{'; '.join(stale)}; computing it again"
                         emit(Event("unit-stale", total, unit.index, unit.label, note=note))
                     if record is None:
                         todo.append(unit)
