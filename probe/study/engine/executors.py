@@ -201,7 +201,7 @@ def run_on_ray(plan: Plan, todo: list[Unit], settings: Settings, begun: Begun,
                 try:
                     finished(ray.get(ref))
                 except ray.exceptions.RayTaskError as exc:
-                    cause = exc.as_instanceof_cause()
+                    cause = exc.cause  # the unit's own error (str() of exc is Ray's traceback)
                     if isinstance(cause, ProbeError):
                         raise ProbeError(str(cause)) from None
                     raise
