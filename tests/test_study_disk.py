@@ -127,3 +127,27 @@ def test_a_partial_report_covers_the_finished_cells_and_says_what_is_missing(tmp
     assert f"**Partial report**: 3 of 4 cells are finished; not yet: {gone.label}." in text
     partial = pd.read_csv(out / "accuracy_by_length.csv")
     assert set(partial["seed"][partial["arm"] == gone.arm]) == {1 - gone.seed}
+
+
+def test_a_study_of_the_other_kind_with_the_same_name_is_refused(tmp_path):
+    """A grid study and a head study may share a name (and so a default --out): neither writes
+    into the other's results, whose tables and report files would be mixed with its own."""
+    from probe.study.engine.workdir import check_results_dir
+
+    out = tmp_path / "out"
+    study = load_study(study_file(tmp_path))
+    run_study(study, out, device="cpu")
+    heads = type("HeadStudy", (), {"name": study.name, "is_smoke": False})()
+    with pytest.raises(
+        ProbeError,
+        match=r"holds the results of study 'tiny' \(a grid study\), not of this heads study",
+    ):
+        check_results_dir(out, heads, kind="heads")
+    check_results_dir(out, heads, overwrite=True, kind="heads")
+    check_results_dir(out, study)  # its own
+    (out / "study.json").write_text(json.dumps({"name": "tiny", "kind": "heads"}))
+    with pytest.raises(
+        ProbeError,
+        match=r"holds the results of study 'tiny' \(a heads study\), not of this grid study",
+    ):
+        check_results_dir(out, study)

@@ -28,7 +28,7 @@ from probe.schema import normalise
 from probe.study.engine.executors import check_ray, run_here, run_on_ray, run_pool
 from probe.study.engine.store import Store, read_table
 from probe.study.engine.units import Event, Plan, Record, Unit
-from probe.study.engine.workdir import MANIFEST, check_results_dir, clean_temporaries, locked
+from probe.study.engine.workdir import GRID, MANIFEST, check_results_dir, clean_temporaries, locked
 from probe.words import counted
 
 
@@ -75,7 +75,7 @@ def run_plan(plan: Plan, *, progress: Callable[[Event], None] | None = None,
     `study_text`: the study file's text, kept beside the results as study.toml."""
     check_settings(plan)
     out = plan.root
-    check_results_dir(out, plan.study, overwrite)
+    check_results_dir(out, plan.study, overwrite, plan.study_dict().get("kind", GRID))
     emit = progress or (lambda event: None)
     started = time.perf_counter()
     settings = plan.settings
