@@ -151,3 +151,16 @@ def test_a_study_of_the_other_kind_with_the_same_name_is_refused(tmp_path):
         match=r"holds the results of study 'tiny' \(a heads study\), not of this grid study",
     ):
         check_results_dir(out, study)
+
+
+def test_a_table_the_study_no_longer_makes_leaves_the_gathered_tables(tmp_path):
+    """Dropping an analysis from the study file: its old table goes from tables/, so the report
+    rebuilt from the folder presents what the run made, not what an earlier run did."""
+    out = tmp_path / "out"
+    attention = '\n[analysis.attention]\nlengths = "L"\nstatistics = ["normalized_entropy"]\n'
+    path = study_file(tmp_path)
+    path.write_text(path.read_text() + attention)
+    run_study(load_study(path), out, device="cpu")
+    assert "attention" in load_tables(out)
+    result = run_study(load_study(study_file(tmp_path)), out, device="cpu")
+    assert sorted(load_tables(out)) == sorted(result.tables) == ["eval", "train"]

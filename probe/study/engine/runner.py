@@ -163,7 +163,8 @@ def _execute(plan: Plan, todo: list[Unit], context: Any, begun, relay, finished)
 
 def _gather(out: Path, parts: dict[str, list[pd.DataFrame]]) -> dict[str, pd.DataFrame]:
     """Each table over all units, in plan order (units without rows left out), written to
-    tables/<name>.csv and read back as every reader reads it."""
+    tables/<name>.csv and read back as every reader reads it; a table an earlier run made and
+    this one does not (an analysis dropped, no rows now) is removed."""
     tables = {}
     for name, frames in parts.items():
         frames = [f for f in frames if not f.empty]
@@ -173,6 +174,9 @@ def _gather(out: Path, parts: dict[str, list[pd.DataFrame]]) -> dict[str, pd.Dat
             out / "tables" / f"{name}.csv", pd.concat(frames, ignore_index=True)
         )
         tables[name] = read_table(path)
+    for old in (out / "tables").glob("*.csv"):
+        if old.stem not in tables:
+            old.unlink()
     return tables
 
 
