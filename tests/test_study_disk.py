@@ -125,6 +125,7 @@ def test_a_partial_report_covers_the_finished_cells_and_says_what_is_missing(tmp
     path, _ = report_from_dir(out, partial=True)
     text = path.read_text()
     assert f"**Partial report**: 3 of 4 cells are finished; not yet: {gone.label}." in text
+    assert f"`probe study run {study.where} --out {out}` finishes the run" in text  # that folder
     partial = pd.read_csv(out / "accuracy_by_length.csv")
     assert set(partial["seed"][partial["arm"] == gone.arm]) == {1 - gone.seed}
 
