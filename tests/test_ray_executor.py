@@ -166,3 +166,21 @@ except ProbeError as exc:
                           text=True, timeout=120)  # fmt: skip
     assert done.returncode == 2, done.stderr[-2000:]
     assert "refused: --address 127.0.0.1:" in done.stdout and "within 3 s" in done.stdout
+
+
+@pytest.mark.slow
+def test_a_probe_error_in_a_cell_on_ray_is_one_line_naming_the_cell(local_ray, tmp_path):
+    from probe.study.grid.cells import expand
+
+    study = parse_study(tomllib.loads(tiny_study(steps=2)))
+    out = tmp_path / "ray"
+    run_study(study, out)
+    bad = expand(study)[2]
+    for done in out.glob("cells/*/done.json"):
+        done.unlink()
+    (out / "models" / bad.train_key / "config.json").write_text("{")  # a damaged cached model
+    with pytest.raises(ProbeError) as failed:
+        run_study(study, out, executor="ray")
+    said = str(failed.value)
+    assert said.startswith(f"cell {bad.index} ({bad.label}): ") and "\n" not in said, said
+    assert "config.json is not valid JSON" in said

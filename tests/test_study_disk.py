@@ -78,6 +78,30 @@ def test_a_damaged_cell_is_computed_again_and_the_run_says_so(tmp_path):
     assert set(done["sha256"]) == {"eval.csv", "train.csv"}
 
 
+def test_every_kind_of_damage_to_a_cell_is_named_and_the_cell_computed_again(tmp_path):
+    out = tmp_path / "out"
+    study = load_study(study_file(tmp_path))
+    run_study(study, out, device="cpu")
+    good = load_tables(out)
+    cells = sorted((out / "cells").iterdir())
+    (cells[0] / "eval.csv").unlink()  # a table deleted
+    done = json.loads((cells[1] / "done.json").read_text())
+    (cells[1] / "done.json").write_text(json.dumps({**done, "hash": "0" * 16}))  # edited
+    (cells[2] / "done.json").write_text((cells[2] / "done.json").read_text()[:30])  # torn
+    events = []
+    result = run_study(study, out, device="cpu", progress=events.append)
+    notes = {e.label: e.note for e in events if e.kind == "unit-stale"}
+    labels = {json.loads((c / "done.json").read_text())["label"]: c for c in cells}  # rewritten
+    by_cell = {labels[label]: note for label, note in notes.items()}
+    assert sorted(by_cell) == cells[:3]
+    assert by_cell[cells[0]] == "eval.csv is missing; computing it again"
+    assert by_cell[cells[1]].startswith("done.json records another hash")
+    assert by_cell[cells[2]].startswith("done.json cannot be read")
+    assert sum(not r.cached for r in result.records) == 3
+    for name, table in load_tables(out).items():
+        pd.testing.assert_frame_equal(table, good[name], check_exact=True)
+
+
 def test_a_partial_report_covers_the_finished_cells_and_says_what_is_missing(tmp_path):
     from probe.study.grid.cells import expand
     from probe.study.grid.report import report_from_dir
@@ -101,5 +125,43 @@ def test_a_partial_report_covers_the_finished_cells_and_says_what_is_missing(tmp
     path, _ = report_from_dir(out, partial=True)
     text = path.read_text()
     assert f"**Partial report**: 3 of 4 cells are finished; not yet: {gone.label}." in text
+    assert f"`probe study run {study.where} --out {out}` finishes the run" in text  # that folder
     partial = pd.read_csv(out / "accuracy_by_length.csv")
     assert set(partial["seed"][partial["arm"] == gone.arm]) == {1 - gone.seed}
+
+
+def test_a_study_of_the_other_kind_with_the_same_name_is_refused(tmp_path):
+    """A grid study and a head study may share a name (and so a default --out): neither writes
+    into the other's results, whose tables and report files would be mixed with its own."""
+    from probe.study.engine.workdir import check_results_dir
+
+    out = tmp_path / "out"
+    study = load_study(study_file(tmp_path))
+    run_study(study, out, device="cpu")
+    heads = type("HeadStudy", (), {"name": study.name, "is_smoke": False})()
+    with pytest.raises(
+        ProbeError,
+        match=r"holds the results of study 'tiny' \(a grid study\), not of this heads study",
+    ):
+        check_results_dir(out, heads, kind="heads")
+    check_results_dir(out, heads, overwrite=True, kind="heads")
+    check_results_dir(out, study)  # its own
+    (out / "study.json").write_text(json.dumps({"name": "tiny", "kind": "heads"}))
+    with pytest.raises(
+        ProbeError,
+        match=r"holds the results of study 'tiny' \(a heads study\), not of this grid study",
+    ):
+        check_results_dir(out, study)
+
+
+def test_a_table_the_study_no_longer_makes_leaves_the_gathered_tables(tmp_path):
+    """Dropping an analysis from the study file: its old table goes from tables/, so the report
+    rebuilt from the folder presents what the run made, not what an earlier run did."""
+    out = tmp_path / "out"
+    attention = '\n[analysis.attention]\nlengths = "L"\nstatistics = ["normalized_entropy"]\n'
+    path = study_file(tmp_path)
+    path.write_text(path.read_text() + attention)
+    run_study(load_study(path), out, device="cpu")
+    assert "attention" in load_tables(out)
+    result = run_study(load_study(study_file(tmp_path)), out, device="cpu")
+    assert sorted(load_tables(out)) == sorted(result.tables) == ["eval", "train"]

@@ -138,7 +138,7 @@ def test_parallel_jobs_give_the_same_tables(tmp_path):
     result = run_study(study, tmp_path / "parallel", device="cpu", jobs=2, progress=events.append)
     assert [r.cached for r in result.records] == [False] * 4
     assert sum(e.kind == "unit-done" for e in events) == 4
-    assert any(e.kind == "cell" and e.phase == "train" for e in events)
+    assert any(e.kind == "unit" and e.phase == "train" for e in events)
     assert_same_tables(tmp_path / "serial", tmp_path / "parallel")
     # the workers record the commit the run started from (passed on to them pinned)
     assert {r.git_commit for r in result.records} == {result.manifest["git_commit"]}
@@ -205,3 +205,36 @@ def test_sigterm_stops_the_parallel_workers_too(tmp_path):
         and "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     }
     assert not alive, f"worker processes left running: {alive}"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc (Linux)")
+def test_kill_9_of_a_parallel_run_leaves_no_worker_writing(tmp_path):
+    """kill -9 of a `--jobs 2` run: its worker processes (and the manager relaying their
+    progress) die with it, rather than going on writing cells into a folder nobody holds."""
+    path = write_study(tmp_path, steps=5000)
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "probe_cli.main", "study", "run", str(path), "--out",
+               str(out), "--device", "cpu", "--jobs", "2"]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 60
+    while len(_children(process.pid)) < 4:  # resource tracker, manager, two workers
+        assert process.poll() is None, process.stderr.read().decode()
+        assert time.time() < deadline, "the workers did not start"
+        time.sleep(0.1)
+    time.sleep(2.0)  # the workers are training
+    helpers = _children(process.pid)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    deadline = time.time() + 5
+    while alive := {
+        p
+        for p in helpers
+        if Path(f"/proc/{p}").exists()
+        and "Z" not in Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1]
+    }:
+        if time.time() > deadline:
+            for pid in alive:
+                os.kill(pid, signal.SIGKILL)
+            raise AssertionError(f"processes outlived the killed run: {sorted(alive)}")
+        time.sleep(0.1)

@@ -170,13 +170,14 @@ def launch(args: Sequence[str], nproc: int, module: str = MODULE) -> Outcome:
     return Outcome(codes[rank] or 0, rank, b"".join(errs[rank]).decode(errors="replace"))
 
 
-def tie_to_parent() -> None:
+def tie_to_parent(parent: int | None = None) -> None:
     """Make this process (a rank) die with its parent: the kernel's parent-death signal where
-    there is one, and a watchdog thread everywhere. The parent expected is the launcher that
-    named itself in PROBE_LAUNCHER_PID (removed here, so processes this one starts do not
-    inherit it), else the current one; if it has already gone, exit now."""
+    there is one, and a watchdog thread everywhere. The parent expected is `parent`, else the
+    launcher that named itself in PROBE_LAUNCHER_PID (removed here, so processes this one starts
+    do not inherit it), else the current one; if it has already gone, exit now."""
     named = os.environ.pop(LAUNCHER, "")
-    parent = int(named) if named.isdigit() else os.getppid()
+    if parent is None:
+        parent = int(named) if named.isdigit() else os.getppid()
     if sys.platform.startswith("linux"):
         try:
             libc = ctypes.CDLL(None, use_errno=True)

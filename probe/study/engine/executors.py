@@ -21,6 +21,7 @@ import socket
 import threading
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from multiprocessing.managers import SyncManager
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from probe import provenance
 from probe.errors import ProbeError
 from probe.study.engine.compute import compute, relayed, worker_context
 from probe.study.engine.units import Plan, Record, Settings, Unit
+from probe.training.launch import tie_to_parent
 
 RETRIES = 3  # runs of a unit whose worker process died
 CONNECT_S = 3.0  # how long the cluster's port may take to accept a connection
@@ -48,7 +50,8 @@ def run_here(plan: Plan, todo: list[Unit], context: Any, begun: Begun, relay: Re
         finished(compute(plan, unit, context, relayed(unit.index, relay)))
 
 
-def _worker_init(threads: int) -> None:
+def _worker_init(threads: int, parent: int) -> None:
+    tie_to_parent(parent)  # kill -9 of the run ends its workers too: none goes on writing units
     torch.set_num_threads(threads)
 
 
@@ -62,10 +65,13 @@ def run_pool(plan: Plan, todo: list[Unit], settings: Settings, begun: Begun, rel
     and forks do not mix); every worker builds the plan's context once."""
     context = mp.get_context("spawn")
     by_index = {unit.index: unit for unit in todo}
+    me = os.getpid()
+    manager = SyncManager(ctx=context)
+    manager.start(tie_to_parent, (me,))  # the progress relay dies with the run, as workers do
     with (
-        context.Manager() as manager,
+        manager,
         ProcessPoolExecutor(max_workers=settings.jobs, mp_context=context,
-                            initializer=_worker_init, initargs=(settings.threads,)) as pool,
+                            initializer=_worker_init, initargs=(settings.threads, me)) as pool,
     ):  # fmt: skip
         events = manager.Queue()
         pending = {pool.submit(_in_worker, plan, unit, events): unit for unit in todo}
@@ -195,7 +201,7 @@ def run_on_ray(plan: Plan, todo: list[Unit], settings: Settings, begun: Begun,
                 try:
                     finished(ray.get(ref))
                 except ray.exceptions.RayTaskError as exc:
-                    cause = exc.as_instanceof_cause()
+                    cause = exc.cause  # the unit's own error (str() of exc is Ray's traceback)
                     if isinstance(cause, ProbeError):
                         raise ProbeError(str(cause)) from None
                     raise

@@ -28,7 +28,7 @@ from probe.schema import normalise
 from probe.study.engine.executors import check_ray, run_here, run_on_ray, run_pool
 from probe.study.engine.store import Store, read_table
 from probe.study.engine.units import Event, Plan, Record, Unit
-from probe.study.engine.workdir import MANIFEST, check_results_dir, clean_temporaries, locked
+from probe.study.engine.workdir import GRID, MANIFEST, check_results_dir, clean_temporaries, locked
 from probe.words import counted
 
 
@@ -75,7 +75,7 @@ def run_plan(plan: Plan, *, progress: Callable[[Event], None] | None = None,
     `study_text`: the study file's text, kept beside the results as study.toml."""
     check_settings(plan)
     out = plan.root
-    check_results_dir(out, plan.study, overwrite)
+    check_results_dir(out, plan.study, overwrite, plan.study_dict().get("kind", GRID))
     emit = progress or (lambda event: None)
     started = time.perf_counter()
     settings = plan.settings
@@ -127,8 +127,7 @@ def run_plan(plan: Plan, *, progress: Callable[[Event], None] | None = None,
                 for unit in units:
                     record, stale = store.cached(unit)
                     if stale:
-                        note = f"{', '.join(stale)} no longer match their checksums; " \
-                               "computing it again"  # fmt: skip
+                        note = f"{'; '.join(stale)}; computing it again"
                         emit(Event("unit-stale", total, unit.index, unit.label, note=note))
                     if record is None:
                         todo.append(unit)
@@ -164,7 +163,8 @@ def _execute(plan: Plan, todo: list[Unit], context: Any, begun, relay, finished)
 
 def _gather(out: Path, parts: dict[str, list[pd.DataFrame]]) -> dict[str, pd.DataFrame]:
     """Each table over all units, in plan order (units without rows left out), written to
-    tables/<name>.csv and read back as every reader reads it."""
+    tables/<name>.csv and read back as every reader reads it; a table an earlier run made and
+    this one does not (an analysis dropped, no rows now) is removed."""
     tables = {}
     for name, frames in parts.items():
         frames = [f for f in frames if not f.empty]
@@ -174,6 +174,9 @@ def _gather(out: Path, parts: dict[str, list[pd.DataFrame]]) -> dict[str, pd.Dat
             out / "tables" / f"{name}.csv", pd.concat(frames, ignore_index=True)
         )
         tables[name] = read_table(path)
+    for old in (out / "tables").glob("*.csv"):
+        if old.stem not in tables:
+            old.unlink()
     return tables
 
 

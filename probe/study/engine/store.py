@@ -74,21 +74,27 @@ class Store:
         return {str(done["kind"]): LEGACY_TABLE}
 
     def stale(self, unit: Unit, done: dict[str, Any]) -> list[str]:
-        """The unit's files that are missing or no longer match their recorded checksums."""
+        """What is wrong with the unit's files: each one missing or no longer matching its
+        recorded checksum, in words ("eval.csv is missing")."""
         folder = self.dir(unit)
-        bad = [f for f in self.files(done).values() if not (folder / f).is_file()]
+        missing = [f for f in self.files(done).values() if not (folder / f).is_file()]
+        bad = [f"{f} is missing" for f in missing]
         for name, digest in done.get("sha256", {}).items():
             path = folder / name
-            if name not in bad and (not path.is_file() or file_digest(path) != digest):
-                bad.append(name)
+            if name in missing:
+                continue
+            if not path.is_file():
+                bad.append(f"{name} is missing")
+            elif file_digest(path) != digest:
+                bad.append(f"{name} does not match its checksum")
         return bad
 
     def cached(self, unit: Unit) -> tuple[Record | None, list[str]]:
-        """(the record of a finished copy of `unit`, or None; the stale files that made a
-        finished copy invalid: its done.json is removed, so it is computed again)."""
+        """(the record of a finished copy of `unit`, or None; what made a finished copy
+        invalid, in words: its done.json is removed, so it is computed again)."""
         done = self.done(unit)
         if done is None:
-            return None, []
+            return None, self._unfinished(unit)
         bad = self.stale(unit, done)
         if bad:
             (self.dir(unit) / DONE).unlink(missing_ok=True)
@@ -96,6 +102,20 @@ class Store:
         seconds = done.get("seconds", done.get("wall_s", 0.0))
         return Record(unit.index, unit.key, unit.digest, tuple(self.files(done)), seconds,
                       cached=True, git_commit=done.get("git_commit"), facts=done), []  # fmt: skip
+
+    def _unfinished(self, unit: Unit) -> list[str]:
+        """Why a done.json that is there does not make the unit finished (none: no done.json)."""
+        path = self.dir(unit) / DONE
+        if not path.is_file():
+            return []
+        try:
+            done = read_json(path)
+        except ProbeError:
+            return [f"{DONE} cannot be read"]
+        if not isinstance(done, dict):
+            return [f"{DONE} cannot be read"]
+        return [f"{DONE} records another hash (what it depends on changed, or the file was "
+                "edited)"]  # fmt: skip
 
     def write(self, unit: Unit, tables: dict[str, pd.DataFrame], facts: dict[str, Any],
               seconds: float) -> Record:  # fmt: skip

@@ -107,7 +107,8 @@ class Record:
 class Event:
     """Progress of a run: kind is "start" (n_units), "unit-start", "unit" (inside a unit:
     phase, done, total, note), "unit-done" (cached says whether it was reused) or "unit-stale"
-    (a finished unit whose files no longer match their checksums: it is computed again)."""
+    (a unit whose finished copy is damaged or out of date, said in `note`: it is computed
+    again)."""
 
     kind: str
     n_units: int

@@ -16,6 +16,7 @@ from probe.study.documents import read_json
 
 MANIFEST = "manifest.json"
 LOCK = ".lock"
+GRID = "grid"  # the kind of a results directory whose study.json names none
 
 
 @contextmanager
@@ -68,26 +69,26 @@ def clean_temporaries(out: Path, units: str) -> None:
             tmp.unlink(missing_ok=True)
 
 
-def _owner(out: Path) -> tuple[str, bool] | None:
-    """(study name, smoke) of the run that made results directory `out`, or None."""
+def _owner(out: Path) -> tuple[str, bool, str] | None:
+    """(study name, smoke, kind) of the run that made results directory `out`, or None."""
     for name, keys in (("study.json", ("name", "smoke")), (MANIFEST, ("study", "smoke"))):
         try:
             doc = read_json(out / name)
-            return str(doc[keys[0]]), bool(doc.get(keys[1], False))
+            return str(doc[keys[0]]), bool(doc.get(keys[1], False)), doc.get("kind", GRID)
         except (ProbeError, KeyError, TypeError, AttributeError):
             continue
     return None
 
 
-def check_results_dir(out: Path, study, overwrite: bool = False) -> None:
-    """A results directory belongs to one study (its smoke version is another): refuse another
-    study's, or a folder with other files, unless `overwrite`."""
+def check_results_dir(out: Path, study, overwrite: bool = False, kind: str = GRID) -> None:
+    """A results directory belongs to one study of one kind (its smoke version is another):
+    refuse another study's, or a folder with other files, unless `overwrite`."""
     if out.exists() and not out.is_dir():
         raise ProbeError(f"--out '{out}' is a file; give a directory.")
     if not out.exists() or overwrite or not [p for p in out.iterdir() if p.name != LOCK]:
         return
     owner = _owner(out)
-    if owner == (study.name, study.is_smoke):
+    if owner == (study.name, study.is_smoke, kind):
         return
     if owner is None:
         raise ProbeError(
@@ -95,7 +96,8 @@ def check_results_dir(out: Path, study, overwrite: bool = False) -> None:
             "another --out, or pass --overwrite to write into it anyway."
         )
     name = f"{owner[0]}{' (smoke)' if owner[1] else ''}"
+    other = f" (a {owner[2]} study), not of this {kind} study" if owner[2] != kind else ""
     raise ProbeError(
-        f"'{out}' holds the results of study '{name}'; choose another --out, or pass "
+        f"'{out}' holds the results of study '{name}'{other}; choose another --out, or pass "
         "--overwrite to replace its report and manifest."
     )

@@ -124,8 +124,9 @@ def write_report(
             f"> **Partial report**: {n - len(missing)} of {counted(n, 'cell')} "
             f"{'is' if n - len(missing) == 1 else 'are'} finished; not yet: "
             f"{'; '.join(missing)}. Their numbers are absent and the expectations cover only "
-            f"the finished cells. `probe study run {manifest.get('file', study.where)}` "
-            "finishes the run and rewrites this report."
+            f"the finished cells. `probe study run {manifest.get('file', study.where)}"
+            f"{' --smoke' if study.is_smoke else ''} --out {out}` finishes the run and "
+            "rewrites this report."
         )
     findings_at = len(rep.blocks)
     _setup(rep, study, manifest)
