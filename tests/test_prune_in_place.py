@@ -43,8 +43,9 @@ def test_pruning_in_place_equals_pruning_a_copy(tmp_path, dtype):
 
 @pytest.mark.parametrize("unit", ["head", "group"])
 def test_prune_and_compare_in_place_gives_what_a_copy_gives(unit):
+    from test_pruning import data, make_model
+
     from probe.pruning.compare import prune_and_compare
-    from tests.test_pruning import data, make_model
 
     results = {}
     for in_place in (False, True):

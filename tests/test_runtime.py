@@ -6,6 +6,7 @@ import re
 
 import pytest
 import torch
+from cli_run import exit_code
 
 from probe.checkpoint import load_checkpoint, save_checkpoint
 from probe.config import ModelConfig, TrainConfig
@@ -13,7 +14,6 @@ from probe.data.tasks import TaskConfig
 from probe.errors import ProbeError
 from probe.model import Transformer
 from probe.runtime import Runtime, dtype_name, resolve_dtype
-from tests.cli_run import exit_code
 
 HALF = [torch.bfloat16, torch.float16]
 
