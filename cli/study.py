@@ -131,10 +131,10 @@ def run_cli(
     expectations; exit code 1 when an expectation fails."""
     from probe.runtime import Runtime
     from probe.study.engine import Settings
-    from probe.study.engine.runner import check_settings
+    from probe.study.engine.runner import check_settings, run_plan
     from probe.study.heads.checks import check_threads
     from probe.study.kinds import kind_of, load_any, smoke_of
-    from probe.study.runner import plan_for, run_study
+    from probe.study.runner import plan_for
     from probe.study.verdicts.reproduce import verdict
 
     Runtime.resolve(device, dtype)  # a bad name is one line now, not after a unit
@@ -158,9 +158,8 @@ def run_cli(
         TextColumn("{task.fields[note]}"), TimeElapsedColumn(), TimeRemainingColumn(),
     )  # fmt: skip
     with Progress(*columns, console=console) as bar:
-        result = run_study(study, out, jobs=jobs, device=device, dtype=dtype, threads=threads,
-                           progress=UnitProgress(bar, plan.noun), overwrite=overwrite,
-                           executor=executor, address=address)  # fmt: skip
+        # the plan built above (a head study's plan hashed its model's files once)
+        result = run_plan(plan, progress=UnitProgress(bar, plan.noun), overwrite=overwrite)
     seconds = float(result.manifest["wall_s"])
     trained = [not r.cached and r.facts["train_s"] > 0 for r in result.records
                if "train_s" in r.facts]  # fmt: skip

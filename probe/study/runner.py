@@ -46,6 +46,4 @@ def run_study(
     task (`address`: the cluster's, or None for a local one). dtype: the weights' dtype of a
     head study's model (None: its own); a grid study trains in float32."""
     settings = Settings(device, dtype, threads, jobs, executor, address)
-    plan = plan_for(study, out, settings)
-    text = study.path.read_text(encoding="utf-8") if study.path is not None else None
-    return run_plan(plan, progress=progress, overwrite=overwrite, study_text=text)
+    return run_plan(plan_for(study, out, settings), progress=progress, overwrite=overwrite)

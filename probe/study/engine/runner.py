@@ -70,21 +70,22 @@ def check_settings(plan: Plan) -> None:
 
 
 def run_plan(plan: Plan, *, progress: Callable[[Event], None] | None = None,
-             overwrite: bool = False, study_text: str | None = None) -> RunResult:  # fmt: skip
-    """Run (or resume) every unit of `plan` into its results directory `plan.root`.
-    `study_text`: the study file's text, kept beside the results as study.toml."""
+             overwrite: bool = False) -> RunResult:  # fmt: skip
+    """Run (or resume) every unit of `plan` into its results directory `plan.root` (the study
+    file, when it has one, is kept beside the results as study.toml)."""
     check_settings(plan)
     out = plan.root
-    check_results_dir(out, plan.study, overwrite, plan.study_dict().get("kind", GRID))
+    study = plan.study_dict()
+    check_results_dir(out, plan.study, overwrite, study.get("kind", GRID))
     emit = progress or (lambda event: None)
     started = time.perf_counter()
     settings = plan.settings
     store = Store(out, plan.folder)
     with locked(out), _threads(settings.threads), provenance.pinned(provenance.git_commit()):
         clean_temporaries(out, plan.folder)
-        if study_text is not None:
-            atomic_write_text(out / "study.toml", study_text)
-        atomic_write_json(out / "study.json", plan.study_dict())
+        if plan.study.path is not None:
+            atomic_write_text(out / "study.toml", plan.study.path.read_text(encoding="utf-8"))
+        atomic_write_json(out / "study.json", study)
         context = plan.context()
         total = plan.size()
         records: dict[int, Record] = {}
@@ -187,26 +188,17 @@ def finished_tables(plan: Plan) -> tuple[dict[str, pd.DataFrame], list[Unit]]:
     parts: dict[str, list[pd.DataFrame]] = {}
     missing = []
     for unit in plan.units({}):
-        record, _ = _peek(store, unit)
-        if record is None:
+        done = store.done(unit)  # not checked against its checksums: nothing is removed
+        if done is None:
             missing.append(unit)
             continue
-        for name, table in store.read(record).items():
+        for name, table in store.read(store.record(unit, done)).items():
             parts.setdefault(name, []).append(table)
     tables = {}
     for name, frames in parts.items():
         text = pd.concat(frames, ignore_index=True).to_csv(index=False)
         tables[name] = read_table(io.StringIO(text))
     return tables, missing
-
-
-def _peek(store: Store, unit: Unit) -> tuple[Record | None, None]:
-    """A finished unit's record without checking (or removing) anything."""
-    done = store.done(unit)
-    if done is None:
-        return None, None
-    return Record(unit.index, unit.key, unit.digest, tuple(store.files(done)), 0.0, True,
-                  facts=done), None  # fmt: skip
 
 
 def load_tables(out: Path | str) -> dict[str, pd.DataFrame]:

@@ -56,16 +56,30 @@ class Store:
 
     def done(self, unit: Unit) -> dict[str, Any] | None:
         """The unit's done.json when it is a finished copy of this unit (its digest matches)."""
+        return self._read_done(unit)[0]
+
+    def _read_done(self, unit: Unit) -> tuple[dict[str, Any] | None, list[str]]:
+        """(the unit's done.json when it is a finished copy of this unit, or None; why a
+        done.json that is there does not make the unit finished: none without one)."""
         path = self.dir(unit) / DONE
         if not path.is_file():
-            return None
+            return None, []
         try:
             done = read_json(path)
-        except ProbeError:
-            return None  # cannot happen with atomic writes, but then the unit is simply redone
-        if not isinstance(done, dict) or done.get("hash", unit.key) != unit.digest:
-            return None
-        return done
+        except ProbeError:  # cannot happen with atomic writes, but then the unit is redone
+            return None, [f"{DONE} cannot be read"]
+        if not isinstance(done, dict):
+            return None, [f"{DONE} cannot be read"]
+        if done.get("hash", unit.key) != unit.digest:
+            return None, [f"{DONE} records another hash (what it depends on changed, or the "
+                          "file was edited)"]  # fmt: skip
+        return done, []
+
+    def record(self, unit: Unit, done: dict[str, Any]) -> Record:
+        """The record of a finished copy of `unit` (its done.json), as the cache holds it."""
+        seconds = done.get("seconds", done.get("wall_s", 0.0))
+        return Record(unit.index, unit.key, unit.digest, tuple(self.files(done)), seconds,
+                      cached=True, git_commit=done.get("git_commit"), facts=done)  # fmt: skip
 
     def files(self, done: dict[str, Any]) -> dict[str, str]:
         """Table name -> file name of a finished unit."""
@@ -92,30 +106,14 @@ class Store:
     def cached(self, unit: Unit) -> tuple[Record | None, list[str]]:
         """(the record of a finished copy of `unit`, or None; what made a finished copy
         invalid, in words: its done.json is removed, so it is computed again)."""
-        done = self.done(unit)
+        done, why = self._read_done(unit)
         if done is None:
-            return None, self._unfinished(unit)
+            return None, why
         bad = self.stale(unit, done)
         if bad:
             (self.dir(unit) / DONE).unlink(missing_ok=True)
             return None, bad
-        seconds = done.get("seconds", done.get("wall_s", 0.0))
-        return Record(unit.index, unit.key, unit.digest, tuple(self.files(done)), seconds,
-                      cached=True, git_commit=done.get("git_commit"), facts=done), []  # fmt: skip
-
-    def _unfinished(self, unit: Unit) -> list[str]:
-        """Why a done.json that is there does not make the unit finished (none: no done.json)."""
-        path = self.dir(unit) / DONE
-        if not path.is_file():
-            return []
-        try:
-            done = read_json(path)
-        except ProbeError:
-            return [f"{DONE} cannot be read"]
-        if not isinstance(done, dict):
-            return [f"{DONE} cannot be read"]
-        return [f"{DONE} records another hash (what it depends on changed, or the file was "
-                "edited)"]  # fmt: skip
+        return self.record(unit, done), []
 
     def write(self, unit: Unit, tables: dict[str, pd.DataFrame], facts: dict[str, Any],
               seconds: float) -> Record:  # fmt: skip
@@ -138,8 +136,6 @@ class Store:
     def read(self, record: Record) -> dict[str, pd.DataFrame]:
         """The tables of a finished unit."""
         folder = self.root / self.folder / record.key
-        files = self.files(record.facts) if record.facts else {}
-        return {
-            name: normalise(name, read_table(folder / files.get(name, f"{name}.csv")))
-            for name in record.tables
-        }  # an older schema too
+        files = self.files(record.facts)
+        return {name: normalise(name, read_table(folder / files[name]))  # an older schema too
+                for name in record.tables}  # fmt: skip
