@@ -128,8 +128,12 @@ class Scale(StrEnum):
 
 
 class Norm(StrEnum):
+    """Where each residual sub-layer's norms sit (every placement but post adds a final norm)."""
+
     POST = "post"  # x = LN(x + sublayer(x)), the paper
-    PRE = "pre"  # x = x + sublayer(LN(x)), GPT-2 and later; adds a final LayerNorm
+    PRE = "pre"  # x = x + sublayer(LN(x)), GPT-2 and later
+    SANDWICH = "sandwich"  # x = x + LN'(sublayer(LN(x))): before and after (Gemma 2 and 3)
+    BRANCH = "branch"  # x = x + LN(sublayer(x)): on the branch's output only (OLMo-2)
 
 
 class NormType(StrEnum):
@@ -142,6 +146,7 @@ class FFN(StrEnum):
     GELU = "gelu"  # BERT (exact erf form)
     GELU_TANH = "gelu-tanh"  # GPT-2 (tanh approximation)
     SWIGLU = "swiglu"  # down(silu(gate(x)) * up(x)) (Shazeer 2020; Llama)
+    GEGLU = "geglu"  # down(gelu_tanh(gate(x)) * up(x)) (Shazeer 2020; Gemma)
     NONE = "none"  # attention-only blocks
 
 
@@ -166,14 +171,24 @@ class ModelConfig:
     ffn_mult: float = 4.0  # FFN width as a multiple of d_model (the paper: 2048/512 = 4)
     norm: Norm = Norm.PRE
     norm_type: NormType = NormType.LAYER
+    norm_offset: float = 0.0  # RMSNorm's gain is (norm_offset + weight) (Gemma: 1)
+    # RMSNorm multiplies by its gain in float32 and rounds once (Gemma, OLMo-2), rather than
+    # rounding the normalised x to the weights' dtype first (Llama); the same in float32
+    norm_gain_float32: bool = False
+    parallel_residual: bool = False  # x + attn(LN1(x)) + ffn(LN2(x)) (GPT-J, GPT-NeoX); pre only
     pe: PE = PE.LEARNED
     max_len: int = 256  # positions a learned table holds; range for randomized positions
     rope_fraction: float = 1.0  # fraction of each head's dimensions that rotary rotates
     rope_base: float = 10000.0
+    rope_local_base: float | None = None  # rotary base of the sliding-window layers (Gemma 3)
     t5_buckets: int = 32  # relative-position buckets of the T5 bias
     t5_max_distance: int = 128  # distance where the T5 buckets stop growing
     scale: Scale = Scale.SQRT
-    qk_norm: bool = False  # LayerNorm on q and k per head (Wortsman et al. 2023)
+    qk_norm: bool = False  # the model's norm on q and k of each head (Wortsman et al. 2023)
+    qk_norm_whole: bool = False  # the qk norm over all heads' q (and k) at once (OLMo-2)
+    scale_dim: float | None = None  # with scale sqrt: 1/sqrt(scale_dim), not 1/sqrt(d_head)
+    attn_softcap: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma 2)
+    final_softcap: float | None = None  # the same on the output logits (Gemma 2)
     log_scale_len: int | None = None  # L_train: multiply q.k by log(n)/log(L_train) when set
     embed_scale: bool = False  # multiply token embeddings by sqrt(d_model), as the paper does
     dropout: float = 0.0
@@ -248,6 +263,7 @@ class ModelConfig:
         if self.type_vocab_size < 0:
             raise ProbeError(f"type_vocab_size must not be negative, got {self.type_vocab_size}.")
         self._check_window()
+        self._check_variants()
         if self.kept_heads is not None:
             kept = tuple(tuple(int(h) for h in site) for site in self.kept_heads)
             set_(self, "kept_heads", kept)
@@ -257,6 +273,34 @@ class ModelConfig:
                     f"{self.n_sites}."
                 )
             self.sites()  # each site checks its head ids
+
+    def _check_variants(self) -> None:
+        """The fields of the modern families: each alone, and with what it needs."""
+        for name in ("scale_dim", "attn_softcap", "final_softcap"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value < math.inf:
+                raise ProbeError(f"{name} must be a positive number, got {value}.")
+        if self.scale_dim is not None and self.scale != Scale.SQRT:
+            raise ProbeError(f"scale_dim sets the d of 1/sqrt(d): it needs scale 'sqrt', got "
+                             f"'{self.scale}'.")  # fmt: skip
+        if not math.isfinite(self.norm_offset):
+            raise ProbeError(f"norm_offset must be a finite number, got {self.norm_offset}.")
+        if (self.norm_offset or self.norm_gain_float32) and self.norm_type != NormType.RMS:
+            raise ProbeError("norm_offset and norm_gain_float32 describe RMSNorm's gain; they "
+                             "need norm_type 'rms'.")  # fmt: skip
+        if self.parallel_residual and (self.norm != Norm.PRE or self.ffn == FFN.NONE):
+            raise ProbeError("parallel_residual adds attention and FFN of the same normed input; "
+                             "it needs norm 'pre' and an FFN.")  # fmt: skip
+        if self.qk_norm_whole and not self.qk_norm:
+            raise ProbeError("qk_norm_whole says how qk_norm spans the heads; set qk_norm too.")
+        if self.rope_local_base is not None:
+            if self.pe != PE.ROPE or self.sliding_window is None:
+                raise ProbeError("rope_local_base is the rotary base of the sliding-window "
+                                 "layers: it needs pe 'rope' and sliding_window.")  # fmt: skip
+            if not self.rope_local_base > 1:
+                raise ProbeError(
+                    f"rope_local_base must be greater than 1, got {self.rope_local_base}."
+                )
 
     def _check_window(self) -> None:
         if self.sliding_window is None:
@@ -284,6 +328,11 @@ class ModelConfig:
         if self.window_layers is not None and layer not in self.window_layers:
             return None
         return self.sliding_window
+
+    @property
+    def norm_before(self) -> bool:
+        """Whether each sub-layer normalises its input (pre and sandwich norms)."""
+        return self.norm in (Norm.PRE, Norm.SANDWICH)
 
     @property
     def decoder_layers(self) -> int:

@@ -55,6 +55,11 @@ def check_types(cfg) -> None:
             assert value is None or all(
                 isinstance(site, tuple) and all(type(h) is int for h in site) for site in value
             )
+        elif default is None and f.type == "float | None":
+            assert value is None or (type(value) in (int, float) and math.isfinite(value)), (
+                f.name,
+                value,
+            )
         elif default is None:  # int | None
             assert value is None or type(value) is int, (f.name, value)
         elif isinstance(default, StrEnum):

@@ -21,6 +21,7 @@ from torch import nn
 
 from probe.config import PE, ModelConfig, Scale
 from probe.model import mask
+from probe.model.layers import make_norm
 from probe.model.positional import FIRE, ALiBi, Rotary, T5Bias
 from probe.site import Site
 
@@ -39,6 +40,7 @@ class AttentionCall:
     length_factor: torch.Tensor | None  # [q_len] log-length factor on q.k, or None
     bias: torch.Tensor | None  # [batch, head, q_len, k_len] additive score bias, or None
     visible: torch.Tensor | None  # [batch|1, 1, q_len, k_len] bool, True where a key is seen
+    softcap: float | None = None  # scaled logits -> softcap * tanh(logits / softcap)
     probs: torch.Tensor | None = None  # [batch, head, q_len, k_len], only when weights were asked
     head_out: torch.Tensor | None = None  # [batch, head, q_len, d_head], after the gate
 
@@ -55,13 +57,16 @@ class AttentionCall:
     def logits(self, start: int = 0, stop: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(raw q.k, final logits) for keys [start, stop): [batch, head, q_len, tile] each.
 
-        Final logits are raw * scale * length_factor + bias, with -inf where a key is not visible.
+        Final logits are raw * scale * length_factor, soft-capped, + bias, with -inf where a key
+        is not visible: the scores the softmax of each row uses.
         """
         k = self.k[:, :, start:stop]  # [batch, head, tile, d_head]
         raw = self.q.float() @ k.float().transpose(-2, -1)  # [batch, head, q_len, tile]
         logits = raw * self.scale.float().view(1, -1, 1, 1)
         if self.length_factor is not None:
             logits = logits * self.length_factor.float().view(1, 1, -1, 1)
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
         if self.bias is not None:
             logits = logits + self.bias[..., start:stop].float()
         if self.visible is not None:
@@ -110,10 +115,14 @@ class Attention(nn.Module):
         self.d_head = cfg.d_head
         n_q, n_kv = len(site.kept_heads), len(site.kept_groups)
         qkv_bias = cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias
+        # a qk norm over all heads at once needs every head's q and k, removed heads' too: the
+        # statistic of the heads kept depends on them (so pruning keeps those rows)
+        self.whole_qk = cfg.qk_norm and cfg.qk_norm_whole
+        n_q_rows, n_k_rows = (site.n_head, site.n_kv_head) if self.whole_qk else (n_q, n_kv)
         with warnings.catch_warnings():  # a fully pruned site has zero-element weights
             warnings.filterwarnings("ignore", "Initializing zero-element tensors")
-            self.q = nn.Linear(cfg.d_model, n_q * self.d_head, bias=qkv_bias)
-            self.k = nn.Linear(cfg.d_model, n_kv * self.d_head, bias=qkv_bias)
+            self.q = nn.Linear(cfg.d_model, n_q_rows * self.d_head, bias=qkv_bias)
+            self.k = nn.Linear(cfg.d_model, n_k_rows * self.d_head, bias=qkv_bias)
             self.v = nn.Linear(cfg.d_model, n_kv * self.d_head, bias=qkv_bias)
             self.o = nn.Linear(n_q * self.d_head, cfg.d_model, bias=cfg.bias)
         # per-head gates xi: 1 keeps a head, 0 removes it exactly (Michel et al. 2019)
@@ -121,9 +130,16 @@ class Attention(nn.Module):
         self.scale_kind = cfg.scale
         if cfg.scale == Scale.LEARNED:
             self.log_scale = nn.Parameter(torch.full((n_q,), -0.5 * math.log(self.d_head)))
-        self.q_norm = nn.LayerNorm(self.d_head, eps=cfg.ln_eps) if cfg.qk_norm else None
-        self.k_norm = nn.LayerNorm(self.d_head, eps=cfg.ln_eps) if cfg.qk_norm else None
-        self.rotary = Rotary(cfg) if cfg.pe == PE.ROPE and not site.cross else None
+        self.q_norm = self.k_norm = None
+        if cfg.qk_norm:
+            self.q_norm = make_norm(cfg, n_q_rows * self.d_head if self.whole_qk else self.d_head)
+            self.k_norm = make_norm(cfg, n_k_rows * self.d_head if self.whole_qk else self.d_head)
+        self.rotary = None
+        if cfg.pe == PE.ROPE and not site.cross:
+            local = site.window is not None and cfg.rope_local_base is not None
+            self.rotary = Rotary(cfg, cfg.rope_local_base if local else cfg.rope_base)
+        self.softcap = cfg.attn_softcap
+        self.scale_dim = cfg.scale_dim if cfg.scale_dim is not None else self.d_head
         score_biases = {PE.ALIBI: ALiBi, PE.T5: T5Bias, PE.FIRE: FIRE}
         self.score_bias: ALiBi | T5Bias | FIRE | None = None
         if not site.cross and cfg.pe in score_biases:
@@ -134,8 +150,17 @@ class Attention(nn.Module):
         self.observer: Observer | None = None  # set only inside Transformer.observe(...)
 
     def _set_kv_index(self) -> None:
-        index = torch.tensor(self.site.kv_index(), dtype=torch.long, device=self.gate.device)
+        device = self.gate.device
+        index = torch.tensor(self.site.kv_index(), dtype=torch.long, device=device)
         self.register_buffer("kv_index", index, persistent=False)  # [head] -> local kv head
+        if self.whole_qk:  # the rows of the heads kept, in the projections of every head
+            d = self.d_head
+            rows = [h * d + j for h in self.site.kept_heads for j in range(d)]
+            kv_rows = [g * d + j for g in self.site.kept_groups for j in range(d)]
+            self.register_buffer("q_rows", torch.tensor(rows, dtype=torch.long, device=device),
+                                 persistent=False)  # fmt: skip
+            self.register_buffer("k_rows", torch.tensor(kv_rows, dtype=torch.long, device=device),
+                                 persistent=False)  # fmt: skip
 
     def reset_buffers(self) -> None:
         """Recompute the buffers derived from the site (after `Transformer.empty`)."""
@@ -171,8 +196,9 @@ class Attention(nn.Module):
         groups = [self.site.kept_groups.index(g) for g in site.kept_groups]
         rows = [h * self.d_head + j for h in local for j in range(self.d_head)]
         kv_rows = [g * self.d_head + j for g in groups for j in range(self.d_head)]
-        self.q = _sliced(self.q, rows, 0)
-        self.k = _sliced(self.k, kv_rows, 0)
+        if not self.whole_qk:  # (a whole-head qk norm keeps every q and k row, see __init__)
+            self.q = _sliced(self.q, rows, 0)
+            self.k = _sliced(self.k, kv_rows, 0)
         self.v = _sliced(self.v, kv_rows, 0)
         self.o = _sliced(self.o, rows, 1)
         idx = torch.tensor(local, dtype=torch.long, device=self.gate.device)
@@ -195,9 +221,11 @@ class Attention(nn.Module):
         self.gate.copy_(torch.where(gate != 0, torch.ones_like(gate), gate))
 
     def _constant_scale(self) -> float:
-        return {Scale.SQRT: self.d_head**-0.5, Scale.INVERSE: 1.0 / self.d_head, Scale.NONE: 1.0}[
-            self.scale_kind
-        ]
+        return {
+            Scale.SQRT: self.scale_dim**-0.5,
+            Scale.INVERSE: 1.0 / self.d_head,
+            Scale.NONE: 1.0,
+        }[self.scale_kind]
 
     def head_scale(self) -> torch.Tensor:
         """[head] factor applied to q.k."""
@@ -216,7 +244,11 @@ class Attention(nn.Module):
             bias = torch.cat([self.q.bias, self.k.bias, self.v.bias])
         qkv = F.linear(x, weight, bias)  # [batch, seq, q + 2 kv]
         sizes = [self.q.out_features, self.k.out_features, self.v.out_features]
-        return tuple(self._split(t) for t in qkv.split(sizes, dim=-1))
+        q, k, v = qkv.split(sizes, dim=-1)
+        if self.whole_qk:  # normed over every head, then the kept heads' rows
+            q = self.q_norm(q).index_select(-1, self.q_rows)  # [batch, seq, kept * d_head]
+            k = self.k_norm(k).index_select(-1, self.k_rows)  # [batch, seq, kv kept * d_head]
+        return self._split(q), self._split(k), self._split(v)
 
     def _per_query_head(self, kv: torch.Tensor) -> torch.Tensor:
         """[batch, kv_head, seq, d_head] -> [batch, head, seq, d_head]: each query head's k or v."""
@@ -254,7 +286,7 @@ class Attention(nn.Module):
             q_pos = torch.arange(q_len, device=x.device).expand(b, q_len)  # [batch, q_len]
         if k_pos is None:
             k_pos = q_pos if context is None else torch.arange(k_len, device=x.device).expand(b, -1)
-        if self.q_norm is not None:
+        if self.q_norm is not None and not self.whole_qk:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary is not None:
             q, k = self.rotary(q, q_pos), self.rotary(k, k_pos)
@@ -266,8 +298,13 @@ class Attention(nn.Module):
         observer = self.observer if self.n_kept > 0 else None  # nothing to see in a pruned site
         call = None
         if observer is not None:
-            call = AttentionCall(self.site, q, k, v, scale, factor, bias, visible)
+            call = AttentionCall(self.site, q, k, v, scale, factor, bias, visible, self.softcap)
         out = self._observed(observer, call, v) if observer is not None else None
+        if out is None and self.softcap is not None:  # no fused kernel soft-caps
+            capped = call or AttentionCall(
+                self.site, q, k, v, scale, factor, bias, visible, self.softcap
+            )
+            out = self._explicit(capped, v)
         if out is None:
             out = self._fused(q, k, v, scale, factor, bias, visible, key_mask)
         out = out * self.gate.to(out.dtype).view(1, -1, 1, 1)  # [batch, head, q_len, d_head]
@@ -280,16 +317,20 @@ class Attention(nn.Module):
     def _observed(self, observer: Observer, call: AttentionCall, v: torch.Tensor):
         """The output computed from the weights when an observer has them, else None."""
         if observer.needs_weights:  # the explicit path: the observer sees the weights
-            _, logits = call.logits()  # [batch, head, q_len, k_len] float32
-            probs = mask.softmax(logits, call.visible)  # [batch, head, q, k] float32
-            call.probs = probs  # observers read the unrounded weights
-            if self.training and self.dropout > 0:
-                probs = F.dropout(probs, self.dropout)
-            return probs.to(v.dtype) @ v  # [batch, head, q_len, d_head]
+            return self._explicit(call, v)
         attend = getattr(observer, "attend", None)
         if attend is None or torch.is_grad_enabled() or (self.training and self.dropout > 0):
             return None
         return attend(call)  # statistics that materialized the weights give softmax(.) @ v
+
+    def _explicit(self, call: AttentionCall, v: torch.Tensor) -> torch.Tensor:
+        """softmax(final logits) @ v with the weights materialised (kept in `call.probs`)."""
+        _, logits = call.logits()  # [batch, head, q_len, k_len] float32
+        probs = mask.softmax(logits, call.visible)  # [batch, head, q, k] float32
+        call.probs = probs  # observers read the unrounded weights
+        if self.training and self.dropout > 0:
+            probs = F.dropout(probs, self.dropout)
+        return probs.to(v.dtype) @ v  # [batch, head, q_len, d_head]
 
     def _fused(self, q, k, v, scale, factor, bias, visible, key_mask) -> torch.Tensor:
         """The same computation through torch's scaled_dot_product_attention."""

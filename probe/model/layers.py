@@ -12,16 +12,22 @@ from probe.config import FFN, ModelConfig, NormType
 
 
 class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * gain, computed in float32 (Zhang & Sennrich 2019)."""
+    """x / sqrt(mean(x^2) + eps) * gain, normalised in float32 (Zhang & Sennrich 2019).
 
-    def __init__(self, dim: int, eps: float) -> None:
+    The gain is `offset + weight` (Gemma stores w and scales by 1 + w). Half-precision models
+    round in one of two orders: Llama rounds the normalised x to the weights' dtype and then
+    multiplies; Gemma and OLMo-2 multiply in float32 and round once (`gain_float32`)."""
+
+    def __init__(self, dim: int, eps: float, offset: float = 0.0, gain_float32: bool = False):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+        self.weight = nn.Parameter(torch.full((dim,), 1.0 - offset))  # a gain of 1
+        self.eps, self.offset, self.gain_float32 = eps, offset, gain_float32
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.float()  # [..., dim]
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.gain_float32 or self.offset:
+            return (h * (self.offset + self.weight.float())).to(x.dtype)
         return self.weight * h.to(x.dtype)
 
 
@@ -29,16 +35,18 @@ def make_norm(cfg: ModelConfig, dim: int | None = None) -> nn.Module:
     """The config's norm (LayerNorm or RMSNorm) over `dim` features (default d_model)."""
     dim = cfg.d_model if dim is None else dim
     if cfg.norm_type == NormType.RMS:
-        return RMSNorm(dim, cfg.ln_eps)
+        return RMSNorm(dim, cfg.ln_eps, cfg.norm_offset, cfg.norm_gain_float32)
     return nn.LayerNorm(dim, eps=cfg.ln_eps)
 
 
 def activation(kind: FFN, h: torch.Tensor) -> torch.Tensor:
-    """The FFN's nonlinearity (SwiGLU's gate uses SiLU)."""
+    """The FFN's nonlinearity (SwiGLU's gate uses SiLU, GeGLU's torch's tanh GELU)."""
     if kind == FFN.RELU:
         return F.relu(h)
     if kind == FFN.SWIGLU:
         return F.silu(h)
+    if kind == FFN.GEGLU:  # Gemma's gelu_pytorch_tanh: the fused form in every dtype
+        return F.gelu(h, approximate="tanh")
     if kind == FFN.GELU_TANH and h.dtype in HALF:
         return gelu_new(h)
     return F.gelu(h, approximate="tanh" if kind == FFN.GELU_TANH else "none")
@@ -58,21 +66,22 @@ def gelu_new(h: torch.Tensor) -> torch.Tensor:
     )
 
 
+GATED = (FFN.SWIGLU, FFN.GEGLU)
+
+
 class FeedForward(nn.Module):
-    """Position-wise FFN: W2 act(W1 x), or with SwiGLU W2 (silu(W_gate x) * W1 x)."""
+    """Position-wise FFN: W2 act(W1 x), or gated (SwiGLU, GeGLU) W2 (act(W_gate x) * W1 x)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.up = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
-        self.gate = (
-            nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias) if cfg.ffn == FFN.SWIGLU else None
-        )
+        self.gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias) if cfg.ffn in GATED else None
         self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
         self.kind = cfg.ffn
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate is not None:
-            h = F.silu(self.gate(x)) * self.up(x)  # [batch, seq, d_ff]
+            h = activation(self.kind, self.gate(x)) * self.up(x)  # [batch, seq, d_ff]
         else:
             h = activation(self.kind, self.up(x))  # [batch, seq, d_ff]
         return self.down(h)  # [batch, seq, d_model]

@@ -67,10 +67,10 @@ class InputPositions(nn.Module):
 class Rotary(nn.Module):
     """Rotary embedding on the first `rotary_dims` dimensions of each head (GPT-NeoX layout)."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, base: float | None = None) -> None:
         super().__init__()
         self.dims = cfg.rotary_dims
-        self.base = cfg.rope_base
+        self.base = cfg.rope_base if base is None else base
         self.register_buffer("inv_freq", self._inv_freq(), persistent=False)
 
     def _inv_freq(self, device: torch.device | None = None) -> torch.Tensor:

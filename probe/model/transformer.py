@@ -16,35 +16,53 @@ from probe.site import Site
 
 
 class Block(nn.Module):
-    """Self-attention, optional cross-attention, optional FFN; each a residual sub-layer with
-    post-LN (x = LN(x + f(x))) or pre-LN (x = x + f(LN(x)))."""
+    """Self-attention, optional cross-attention, optional FFN; each a residual sub-layer whose
+    norms sit as `cfg.norm` says: post (x = LN(x + f(x))), pre (x = x + f(LN(x))), sandwich
+    (x = x + LN'(f(LN(x)))) or branch (x = x + LN(f(x))). With `parallel_residual` attention and
+    FFN read the same x: x = x + attn(LN1(x)) + ffn(LN2(x))."""
 
     def __init__(self, cfg: ModelConfig, sites: list[Site]) -> None:
         super().__init__()
-        self.pre = cfg.norm == Norm.PRE
+        self.placement = cfg.norm
+        self.parallel = cfg.parallel_residual
         self.attn = Attention(cfg, sites[0])
-        self.ln_attn = make_norm(cfg)
+        self.ln_attn, self.ln_attn_out = self._norms(cfg)
         self.cross = None
         if len(sites) > 1:
             self.cross = Attention(cfg, sites[1])
-            self.ln_cross = make_norm(cfg)
+            self.ln_cross, self.ln_cross_out = self._norms(cfg)
         self.ffn = FeedForward(cfg) if cfg.ffn != FFN.NONE else None
         if self.ffn is not None:
-            self.ln_ffn = make_norm(cfg)
+            self.ln_ffn, self.ln_ffn_out = self._norms(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def attention_sublayers(self) -> list[tuple[nn.Module, Attention]]:
-        """(norm, attention) of each attention sub-layer, in order: with pre-LN the norm's input
-        is the residual stream x the sub-layer adds to; with post-LN the attention's input is."""
+    @staticmethod
+    def _norms(cfg: ModelConfig) -> tuple[nn.Module | None, nn.Module | None]:
+        """(the norm of the input (pre, sandwich) or of the sum (post), the norm on the branch's
+        output (sandwich, branch)); None where the placement has none."""
+        first = make_norm(cfg) if cfg.norm != Norm.BRANCH else None
+        out = make_norm(cfg) if cfg.norm in (Norm.SANDWICH, Norm.BRANCH) else None
+        return first, out
+
+    def attention_sublayers(self) -> list[tuple[nn.Module | None, Attention]]:
+        """(input norm, attention) of each attention sub-layer, in order: where the placement
+        normalises the input (pre, sandwich) the norm's input is the residual stream x the
+        sub-layer adds to; otherwise the attention's input is (the norm is post-LN's norm of
+        the sum, or None for branch norms)."""
         pairs = [(self.ln_attn, self.attn)]
         if self.cross is not None:
             pairs.append((self.ln_cross, self.cross))
         return pairs
 
-    def _residual(self, x: torch.Tensor, ln: nn.Module, f) -> torch.Tensor:
-        if self.pre:
-            return x + self.drop(f(ln(x)))
-        return ln(x + self.drop(f(x)))
+    def _branch(self, x: torch.Tensor, ln: nn.Module | None, ln_out: nn.Module | None, f):
+        """The sub-layer's addition to the stream (all placements but post)."""
+        h = f(ln(x) if ln is not None else x)
+        return self.drop(ln_out(h) if ln_out is not None else h)
+
+    def _residual(self, x: torch.Tensor, ln: nn.Module | None, ln_out: nn.Module | None, f):
+        if self.placement == Norm.POST:
+            return ln(x + self.drop(f(x)))
+        return x + self._branch(x, ln, ln_out, f)
 
     def forward(
         self,
@@ -55,13 +73,23 @@ class Block(nn.Module):
         memory_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x [batch, seq, d_model] -> [batch, seq, d_model]; memory is the encoder output."""
-        x = self._residual(x, self.ln_attn, lambda h: self.attn(h, None, positions, None, key_mask))
+
+        def attend(h: torch.Tensor) -> torch.Tensor:
+            return self.attn(h, None, positions, None, key_mask)
+
+        if self.parallel:  # GPT-NeoX's order of the sums: ffn + attn + x
+            ffn = self._branch(x, self.ln_ffn, self.ln_ffn_out, self.ffn)
+            return ffn + self._branch(x, self.ln_attn, self.ln_attn_out, attend) + x
+        x = self._residual(x, self.ln_attn, self.ln_attn_out, attend)
         if self.cross is not None:
             x = self._residual(
-                x, self.ln_cross, lambda h: self.cross(h, memory, positions, None, memory_mask)
+                x,
+                self.ln_cross,
+                self.ln_cross_out,
+                lambda h: self.cross(h, memory, positions, None, memory_mask),
             )
         if self.ffn is not None:
-            x = self._residual(x, self.ln_ffn, self.ffn)
+            x = self._residual(x, self.ln_ffn, self.ln_ffn_out, self.ffn)
         return x
 
 
@@ -84,11 +112,11 @@ class Transformer(nn.Module):
             self.blocks = nn.ModuleList(
                 Block(cfg, dec[2 * i : 2 * i + 2]) for i in range(len(dec) // 2)
             )
-            self.ln_enc = make_norm(cfg) if self.pre else None
+            self.ln_enc = make_norm(cfg) if self.final_norm else None
         else:
             self.encoder = None
             self.blocks = nn.ModuleList(Block(cfg, [s]) for s in sites)
-        self.ln_final = make_norm(cfg) if self.pre else None
+        self.ln_final = make_norm(cfg) if self.final_norm else None
         self.head_dense = nn.Linear(cfg.d_model, cfg.d_model) if cfg.head_transform else None
         self.ln_head = make_norm(cfg) if cfg.head_transform else None
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=cfg.head_bias)
@@ -123,6 +151,11 @@ class Transformer(nn.Module):
     def pre(self) -> bool:
         return self.cfg.norm == Norm.PRE
 
+    @property
+    def final_norm(self) -> bool:
+        """Every placement but post ends with a norm before the output layer."""
+        return self.cfg.norm != Norm.POST
+
     @staticmethod
     def _init(module: nn.Module) -> None:
         if isinstance(module, nn.Linear):
@@ -137,8 +170,8 @@ class Transformer(nn.Module):
         self, tokens: torch.Tensor, positions: torch.Tensor, token_types: torch.Tensor | None = None
     ) -> torch.Tensor:
         x = self.embed(tokens)  # [batch, seq, d_model]
-        if self.cfg.embed_scale:
-            x = x * self.cfg.d_model**0.5
+        if self.cfg.embed_scale:  # the factor in x's dtype, as Gemma rounds it
+            x = x * torch.tensor(self.cfg.d_model**0.5, dtype=x.dtype)
         if self.token_types is not None:  # before positions, in BERT's order (same rounding)
             if token_types is None:
                 token_types = torch.zeros_like(tokens)
@@ -197,7 +230,9 @@ class Transformer(nn.Module):
         """Hidden states [batch, seq, d_model] -> logits [batch, seq, vocab]."""
         if self.head_dense is not None:
             x = self.ln_head(activation(self.cfg.ffn, self.head_dense(x)))
-        return self.head(x)
+        logits = self.head(x)  # [batch, seq, vocab]
+        cap = self.cfg.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def forward(
         self,

@@ -16,7 +16,6 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from probe.config import Norm
 from probe.data.tasks import Batch
 from probe.measure.batching import micro_batches
 from probe.measure.evaluate import features_batch
@@ -33,7 +32,7 @@ def layer_importance(model: Transformer, batches: Sequence[Batch],
     (run in micro-batches of `max_batch_tokens` tokens): columns layer, site, method
     ("attention-layer"), value. Sites without heads get 0."""
     blocks = list(model.encoder or []) + list(model.blocks)
-    pre = model.cfg.norm == Norm.PRE
+    pre = model.cfg.norm_before
     sums: dict[int, float] = {}
     counts: dict[int, int] = {}
     streams: dict[int, torch.Tensor] = {}

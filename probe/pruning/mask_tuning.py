@@ -55,7 +55,7 @@ def site_pass(model: Transformer, batches: Sequence[Batch], only: int | None = N
     just that site (and the pass stops there once its heads are seen; `out` stays None); without,
     every site's x and out but not its heads (float32, to hold every site of the calibration
     data). The model's gates come back afterwards."""
-    pre = model.cfg.norm == Norm.PRE
+    pre = model.cfg.norm_before
     dtype = torch.float64 if only is not None else torch.float32
     seen: dict[int, SiteData] = {}
     handles = []
@@ -114,7 +114,7 @@ def site_pass(model: Transformer, batches: Sequence[Batch], only: int | None = N
 def _constant(model: Transformer, attn: nn.Module) -> bool:
     """A constant joins the fit where the sub-layer's sum goes into a LayerNorm (post-LN)."""
     norm = _sublayers(model)[attn.layer][0]
-    return model.cfg.norm != Norm.PRE and isinstance(norm, nn.LayerNorm)
+    return model.cfg.norm == Norm.POST and isinstance(norm, nn.LayerNorm)
 
 
 def contributions(attn: nn.Module, heads: torch.Tensor) -> torch.Tensor:
@@ -211,7 +211,7 @@ class _InStep:
         return hook
 
     def run(self) -> None:
-        pre = self.model.cfg.norm == Norm.PRE
+        pre = self.model.cfg.norm_before
         ident = threading.local()
         errors: list[BaseException] = []
         device = next(self.model.parameters()).device

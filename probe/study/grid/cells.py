@@ -29,7 +29,9 @@ CELL_FORMAT = 1  # bump when a cell's results change meaning, to invalidate ever
 LATER_FIELDS = {
     "train": ("schedule", "adam_eps", "label_smoothing"),
     "model": ("n_kv_head", "norm_type", "qkv_bias", "type_vocab_size", "embed_norm",
-              "head_transform", "head_bias", "sliding_window", "window_layers"),
+              "head_transform", "head_bias", "sliding_window", "window_layers", "norm_offset",
+              "norm_gain_float32", "parallel_residual", "rope_local_base", "qk_norm_whole",
+              "scale_dim", "attn_softcap", "final_softcap"),
 }  # fmt: skip
 # fields renamed since: keyed under their first name, so the cells keep their keys
 RENAMED = {"model": {"kept_heads": "heads"}}
