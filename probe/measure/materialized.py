@@ -89,32 +89,38 @@ def _blocks(call: AttentionCall) -> list[tuple[int, int, int]]:
     return [(a, z, k_len - q_len + z) for a, z in itertools.pairwise(cuts)]
 
 
-def _rows(q, f, k, k_len, v, bias, seen, hide, gap, n, need, divide, blind):
+def _rows(q, f, k, k_len, v, bias, seen, hide, gap, n, need, divide, blind, cap=None):
     """Row sums of one chunk: q [chunk, head, q, d], f [1, head, q|1, 1] the factor on q.k, k
     [chunk, head, width, d] (zero rows for the padding keys beyond k_len), v [chunk, head,
     k_len, d] or None, bias [chunk, head, q, k_len] or None; `seen` is None when the only hidden
     keys are padding (whose logits are exactly 0), `divide` says whether every factor is
-    positive, and `blind` whether a row may see no key at all."""
+    positive, `blind` whether a row may see no key at all, and `cap` the soft-cap of the
+    scaled logits (None: none). Without a bias or a cap the logits are raw x factor."""
+    plain = bias is None and cap is None
     part: dict[str, torch.Tensor] = {}
     fr = f.squeeze(-1)  # [1, head, q|1]
     s = q @ k.transpose(-2, -1)  # [chunk, head, q, width]: raw q.k, 0 on padding keys
-    if "raw" in need or ("logit" in need and bias is None):
+    if "raw" in need or ("logit" in need and plain):
         mean, var = _moments(s, seen, n)  # 0 where hidden from here on
         if "raw" in need:
             part["raw_mean"], part["raw_var"] = mean, var
-        if "logit" in need and bias is None:  # the logits are raw x factor
+        if "logit" in need and plain:  # the logits are raw x factor
             part["logit_mean"], part["logit_var"] = mean * fr, var * fr.square()
     softmax = "softmax" in need
-    if "raw" in need and not (softmax and divide and bias is None):  # else from max_logit
+    if "raw" in need and not (softmax and divide and plain):  # else from max_logit
         part["raw_max"] = (s if hide is None else s + hide).amax(-1)
-    if bias is not None and ("logit" in need or softmax):
-        s.mul_(f)[..., :k_len].add_(bias)  # scores
+    if not plain and ("logit" in need or softmax):
+        s.mul_(f)  # scores: scaled, soft-capped, plus the bias
+        if cap is not None:
+            s.div_(cap).tanh_().mul_(cap)
+        if bias is not None:
+            s[..., :k_len].add_(bias)
         if "logit" in need:
             part["logit_mean"], part["logit_var"] = _moments(s, seen, n)
     if not softmax:
         return part
     # logits x log2(e), so that exp(s - m) is exp2 of the difference
-    scale = f * LOG2E if bias is None else LOG2E
+    scale = f * LOG2E if plain else LOG2E
     e = s * scale if hide is None else torch.addcmul(hide, s, torch.as_tensor(scale))
     m2 = e.amax(-1)  # [chunk, head, q]
     part["m"] = m = m2 / LOG2E
@@ -128,7 +134,7 @@ def _rows(q, f, k, k_len, v, bias, seen, hide, gap, n, need, divide, blind):
         inv = torch.where(lsum > 0, inv, 0.0)
     p = e.mul_(inv.unsqueeze(-1))  # softmax, 0 where hidden and on blind rows
     mean_s = s.mul_(p).sum(-1)  # sum_j p_j s_j: of the scores, or of raw q.k without a bias
-    part["u"] = lsum * ((mean_s if bias is not None else mean_s * fr) - m)  # sum e (s - m)
+    part["u"] = lsum * ((mean_s * fr if plain else mean_s) - m)  # sum e (s - m)
     if gap is not None:
         part["dist"] = lsum * torch.mul(p, gap, out=s).sum(-1)
     if v is not None:  # the attention output itself, from the same weights
@@ -174,7 +180,9 @@ def materialized_rows(
             bias = None if call.bias is None else call.bias[sl, :, q0:q1, :keys]
             v = _batched(call.v[sl, :, :keys]) if output else None
             zeros = None if call.visible is None else mask  # padding logits are 0 already
-            part = _rows(q, f, k, keys, v, bias, zeros, plus, gap, n, need, divide, blind)
+            part = _rows(
+                q, f, k, keys, v, bias, zeros, plus, gap, n, need, divide, blind, call.softcap
+            )
             if single:
                 rows = part
                 continue
