@@ -120,7 +120,7 @@ def test_layer_importance_against_a_hand_run_residual_stream():
 
     from probe.pruning.layer_drop import layer_importance, plan_layers
 
-    for norm in ("pre", "post"):
+    for norm in ("pre", "post", "sandwich", "branch"):
         m = model(norm=norm, n_layer=3)
         batches = data(4)
         table = layer_importance(m, batches)
@@ -131,7 +131,9 @@ def test_layer_importance_against_a_hand_run_residual_stream():
                 pos = torch.arange(b.inputs.shape[1]).expand_as(b.inputs)
                 x = m._embed(b.inputs, pos)
                 for i, block in enumerate(m.blocks):
-                    a = block.attn(block.ln_attn(x) if norm == "pre" else x)
+                    a = block.attn(block.ln_attn(x) if norm in ("pre", "sandwich") else x)
+                    if norm in ("sandwich", "branch"):  # the norm on the branch's output
+                        a = block.ln_attn_out(a)
                     cos = F.cosine_similarity(x.double(), (x + a).double(), dim=-1)
                     want[i] += (1 - cos).sum()
                     x = block(x, pos)
@@ -211,7 +213,7 @@ def test_layer_by_layer_tuning_is_each_layers_least_squares_on_its_own_inputs():
     residual, on the heads' contributions computed one head at a time (the other gates 0) on the
     inputs of the model pruned and tuned below l; a constant column joins with post-LN. And the
     fit is never worse than the untuned mask on the same inputs."""
-    for norm in ("pre", "post"):
+    for norm in ("pre", "post", "sandwich", "branch"):
         m = model(norm=norm, n_layer=3)
         batches = data(0)
         removed = [(0, 1), (1, 0), (1, 2), (2, 3)]

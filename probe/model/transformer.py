@@ -54,6 +54,12 @@ class Block(nn.Module):
             pairs.append((self.ln_cross, self.cross))
         return pairs
 
+    def update_module(self, attn: Attention) -> nn.Module:
+        """The module whose output the attention sub-layer `attn` adds to the stream: its output
+        norm (sandwich, branch), else the attention itself."""
+        out = self.ln_attn_out if attn is self.attn else self.ln_cross_out
+        return out if out is not None else attn
+
     def _branch(self, x: torch.Tensor, ln: nn.Module | None, ln_out: nn.Module | None, f):
         """The sub-layer's addition to the stream (all placements but post)."""
         h = f(ln(x) if ln is not None else x)

@@ -28,8 +28,9 @@ COLUMNS = ["layer", "site", "method", "value"]
 @torch.no_grad()
 def layer_importance(model: Transformer, batches: Sequence[Batch],
                      max_batch_tokens: int | None = None) -> pd.DataFrame:  # fmt: skip
-    """1 - cos(x, x + attn(norm(x))) per attention site, averaged over every token of `batches`
-    (run in micro-batches of `max_batch_tokens` tokens): columns layer, site, method
+    """1 - cos(x, x + u) per attention site, u what the sub-layer adds to the stream x
+    (attn(norm(x)), through its output norm where it has one), averaged over every token of
+    `batches` (run in micro-batches of `max_batch_tokens` tokens): columns layer, site, method
     ("attention-layer"), value. Sites without heads get 0."""
     blocks = list(model.encoder or []) + list(model.blocks)
     pre = model.cfg.norm_before
@@ -46,7 +47,7 @@ def layer_importance(model: Transformer, batches: Sequence[Batch],
 
     def score(layer: int):
         def hook(module, args, out):
-            x = streams.pop(layer) if pre else args[0]  # [batch, seq, d_model]
+            x = streams.pop(layer)  # [batch, seq, d_model]
             cos = F.cosine_similarity(x.double(), (x + out).double(), dim=-1)  # [batch, seq]
             sums[layer] = sums.get(layer, 0.0) + float((1 - cos).sum())
             counts[layer] = counts.get(layer, 0) + cos.numel()
@@ -58,9 +59,11 @@ def layer_importance(model: Transformer, batches: Sequence[Batch],
     try:
         for block in blocks:
             for norm, attn in block.attention_sublayers():
-                if pre:
-                    handles.append(norm.register_forward_pre_hook(keep_stream(attn.layer)))
-                handles.append(attn.register_forward_hook(score(attn.layer)))
+                stream = norm if pre else attn  # pre: the norm's input; else the attention's
+                handles.append(stream.register_forward_pre_hook(keep_stream(attn.layer)))
+                # what the sub-layer adds: after its output norm, where there is one
+                update = block.update_module(attn)
+                handles.append(update.register_forward_hook(score(attn.layer)))
         device = next(model.parameters()).device
         for batch in micro_batches(batches, max_batch_tokens):
             features_batch(model, batch.to(device))
