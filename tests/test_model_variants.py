@@ -224,3 +224,13 @@ def test_new_fields_keep_the_cache_keys_of_older_configs():
     for name in ("norm_offset", "parallel_residual", "attn_softcap", "rope_local_base"):
         assert name not in plain
     assert _key_dict(ModelConfig(attn_softcap=2.0), "model")["attn_softcap"] == 2.0
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "mamba", "deepseek_v3"])
+def test_a_known_architecture_probe_cannot_express_names_what_is_missing(model_type):
+    from probe.interop.families import MISSING, family
+
+    with pytest.raises(ProbeError) as err:
+        family({"model_type": model_type}, "/m")
+    message = str(err.value)
+    assert MISSING[model_type] in message and "llama" in message and "\n" not in message

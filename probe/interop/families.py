@@ -29,6 +29,32 @@ def _modules() -> dict[str, ModuleType]:
     return {t: m for m in (hf_bert, hf_gpt2, hf_llama) for t in m.MODEL_TYPES}
 
 
+# Hugging Face model types probe does not import, -> the feature its model cannot express yet:
+# named in the refusal, so a user knows what is missing rather than only that it is
+MISSING = {
+    "mixtral": "mixture-of-experts FFN layers",
+    "qwen2_moe": "mixture-of-experts FFN layers",
+    "qwen3_moe": "mixture-of-experts FFN layers",
+    "olmoe": "mixture-of-experts FFN layers",
+    "deepseek_v2": "multi-head latent attention and mixture-of-experts layers",
+    "deepseek_v3": "multi-head latent attention and mixture-of-experts layers",
+    "falcon": "Falcon's multi-query fused attention layout and parallel blocks",
+    "gpt_bigcode": "multi-query attention in GPT-2's fused layout",
+    "gptj": "GPT-J's interleaved (rotate-every-two) rotary layout",
+    "bloom": "ALiBi in BLOOM's fused layout",
+    "mpt": "MPT's ALiBi and clipped fused qkv",
+    "opt": "OPT's offset learned positions",
+    "phi": "Phi-1/2's partial rotary with parallel blocks and dense-layer naming",
+    "t5": "an encoder-decoder with relative position buckets",
+    "mamba": "state-space layers (no attention)",
+    "mamba2": "state-space layers (no attention)",
+    "recurrent_gemma": "recurrent (Griffin) layers",
+    "gemma3": "a vision tower (import the text model: model_type gemma3_text)",
+    "cohere": "parallel blocks with LayerNorm without bias and logit scaling",
+    "starcoder2": "StarCoder2's biases and sliding window in a GPT-style block",
+}
+
+
 def supported() -> list[str]:
     """The Hugging Face model types probe imports."""
     return sorted(_modules())
@@ -44,6 +70,12 @@ def family(hf_config: dict[str, Any], where: str) -> ModuleType:
         raise ProbeError(
             f"{where}: config.json has no model_type, so the architecture is unknown; add the "
             f"Hugging Face model type (probe imports {known})."
+        )
+    if isinstance(model_type, str) and model_type in MISSING and model_type not in modules:
+        raise ProbeError(
+            f"{where}: model_type {model_type!r} is not supported: it needs "
+            f"{MISSING[model_type]}, which probe's model cannot express yet. probe imports "
+            f"these architectures: {known}."
         )
     if not isinstance(model_type, str) or model_type not in modules:
         hint = did_you_mean(model_type, list(modules)) if isinstance(model_type, str) else ""
