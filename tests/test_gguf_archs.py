@@ -73,7 +73,7 @@ def tiny_checkpoint(arch: str, tmp_path: Path, seed: int = 0):
 
 
 def _tokenizer_metadata(w, arch: str, vocab: int) -> None:
-    if arch in ("gemma", "gemma2", "phi3"):  # SentencePiece vocabularies (`_set_vocab_sentencepiece`)
+    if arch in ("gemma", "gemma2", "phi3"):  # SentencePiece (`_set_vocab_sentencepiece`)
         w.add_tokenizer_model("llama")
         w.add_tokenizer_pre("default")
         w.add_token_list([f"<t{i}>" for i in range(vocab)])
@@ -162,7 +162,8 @@ def test_tensors_and_config_are_the_checkpoint_transformers_saved(arch, tmp_path
     out = tmp_path / "from-gguf"
     out.mkdir()
     (out / "config.json").write_text(json.dumps(config))
-    safetensors_torch.save_file({n: read.tensors[n] for n in read.tensors}, out / "model.safetensors")
+    weights = {name: read.tensors[name] for name in read.tensors}
+    safetensors_torch.save_file(weights, out / "model.safetensors")
     rebuilt = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     ids = torch.randint(0, hf["vocab_size"], (2, SEQ), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -193,7 +194,7 @@ def test_gguf_tokenizers_of_the_byte_level_architectures(tmp_path):
 def test_sentencepiece_tokenizer_is_refused_in_one_line(arch, tmp_path):
     _, hf, saved = tiny_checkpoint(arch, tmp_path)
     read = read_gguf(write_like_llama_cpp(tmp_path / f"{arch}.gguf", arch, hf, saved))
-    with pytest.raises(ProbeError, match="tokenizer.ggml.model 'llama' is not supported") as e:
+    with pytest.raises(ProbeError, match=r"tokenizer\.ggml\.model 'llama' is not supported") as e:
         tokenizer_from_gguf(read.metadata, tmp_path / f"{arch}.gguf")
     assert "\n" not in str(e.value)
 
