@@ -226,7 +226,7 @@ def import_model(path: str | Path, allow_nonfinite: bool = False,
             )
 
         gguf = read_gguf(path)
-        label = f"GGUF file '{path}': metadata (read as a Llama config)"
+        label = f"GGUF file '{path}': metadata (read as a {gguf.label} config)"
         model, model_type = build(gguf.config, gguf.tensors, str(path), label, allow_nonfinite,
                                   dtype)  # fmt: skip
         tokenizer = tokenizer_from_gguf(gguf.metadata, path)

@@ -53,7 +53,7 @@ class PreTokenizer:
 
 
 _FAMILIES = {
-    PreTokenizer((_GPT2,)): ("gpt2", "mpt", "olmo", "jais"),
+    PreTokenizer((_GPT2,)): ("gpt2", "gpt-2", "phi-2", "mpt", "olmo", "jais"),
     PreTokenizer((r"\p{N}", _GPT2)): (
         "starcoder",
         "refact",
