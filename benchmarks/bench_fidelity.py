@@ -2,11 +2,12 @@
 transformers in the same dtype and against probe's own float32, printed as Markdown rows.
 
 For each family: tiny random configs of BERT (masked LM), GPT-2, Llama (grouped-query
-attention), Mistral (sliding window of 32 keys) and Qwen2, built in transformers with weights of
-std 0.2 (logits of a few units, attention far from uniform) and the real vocabulary of the
-bundled tokenizers; and the two bundled real models, MiniLM (BERT family, all-MiniLM-L6-v2,
-a sentence encoder: its last hidden state is compared, it has no logits) and SmolLM2-135M
-(Llama family, the Q4_1 GGUF, dequantized; transformers loads the same file into
+attention), Mistral (sliding window of 32 keys), Qwen2, Qwen3 (QK-norm, a window on layer 1)
+and Phi-3 (fused projections, partial rotary, a window of 32 keys), built in transformers with
+weights of std 0.2 (logits of a few units, attention far from uniform) and the real vocabulary
+of the bundled tokenizers; and the two bundled real models, MiniLM (BERT family,
+all-MiniLM-L6-v2, a sentence encoder: its last hidden state is compared, it has no logits) and
+SmolLM2-135M (Llama family, the Q4_1 GGUF, dequantized; transformers loads the same file into
 LlamaForCausalLM). Inputs: rows of 128 tokens of the shipped text (`probe.data.text`), tokenized by
 the bundled model of the family (SmolLM2's tokenizer for the decoders, MiniLM's for BERT).
 
@@ -57,8 +58,16 @@ def tiny_source(kind: str, vocab: int, folder: Path) -> Path:
         model = tf.MistralForCausalLM(
             tf.MistralConfig(**shape, num_key_value_heads=2, sliding_window=32)
         )
-    else:
+    elif kind == "Qwen2":
         model = tf.Qwen2ForCausalLM(tf.Qwen2Config(**shape, num_key_value_heads=2))
+    elif kind == "Qwen3":  # QK-norm, head_dim 24 (not 64 / 4), a window of 32 keys on layer 1
+        model = tf.Qwen3ForCausalLM(tf.Qwen3Config(**shape, num_key_value_heads=2, head_dim=24,
+                                                   use_sliding_window=True, sliding_window=32,
+                                                   max_window_layers=1))  # fmt: skip
+    else:  # Phi-3: fused qkv and gate/up, rotary on half of each head, a window of 32 keys
+        cfg = tf.Phi3Config(**shape, num_key_value_heads=2, partial_rotary_factor=0.5,
+                            sliding_window=32)  # fmt: skip
+        model = tf.Phi3ForCausalLM(cfg)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() >= 2:
@@ -148,7 +157,7 @@ def main() -> None:
           "top-1 agreement with transformers | max abs logit (MiniLM: hidden) |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
-        for kind in ("BERT", "GPT-2", "Llama", "Mistral", "Qwen2"):
+        for kind in ("BERT", "GPT-2", "Llama", "Mistral", "Qwen2", "Qwen3", "Phi-3"):
             tokens = text["bert" if kind == "BERT" else "decoder"]
             vocab = bert_tok.get_vocab_size() if kind == "BERT" else decoder_tok.get_vocab_size()
             path = tiny_source(kind, vocab, Path(tmp))

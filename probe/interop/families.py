@@ -24,9 +24,9 @@ from probe.interop.fields import Fields
 
 
 def _modules() -> dict[str, ModuleType]:
-    from probe.interop import hf_bert, hf_gpt2, hf_llama
+    from probe.interop import hf_bert, hf_gpt2, hf_llama, hf_phi3
 
-    return {t: m for m in (hf_bert, hf_gpt2, hf_llama) for t in m.MODEL_TYPES}
+    return {t: m for m in (hf_bert, hf_gpt2, hf_llama, hf_phi3) for t in m.MODEL_TYPES}
 
 
 # Hugging Face model types probe does not import, -> the feature its model cannot express yet:
@@ -142,9 +142,12 @@ UNIMPLEMENTED = {
 }
 
 
-def refuse_unimplemented(hf: Fields, family_name: str) -> None:
-    """One line naming the first key of UNIMPLEMENTED the config sets to another value."""
+def refuse_unimplemented(hf: Fields, family_name: str, implemented: tuple[str, ...] = ()) -> None:
+    """One line naming the first key of UNIMPLEMENTED the config sets to another value (but
+    those the family reads itself, `implemented`)."""
     for key, (neutral, feature) in UNIMPLEMENTED.items():
+        if key in implemented:
+            continue
         value = hf.raw(key)
         if not any(value is n or (type(value) is type(n) and value == n) for n in neutral):
             hf.refuse(key, value, f"{feature} is not implemented in probe's {family_name}.")

@@ -1,7 +1,8 @@
-"""Llama family (Llama, Mistral, Qwen2, SmolLM): pre-norm RMSNorm, SwiGLU, rotary position
+"""Llama family (Llama, Mistral, Qwen2, Qwen3, SmolLM): pre-norm RMSNorm, SwiGLU, rotary position
 embedding with the config's base (rotate-half layout, as probe's `Rotary`), no biases (Qwen2:
-biases on q, k and v), tied or untied output, grouped-query attention, and the sliding windows
-of Mistral and Qwen2 (`_window`)."""
+biases on q, k and v), tied or untied output, grouped-query attention, the sliding windows of
+Mistral, Qwen2 and Qwen3 (`_window`), and Qwen3's RMSNorm on each head's q and k (`qk_norm`,
+`head_dim` 128 unless the config says otherwise)."""
 
 from __future__ import annotations
 
@@ -14,17 +15,22 @@ from probe.errors import ProbeError
 from probe.interop.families import refuse_unimplemented, renamed, tied_output
 from probe.interop.fields import Fields
 
-MODEL_TYPES = ("llama", "mistral", "qwen2")
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # source tensors probe may leave unused: the rotary frequencies of older files, a tied lm_head,
 # o_proj's bias (Llama's attention_bias; checked to be zero in `to_probe`)
 IGNORED = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq", r"lm_head\.weight",
            r"model\.layers\.\d+\.self_attn\.o_proj\.bias")  # fmt: skip
 
 
-def _rope_theta(hf: Fields) -> float:
-    """The rotary base; any rotary variant but the plain one is refused by name. transformers 5
-    writes `rope_parameters`, older files `rope_theta` and `rope_scaling` at the top level."""
+def rope(
+    hf: Fields, family_name: str = "Llama family", partial: bool = False
+) -> tuple[float, float]:
+    """(rotary base, fraction of each head it rotates); any rotary variant but the plain one is
+    refused by name, and so is a partial rotary unless the family has one (`partial`, Phi-3:
+    `partial_rotary_factor` in `rope_parameters`, else at the top level). transformers 5 writes
+    `rope_parameters`, older files `rope_theta` and `rope_scaling` at the top level."""
     theta = hf.number("rope_theta", 10000.0)
+    fraction = hf.number("partial_rotary_factor", 1.0) if partial else 1.0
     for key in ("rope_parameters", "rope_scaling"):
         section = hf.section(key)
         kind_key = "rope_type" if section.has("rope_type") else "type"
@@ -37,27 +43,32 @@ def _rope_theta(hf: Fields) -> float:
                 "which computes the plain rotary embedding (rope_type 'default').",
             )
         factor = section.raw("partial_rotary_factor")
-        if factor is not None and section.number("partial_rotary_factor") != 1.0:
+        if partial:
+            fraction = section.number("partial_rotary_factor", fraction)
+        elif factor is not None and section.number("partial_rotary_factor") != 1.0:
             section.refuse("partial_rotary_factor", factor, "rotary embedding on part of each "
-                           "head is not implemented in probe's Llama family.")  # fmt: skip
+                           f"head is not implemented in probe's {family_name}.")  # fmt: skip
         theta = section.number("rope_theta", theta)
     if not theta > 1:
         hf.fail("rope_theta", "a number greater than 1 (usually 10000)", theta)
-    return theta
+    if not fraction <= 1:
+        hf.fail("partial_rotary_factor", "a number in (0, 1]", fraction)
+    return theta, fraction
 
 
 def _window(hf: Fields) -> tuple[int | None, tuple[int, ...] | None]:
     """(sliding_window, window_layers) as transformers 5.24 reads them: Mistral windows every
     layer (`sliding_window`, 4096 when absent, null for none); Qwen2 only with
     `use_sliding_window`, on the layers `layer_types` marks "sliding_attention" (absent: those
-    from `max_window_layers` on, 28 by default); Llama has no window."""
+    from `max_window_layers` on, 28 by default), and Qwen3 alike; Llama has no window."""
     kind = hf.name("model_type")
-    if kind == "llama" or (kind == "qwen2" and not hf.flag("use_sliding_window", False)):
+    qwen = kind in ("qwen2", "qwen3")
+    if kind == "llama" or (qwen and not hf.flag("use_sliding_window", False)):
         return None, None
     if "sliding_window" in hf and hf.get("sliding_window") is None:
         return None, None
     window = hf.integer("sliding_window", 4096)
-    if kind != "qwen2":
+    if not qwen:
         return window, None
     n_layer = hf.integer("num_hidden_layers")
     types = hf.raw("layer_types")
@@ -81,13 +92,15 @@ def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> Mode
     llama = model_type == "llama"  # Mistral and Qwen2 have neither flag: transformers ignores it
     if llama and hf.flag("mlp_bias", False):
         hf.refuse("mlp_bias", True, "biases in the MLP are not implemented in probe's Llama.")
-    qkv_bias = model_type == "qwen2" or (llama and hf.flag("attention_bias", False))
+    qwen3 = model_type == "qwen3"  # Qwen3: attention_bias too, and always a norm on q and k
+    biased = (llama or qwen3) and hf.flag("attention_bias", False)
+    qkv_bias = model_type == "qwen2" or biased
     d_model = hf.integer("hidden_size")
     n_head = hf.integer("num_attention_heads")
     n_kv_head = hf.integer("num_key_value_heads", n_head)
     if hf.has("num_key_value_heads"):
         hf.divides("num_attention_heads", "num_key_value_heads")
-    if not hf.has("head_dim"):
+    if not hf.has("head_dim") and not qwen3:  # Qwen3Config's head_dim defaults to 128
         hf.divides("hidden_size", "num_attention_heads")
     window, window_layers = _window(hf)
     return ModelConfig(
@@ -97,18 +110,19 @@ def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> Mode
         n_head=n_head,
         n_kv_head=n_kv_head,
         d_model=d_model,
-        d_head=hf.integer("head_dim", d_model // n_head),
+        d_head=hf.integer("head_dim", 128 if qwen3 else d_model // n_head),
         ffn=FFN.SWIGLU,
         ffn_mult=hf.integer("intermediate_size") / d_model,
         norm=Norm.PRE,
         norm_type=NormType.RMS,
         pe=PE.ROPE,
-        rope_base=_rope_theta(hf),
+        rope_base=rope(hf)[0],
         max_len=hf.integer("max_position_embeddings", 2048),
         bias=False,
         qkv_bias=qkv_bias,
         tie_embeddings=tied_output(hf, names, default=False),
         ln_eps=hf.number("rms_norm_eps", 1e-6),
+        qk_norm=qwen3,
         sliding_window=window,
         window_layers=window_layers,
     )
@@ -131,6 +145,9 @@ def _names(cfg: ModelConfig) -> dict[str, str]:
             names[f"{h}self_attn.{x}_proj.weight"] = f"{b}attn.{x}.weight"
             if cfg.qkv_bias:
                 names[f"{h}self_attn.{x}_proj.bias"] = f"{b}attn.{x}.bias"
+        if cfg.qk_norm:  # Qwen3
+            names[f"{h}self_attn.q_norm.weight"] = f"{b}attn.q_norm.weight"
+            names[f"{h}self_attn.k_norm.weight"] = f"{b}attn.k_norm.weight"
     if not cfg.tie_embeddings:
         names["lm_head.weight"] = "head.weight"
     return names
@@ -195,12 +212,44 @@ def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]
         "tie_word_embeddings": cfg.tie_embeddings,
         "attention_dropout": 0.0,
     }
+    if cfg.qk_norm:
+        return _qwen3(hf, weights, cfg)
     if cfg.sliding_window is not None:
         return _windowed(hf, weights, cfg)
-    if cfg.qkv_bias:  # Llama's attention_bias also puts a bias on o_proj: zeros compute the same
+    _zero_o_bias(weights, cfg)
+    return hf, weights
+
+
+def _zero_o_bias(weights: dict, cfg: ModelConfig) -> None:
+    """attention_bias (Llama, Qwen3) also puts a bias on o_proj: zeros compute the same."""
+    if cfg.qkv_bias:
         for i in range(cfg.n_layer):
             weights[f"model.layers.{i}.self_attn.o_proj.bias"] = torch.zeros(cfg.d_model)
-    return hf, weights
+
+
+def _layer_types(cfg: ModelConfig) -> list[str]:
+    return [
+        "sliding_attention" if cfg.window(i) is not None else "full_attention"
+        for i in range(cfg.n_layer)
+    ]
+
+
+def _qwen3(hf: dict, weights: dict, cfg: ModelConfig) -> tuple[dict, dict]:
+    """A norm on each head's q and k is a Qwen3 (a Llama config cannot hold it), its windowed
+    layers named by `layer_types`, read back by `_window`."""
+    del hf["mlp_bias"]
+    types = _layer_types(cfg)
+    window = cfg.sliding_window
+    _zero_o_bias(weights, cfg)
+    return {
+        **hf,
+        "model_type": "qwen3",
+        "architectures": ["Qwen3ForCausalLM"],
+        "use_sliding_window": window is not None,
+        "sliding_window": window,
+        "max_window_layers": types.index("sliding_attention") if window else cfg.n_layer,
+        "layer_types": types,
+    }, weights
 
 
 def _windowed(hf: dict, weights: dict, cfg: ModelConfig) -> tuple[dict, dict]:
@@ -211,10 +260,7 @@ def _windowed(hf: dict, weights: dict, cfg: ModelConfig) -> tuple[dict, dict]:
     if cfg.window_layers is None and not cfg.qkv_bias:
         model_type = {"model_type": "mistral", "architectures": ["MistralForCausalLM"]}
         return {**hf, **model_type, "sliding_window": cfg.sliding_window}, weights
-    types = [
-        "sliding_attention" if cfg.window(i) is not None else "full_attention"
-        for i in range(cfg.n_layer)
-    ]
+    types = _layer_types(cfg)
     hf = {
         **hf,
         "model_type": "qwen2",
