@@ -35,7 +35,9 @@ def michel(report: Findings) -> str | None:
     verdict = _verdict(best.min_fraction >= low, best.max_fraction < low)
     versus = ev.against_random(report.curves, report.objective)
     theirs = "gradient" if "gradient" in set(versus.get("method", [])) else best.method
-    row = versus[(versus.method == theirs) & (versus.unit == "head")]
+    if not versus.empty:  # (empty, without columns, when no curve removes random heads)
+        versus = versus[(versus.method == theirs) & (versus.unit == "head")]
+    row = versus
     beat = ""
     if not row.empty:
         r = row.iloc[0]
