@@ -1,14 +1,15 @@
 """Benchmark: fidelity of probe's forward pass in float32, bfloat16 and float16, against
 transformers in the same dtype and against probe's own float32, printed as Markdown rows.
 
-For each family: tiny random configs of BERT (masked LM), GPT-2, Llama (grouped-query
-attention), Mistral (sliding window of 32 keys) and Qwen2, built in transformers with weights of
-std 0.2 (logits of a few units, attention far from uniform) and the real vocabulary of the
-bundled tokenizers; and the two bundled real models, MiniLM (BERT family, all-MiniLM-L6-v2,
-a sentence encoder: its last hidden state is compared, it has no logits) and SmolLM2-135M
-(Llama family, the Q4_1 GGUF, dequantized; transformers loads the same file into
-LlamaForCausalLM). Inputs: rows of 128 tokens of the shipped text (`probe.data.text`), tokenized by
-the bundled model of the family (SmolLM2's tokenizer for the decoders, MiniLM's for BERT).
+For each family: tiny random configs of BERT (masked LM), GPT-2, Llama (grouped-query attention),
+Mistral (sliding window of 32 keys), Qwen2, GPT-NeoX (Pythia's parallel residual and partial rotary)
+and OLMo-2 (branch norms, QK-norm over all heads), built in transformers with weights of std 0.2
+(logits of a few units, attention far from uniform) and the real vocabulary of the bundled
+tokenizers; and the two bundled real models, MiniLM (BERT family, all-MiniLM-L6-v2, a sentence
+encoder: its last hidden state is compared, it has no logits) and SmolLM2-135M (Llama family, the
+Q4_1 GGUF, dequantized; transformers loads the same file into LlamaForCausalLM). Inputs: rows of 128
+tokens of the shipped text (`probe.data.text`), tokenized by the bundled model of the family
+(SmolLM2's tokenizer for the decoders, MiniLM's for BERT).
 
 transformers is loaded with `from_pretrained(..., dtype=DTYPE)` (which keeps its rotary
 frequencies float32); probe imports the model (float32) and casts it with `.to(DTYPE)`.
@@ -57,6 +58,10 @@ def tiny_source(kind: str, vocab: int, folder: Path) -> Path:
         model = tf.MistralForCausalLM(
             tf.MistralConfig(**shape, num_key_value_heads=2, sliding_window=32)
         )
+    elif kind == "GPT-NeoX":  # Pythia's shape: parallel residual, rotary on a quarter of a head
+        model = tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(**shape, max_position_embeddings=WIDTH))
+    elif kind == "OLMo-2":
+        model = tf.Olmo2ForCausalLM(tf.Olmo2Config(**shape, num_key_value_heads=2))
     else:
         model = tf.Qwen2ForCausalLM(tf.Qwen2Config(**shape, num_key_value_heads=2))
     with torch.no_grad():
@@ -148,7 +153,7 @@ def main() -> None:
           "top-1 agreement with transformers | max abs logit (MiniLM: hidden) |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
-        for kind in ("BERT", "GPT-2", "Llama", "Mistral", "Qwen2"):
+        for kind in ("BERT", "GPT-2", "Llama", "Mistral", "Qwen2", "GPT-NeoX", "OLMo-2"):
             tokens = text["bert" if kind == "BERT" else "decoder"]
             vocab = bert_tok.get_vocab_size() if kind == "BERT" else decoder_tok.get_vocab_size()
             path = tiny_source(kind, vocab, Path(tmp))

@@ -301,3 +301,28 @@ def test_the_cli_walks_every_command(kind, tmp_path, capsys):
     tokens, _ = inputs()
     with torch.no_grad():
         assert (ref(tokens).logits - loaded.model(tokens)).abs().max() < TOL
+
+
+def test_olmo2_rotates_in_float32_and_rounds_once():
+    """transformers' OLMo-2 rotates bf16 queries with float32 cos and sin and rounds the result
+    once; probe's OLMo-2 does the same (`rope_float32`): equal but for the last bit of a few
+    elements (the two compute the frequencies by different float32 formulas), where rounding
+    cos and sin to bf16 first, as Llama does, differs on a third of them."""
+    from transformers.models.olmo2 import modeling_olmo2
+
+    from probe.config import ModelConfig
+    from probe.model.positional import Rotary
+
+    hf = transformers.Olmo2Config(hidden_size=64, num_attention_heads=4, num_hidden_layers=1,
+                                  vocab_size=VOCAB, rope_theta=500.0, eos_token_id=2)  # fmt: skip
+    x = torch.randn(2, 4, 300, 16, generator=torch.Generator().manual_seed(0)).bfloat16()
+    positions = torch.arange(300).expand(2, 300)
+    cos, sin = modeling_olmo2.Olmo2RotaryEmbedding(hf)(x, positions)
+    want, _ = modeling_olmo2.apply_rotary_pos_emb(x, x, cos, sin)
+    differ = {}
+    for float32 in (True, False):
+        cfg = ModelConfig(d_model=64, n_head=4, pe="rope", rope_base=500.0, rope_float32=float32)
+        got = Rotary(cfg)(x, positions)
+        assert got.dtype == torch.bfloat16
+        differ[float32] = float((got != want).float().mean())
+    assert differ[True] < 0.01 and differ[False] > 0.1, differ

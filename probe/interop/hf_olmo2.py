@@ -1,7 +1,8 @@
 """OLMo-2 family: RMSNorm on each sub-layer's output before the residual add (probe's norm
 "branch": post_attention_layernorm and post_feedforward_layernorm), its gain multiplied in
 float32; QK-norm over the whole q and k projections (one RMSNorm over all heads' queries, one
-over all keys), SwiGLU, rotary embedding over each whole head, no biases, untied output.
+over all keys), SwiGLU, rotary embedding over each whole head (rotated in float32, rounded
+once), no biases, untied output.
 
 A pruned OLMo-2 keeps every q and k row (the norm's statistic of a kept head depends on the
 removed heads), so it has no Hugging Face OLMo-2 form: its export is refused."""
@@ -60,6 +61,7 @@ def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> Mode
         qk_norm_whole=True,
         pe=PE.ROPE,
         rope_base=theta,
+        rope_float32=True,
         max_len=hf.integer("max_position_embeddings", 2048),
         bias=False,
         tie_embeddings=tied_output(hf, names, default=False),
