@@ -2,10 +2,11 @@
 transformers in the same dtype and against probe's own float32, printed as Markdown rows.
 
 For each family: tiny random configs of BERT (masked LM), GPT-2, Llama (grouped-query
-attention), Mistral (sliding window of 32 keys), Qwen2, Qwen3 (QK-norm, a window on layer 1)
-and Phi-3 (fused projections, partial rotary, a window of 32 keys), built in transformers with
-weights of std 0.2 (logits of a few units, attention far from uniform) and the real vocabulary
-of the bundled tokenizers; and the two bundled real models, MiniLM (BERT family,
+attention), Mistral (sliding window of 32 keys), Qwen2, Qwen3 (QK-norm, a window on layer 1),
+Phi-3 (fused projections, partial rotary, a window of 32 keys), GPT-NeoX (Pythia's parallel
+residual and partial rotary) and OLMo-2 (branch norms, QK-norm over all heads), built in
+transformers with weights of std 0.2 (logits of a few units, attention far from uniform) and the
+real vocabulary of the bundled tokenizers; and the two bundled real models, MiniLM (BERT family,
 all-MiniLM-L6-v2, a sentence encoder: its last hidden state is compared, it has no logits) and
 SmolLM2-135M (Llama family, the Q4_1 GGUF, dequantized; transformers loads the same file into
 LlamaForCausalLM). Inputs: rows of 128 tokens of the shipped text (`probe.data.text`), tokenized by
@@ -58,6 +59,10 @@ def tiny_source(kind: str, vocab: int, folder: Path) -> Path:
         model = tf.MistralForCausalLM(
             tf.MistralConfig(**shape, num_key_value_heads=2, sliding_window=32)
         )
+    elif kind == "GPT-NeoX":  # Pythia's shape: parallel residual, rotary on a quarter of a head
+        model = tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(**shape, max_position_embeddings=WIDTH))
+    elif kind == "OLMo-2":
+        model = tf.Olmo2ForCausalLM(tf.Olmo2Config(**shape, num_key_value_heads=2))
     elif kind == "Qwen2":
         model = tf.Qwen2ForCausalLM(tf.Qwen2Config(**shape, num_key_value_heads=2))
     elif kind == "Qwen3":  # QK-norm, head_dim 24 (not 64 / 4), a window of 32 keys on layer 1
@@ -157,7 +162,8 @@ def main() -> None:
           "top-1 agreement with transformers | max abs logit (MiniLM: hidden) |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
-        for kind in ("BERT", "GPT-2", "Llama", "Mistral", "Qwen2", "Qwen3", "Phi-3"):
+        for kind in ("BERT", "GPT-2", "Llama", "Mistral", "Qwen2", "Qwen3", "Phi-3", "GPT-NeoX",
+                     "OLMo-2"):  # fmt: skip
             tokens = text["bert" if kind == "BERT" else "decoder"]
             vocab = bert_tok.get_vocab_size() if kind == "BERT" else decoder_tok.get_vocab_size()
             path = tiny_source(kind, vocab, Path(tmp))

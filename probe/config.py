@@ -181,6 +181,9 @@ class ModelConfig:
     rope_fraction: float = 1.0  # fraction of each head's dimensions that rotary rotates
     rope_base: float = 10000.0
     rope_local_base: float | None = None  # rotary base of the sliding-window layers (Gemma 3)
+    # rotary rotates q and k in float32 and rounds once (OLMo-2), rather than in their dtype with
+    # cos and sin rounded to it (Llama, GPT-NeoX); the same in float32
+    rope_float32: bool = False
     t5_buckets: int = 32  # relative-position buckets of the T5 bias
     t5_max_distance: int = 128  # distance where the T5 buckets stop growing
     scale: Scale = Scale.SQRT

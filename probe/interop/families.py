@@ -24,9 +24,10 @@ from probe.interop.fields import Fields
 
 
 def _modules() -> dict[str, ModuleType]:
-    from probe.interop import hf_bert, hf_gpt2, hf_llama, hf_phi3
+    from probe.interop import hf_bert, hf_gpt2, hf_llama, hf_neox, hf_olmo2, hf_phi3
 
-    return {t: m for m in (hf_bert, hf_gpt2, hf_llama, hf_phi3) for t in m.MODEL_TYPES}
+    families = (hf_bert, hf_gpt2, hf_llama, hf_neox, hf_olmo2, hf_phi3)
+    return {t: m for m in families for t in m.MODEL_TYPES}
 
 
 # Hugging Face model types probe does not import, -> the feature its model cannot express yet:

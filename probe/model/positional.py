@@ -71,6 +71,7 @@ class Rotary(nn.Module):
         super().__init__()
         self.dims = cfg.rotary_dims
         self.base = cfg.rope_base if base is None else base
+        self.float32 = cfg.rope_float32  # rotate in float32, round once (OLMo-2)
         self.register_buffer("inv_freq", self._inv_freq(), persistent=False)
 
     def _inv_freq(self, device: torch.device | None = None) -> torch.Tensor:
@@ -88,11 +89,12 @@ class Rotary(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x [batch, head, seq, d_head], positions [batch, seq] -> rotated x, same shape."""
         angles = positions.float().unsqueeze(-1) * self.inv_freq  # [batch, seq, dims/2]
-        cos = angles.cos().unsqueeze(1).to(x.dtype)  # [batch, 1, seq, dims/2]
-        sin = angles.sin().unsqueeze(1).to(x.dtype)  # [batch, 1, seq, dims/2]
+        dtype = torch.float32 if self.float32 else x.dtype  # where the products are rounded
+        cos = angles.cos().unsqueeze(1).to(dtype)  # [batch, 1, seq, dims/2]
+        sin = angles.sin().unsqueeze(1).to(dtype)  # [batch, 1, seq, dims/2]
         half = self.dims // 2
         x1, x2, rest = x[..., :half], x[..., half : self.dims], x[..., self.dims :]
-        rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+        rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
         return torch.cat([rotated, rest], dim=-1)
 
 

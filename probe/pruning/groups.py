@@ -8,7 +8,8 @@ head and every query head that reads it). A group's importance is the sum of its
 importances (ablation, gradient and the attention statistics are all scored per head).
 
 uniform=True removes the same number of units everywhere: the same number of query heads from
-every key/value group of every layer (unit head), or the same number of groups from every layer
+every key/value group of every layer (unit head; without grouped-query attention, from every
+layer), or the same number of groups from every layer
 (unit group), so every layer keeps one shape.
 """
 
@@ -58,8 +59,12 @@ def plan_units(
         if not uniform:
             raise ValueError("head units without uniform are plan_removal's job")
         for site, heads in zip(sites, present, strict=True):
-            for group in sorted({site.group(h) for h in heads}):
-                members = [h for h in heads if site.group(h) == group]
+            # the same share of every key/value group; without GQA (a group per head) of the layer
+            pools = [list(heads)]
+            if site.grouped:
+                groups = sorted({site.group(h) for h in heads})
+                pools = [[h for h in heads if site.group(h) == g] for g in groups]
+            for members in pools:
                 rows = rank[(rank.layer == site.index) & rank["head"].isin(members)]
                 k = n_to_remove(fraction, len(members))
                 chosen += [(site.index, int(h)) for h in rows["head"].head(k)]

@@ -1,0 +1,209 @@
+"""GPT-NeoX family (Pythia, GPT-NeoX-20B): LayerNorm with biases, attention and FFN in parallel
+on the same input (`use_parallel_residual`; else sequential pre-norm), rotary embedding on the
+first `rotary_pct` of each head's dimensions (rotate-half layout, as probe's `Rotary`), the
+fused `query_key_value` projection whose rows are per head [q | k | v] (split here, re-fused on
+export), biases on every linear layer, exact GELU, untied output `embed_out`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import torch
+
+from probe.config import FFN, PE, Arch, ModelConfig, Norm
+from probe.errors import ProbeError
+from probe.interop.families import refuse_unimplemented, renamed, require
+from probe.interop.fields import Fields
+
+MODEL_TYPES = ("gpt_neox",)
+# source tensors probe may leave unused: the causal-mask and rotary buffers of older files, an
+# output layer tied to embed_in
+IGNORED = (r"gpt_neox\.layers\.\d+\.attention\.(masked_)?bias",
+           r"gpt_neox\.layers\.\d+\.attention\.rotary_emb\.inv_freq",
+           r"embed_out\.weight", r"lm_head\.weight")  # fmt: skip
+ACTIVATIONS = {"gelu": FFN.GELU, "gelu_new": FFN.GELU_TANH, "gelu_fast": FFN.GELU_TANH,
+               "gelu_pytorch_tanh": FFN.GELU_TANH, "relu": FFN.RELU}  # fmt: skip
+# keys of other families GPT-NeoX reads otherwise (its rotary fraction) or ignores (always causal)
+OWN_KEYS = ("partial_rotary_factor", "is_decoder")
+HEADS = (
+    "embed_out.weight",
+    "lm_head.weight",
+)  # the output layer: as saved, as transformers 5 names
+
+
+def rope_parameters(hf: Fields) -> Fields:
+    """The rotary section transformers 5.24 reads: `rope_scaling` when it is a non-empty
+    mapping, else `rope_parameters`; any rotary type but the plain one refused by name."""
+    section = hf.section("rope_scaling")
+    if not section.data:
+        section = hf.section("rope_parameters")
+    kind_key = "rope_type" if section.has("rope_type") else "type"
+    kind = section.name(kind_key, "default")
+    if kind != "default":
+        section.refuse(kind_key, kind, "this rotary scaling is not implemented in probe, which "
+                       "computes the plain rotary embedding (rope_type 'default').")  # fmt: skip
+    return section
+
+
+def _rotary(hf: Fields, d_head: int) -> tuple[float, float]:
+    """(base, fraction) as GPTNeoXConfig reads them: the rotary section's values, else the old
+    top-level `rotary_emb_base` and `rotary_pct` (10000 and 0.25 when absent)."""
+    section = rope_parameters(hf)
+    base = section.number("rope_theta", hf.number("rotary_emb_base", 10000.0))
+    fraction = section.number("partial_rotary_factor", hf.number("rotary_pct", 0.25))
+    key = "rope_parameters.partial_rotary_factor" if section.has("partial_rotary_factor") else (
+        "rotary_pct")  # fmt: skip
+    dims = int(d_head * fraction)
+    if fraction > 1 or dims < 2 or dims % 2:
+        raise ProbeError(
+            f"{hf.label}: {key} = {fraction!r:.20} rotates {dims} of the {d_head} dimensions of "
+            "each head; probe's rotary embedding needs an even number of them, at least 2 and at "
+            "most the head size."
+        )
+    if not base > 1:
+        hf.fail("rope_theta", "a number greater than 1 (usually 10000)", base)
+    return base, fraction
+
+
+def _head(names: set[str] | None) -> str | None:
+    """The output layer's name in the file (None: it has none, or the names are not known)."""
+    return next((n for n in HEADS if names is not None and n in names), None)
+
+
+def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> ModelConfig:
+    hf = Fields.of(hf, where)
+    others = {k: v for k, v in hf.data.items() if k not in OWN_KEYS}
+    refuse_unimplemented(Fields(others, hf.label), "GPT-NeoX")
+    act = hf.choice("hidden_act", "gelu", ACTIVATIONS, "GPT-NeoX")
+    d_model = hf.integer("hidden_size")
+    n_head = hf.integer("num_attention_heads")
+    hf.divides("hidden_size", "num_attention_heads")
+    d_head = d_model // n_head
+    if hf.has("head_dim") and hf.integer("head_dim") != d_head:
+        why = f"GPT-NeoX's heads are hidden_size / num_attention_heads = {d_head} wide."
+        hf.refuse("head_dim", hf.raw("head_dim"), f"{why} Another head_dim is not implemented.")
+    base, fraction = _rotary(hf, d_head)
+    tied = hf.flag("tie_word_embeddings", False)
+    if not tied and names is not None and _head(names) is None:
+        raise ProbeError(f"{hf.label}: tie_word_embeddings is false but the weights hold no "
+                         "embed_out.weight; the output layer is missing.")  # fmt: skip
+    bias = hf.flag("attention_bias", True)
+    return ModelConfig(
+        arch=Arch.DECODER,
+        vocab_size=hf.integer("vocab_size"),
+        n_layer=hf.integer("num_hidden_layers"),
+        n_head=n_head,
+        d_model=d_model,
+        ffn=act,
+        ffn_mult=hf.integer("intermediate_size") / d_model,
+        norm=Norm.PRE,
+        parallel_residual=hf.flag("use_parallel_residual", True),
+        pe=PE.ROPE,
+        rope_base=base,
+        rope_fraction=fraction,
+        max_len=hf.integer("max_position_embeddings", 2048),
+        bias=True,  # the MLP always has biases; without attention_bias dense's are zeros
+        qkv_bias=bias,
+        tie_embeddings=tied,
+        ln_eps=hf.number("layer_norm_eps", 1e-5),
+    )
+
+
+def _names(cfg: ModelConfig) -> dict[str, str]:
+    """Hugging Face name -> probe name, for all but the fused query_key_value and the output."""
+    names = {
+        "gpt_neox.embed_in.weight": "embed.weight",
+        "gpt_neox.final_layer_norm.weight": "ln_final.weight",
+        "gpt_neox.final_layer_norm.bias": "ln_final.bias",
+    }
+    for i in range(cfg.n_layer):
+        h, b = f"gpt_neox.layers.{i}.", f"blocks.{i}."
+        for hf_name, probe_name in (("input_layernorm", "ln_attn"),
+                                    ("post_attention_layernorm", "ln_ffn"),
+                                    ("attention.dense", "attn.o"), ("mlp.dense_h_to_4h", "ffn.up"),
+                                    ("mlp.dense_4h_to_h", "ffn.down")):  # fmt: skip
+            names[f"{h}{hf_name}.weight"] = f"{b}{probe_name}.weight"
+            if hf_name != "attention.dense" or cfg.qkv_bias:
+                names[f"{h}{hf_name}.bias"] = f"{b}{probe_name}.bias"
+    return names
+
+
+def to_probe(state: Mapping, cfg: ModelConfig, where: str) -> Iterator[tuple[str, torch.Tensor]]:
+    fused = [f"gpt_neox.layers.{i}.attention.query_key_value.{p}" for i in range(cfg.n_layer)
+             for p in (("weight", "bias") if cfg.qkv_bias else ("weight",))]  # fmt: skip
+    require(state, fused, where)
+    yield from renamed(state, _names(cfg), where)
+    for i in range(cfg.n_layer):
+        h, b = f"gpt_neox.layers.{i}.attention.", f"blocks.{i}."
+        weight = state[f"{h}query_key_value.weight"]  # [n_head * 3 * d_head, d_model]
+        rows = weight.view(cfg.n_head, 3, cfg.d_head, -1)  # [head, q|k|v, d_head, d_model]
+        for j, x in enumerate("qkv"):
+            yield f"{b}attn.{x}.weight", rows[:, j].reshape(-1, weight.shape[-1])
+        if cfg.qkv_bias:
+            parts = state[f"{h}query_key_value.bias"].view(cfg.n_head, 3, cfg.d_head)
+            for j, x in enumerate("qkv"):
+                yield f"{b}attn.{x}.bias", parts[:, j].reshape(-1)
+        else:  # attention_bias false: no bias on dense either; probe's o has one of zeros
+            yield f"{b}attn.o.bias", torch.zeros(cfg.d_model, dtype=weight.dtype)
+        del weight
+    if not cfg.tie_embeddings:
+        yield "head.weight", state[_head(set(state)) or HEADS[0]]
+
+
+def _padded(state: dict, name: str, kept: tuple[int, ...], cfg: ModelConfig, dim: int):
+    """Probe's tensor `name` of the heads `kept` with every head of the unpruned model in place
+    along `dim`, a removed head's slice zero."""
+    tensor = state[name]
+    if len(kept) == cfg.n_head:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = cfg.n_head * cfg.d_head
+    full = tensor.new_zeros(shape)
+    rows = torch.tensor([h * cfg.d_head + j for h in kept for j in range(cfg.d_head)])
+    return full.index_copy(dim, rows, tensor)
+
+
+def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]:
+    """GPT-NeoX's config has no head size: it is hidden_size / num_attention_heads, so a pruned
+    model is written with every head, a removed head's q, k, v rows and dense columns zero (its
+    output is zero: the same function, at the unpruned size)."""
+    weights = {hf: state[p] for hf, p in _names(cfg).items()}
+    for site in cfg.sites():
+        h, b, kept = f"gpt_neox.layers.{site.index}.attention.", f"{site.name}.", site.kept_heads
+        weights[f"{h}dense.weight"] = _padded(state, f"{b}o.weight", kept, cfg, 1)
+        weights[f"{h}dense.bias"] = state[f"{b}o.bias"]
+        parts = [_padded(state, f"{b}{x}.weight", kept, cfg, 0) for x in "qkv"]
+        qkv = [w.view(cfg.n_head, 1, cfg.d_head, -1) for w in parts]  # [head, 1, d_head, d_model]
+        weights[f"{h}query_key_value.weight"] = torch.cat(qkv, 1).reshape(-1, cfg.d_model)
+        if cfg.qkv_bias:
+            parts = [_padded(state, f"{b}{x}.bias", kept, cfg, 0) for x in "qkv"]
+            qkv = [p.view(cfg.n_head, 1, cfg.d_head) for p in parts]
+            weights[f"{h}query_key_value.bias"] = torch.cat(qkv, 1).reshape(-1)
+        else:  # written with attention_bias true: zero q/k/v biases compute the same
+            weights[f"{h}query_key_value.bias"] = torch.zeros(3 * cfg.n_head * cfg.d_head)
+    if not cfg.tie_embeddings:
+        weights["embed_out.weight"] = state["head.weight"]
+    act = {FFN.GELU: "gelu", FFN.GELU_TANH: "gelu_new", FFN.RELU: "relu"}[cfg.ffn]
+    hf = {
+        "model_type": "gpt_neox",
+        "architectures": ["GPTNeoXForCausalLM"],
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.d_ff,
+        "num_hidden_layers": cfg.n_layer,
+        "num_attention_heads": cfg.n_head,
+        "hidden_act": act,
+        "max_position_embeddings": cfg.max_len,
+        "layer_norm_eps": cfg.ln_eps,
+        "use_parallel_residual": cfg.parallel_residual,
+        "attention_bias": True,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": cfg.rope_base,
+            "partial_rotary_factor": cfg.rope_fraction,
+        },
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "attention_dropout": 0.0,
+        "hidden_dropout": 0.0,
+    }
+    return hf, weights

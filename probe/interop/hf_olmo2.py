@@ -1,0 +1,125 @@
+"""OLMo-2 family: RMSNorm on each sub-layer's output before the residual add (probe's norm
+"branch": post_attention_layernorm and post_feedforward_layernorm), its gain multiplied in
+float32; QK-norm over the whole q and k projections (one RMSNorm over all heads' queries, one
+over all keys), SwiGLU, rotary embedding over each whole head (rotated in float32, rounded
+once), no biases, untied output.
+
+A pruned OLMo-2 keeps every q and k row (the norm's statistic of a kept head depends on the
+removed heads), so it has no Hugging Face OLMo-2 form: its export is refused."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import torch
+
+from probe.config import FFN, PE, Arch, ModelConfig, Norm, NormType
+from probe.errors import ProbeError
+from probe.interop.families import refuse_unimplemented, renamed, tied_output
+from probe.interop.fields import Fields
+from probe.interop.hf_neox import rope_parameters
+
+MODEL_TYPES = ("olmo2",)
+# source tensors probe may leave unused: the rotary frequencies of older files, a tied lm_head
+IGNORED = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq", r"lm_head\.weight")
+# keys of other families OLMo-2 ignores (its rotary embedding spans each whole head)
+OWN_KEYS = ("partial_rotary_factor",)
+
+
+def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> ModelConfig:
+    hf = Fields.of(hf, where)
+    refuse_unimplemented(Fields({k: v for k, v in hf.data.items() if k not in OWN_KEYS},
+                                hf.label), "OLMo-2")  # fmt: skip
+    hf.choice("hidden_act", "silu", ("silu",), "OLMo-2")
+    if hf.flag("attention_bias", False):
+        hf.refuse("attention_bias", True, "biases on q, k, v and o are not implemented in "
+                  "probe's OLMo-2.")  # fmt: skip
+    d_model = hf.integer("hidden_size")
+    n_head = hf.integer("num_attention_heads")
+    n_kv_head = hf.integer("num_key_value_heads", n_head)
+    if hf.has("num_key_value_heads"):
+        hf.divides("num_attention_heads", "num_key_value_heads")
+    if not hf.has("head_dim"):
+        hf.divides("hidden_size", "num_attention_heads")
+    theta = rope_parameters(hf).number("rope_theta", hf.number("rope_theta", 10000.0))
+    if not theta > 1:
+        hf.fail("rope_theta", "a number greater than 1 (usually 10000)", theta)
+    return ModelConfig(
+        arch=Arch.DECODER,
+        vocab_size=hf.integer("vocab_size"),
+        n_layer=hf.integer("num_hidden_layers"),
+        n_head=n_head,
+        n_kv_head=n_kv_head,
+        d_model=d_model,
+        d_head=hf.integer("head_dim", d_model // n_head),
+        ffn=FFN.SWIGLU,
+        ffn_mult=hf.integer("intermediate_size") / d_model,
+        norm=Norm.BRANCH,
+        norm_type=NormType.RMS,
+        norm_gain_float32=True,
+        qk_norm=True,
+        qk_norm_whole=True,
+        pe=PE.ROPE,
+        rope_base=theta,
+        rope_float32=True,
+        max_len=hf.integer("max_position_embeddings", 2048),
+        bias=False,
+        tie_embeddings=tied_output(hf, names, default=False),
+        ln_eps=hf.number("rms_norm_eps", 1e-5),
+    )
+
+
+def _names(cfg: ModelConfig) -> dict[str, str]:
+    """Hugging Face name -> probe name."""
+    names = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "ln_final.weight"}
+    for i in range(cfg.n_layer):
+        h, b = f"model.layers.{i}.", f"blocks.{i}."
+        names |= {
+            f"{h}post_attention_layernorm.weight": f"{b}ln_attn_out.weight",
+            f"{h}post_feedforward_layernorm.weight": f"{b}ln_ffn_out.weight",
+            f"{h}self_attn.q_norm.weight": f"{b}attn.q_norm.weight",
+            f"{h}self_attn.k_norm.weight": f"{b}attn.k_norm.weight",
+            f"{h}self_attn.o_proj.weight": f"{b}attn.o.weight",
+            f"{h}mlp.gate_proj.weight": f"{b}ffn.gate.weight",
+            f"{h}mlp.up_proj.weight": f"{b}ffn.up.weight",
+            f"{h}mlp.down_proj.weight": f"{b}ffn.down.weight",
+        }
+        for x in "qkv":
+            names[f"{h}self_attn.{x}_proj.weight"] = f"{b}attn.{x}.weight"
+    if not cfg.tie_embeddings:
+        names["lm_head.weight"] = "head.weight"
+    return names
+
+
+def to_probe(state: Mapping, cfg: ModelConfig, where: str) -> Iterator[tuple[str, torch.Tensor]]:
+    yield from renamed(state, _names(cfg), where)
+
+
+def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]:
+    if any(len(s.kept_heads) != cfg.n_head for s in cfg.sites()):
+        raise ProbeError(
+            "A pruned OLMo-2 cannot be written as a Hugging Face OLMo-2: its QK-norm normalises "
+            "the queries (and keys) of every head together, so the kept heads need the removed "
+            "heads' q and k rows, which that format cannot hold without the heads. Export the "
+            "unpruned model, or keep the pruned one as a probe checkpoint."
+        )
+    hf = {
+        "model_type": "olmo2",
+        "architectures": ["Olmo2ForCausalLM"],
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.d_ff,
+        "num_hidden_layers": cfg.n_layer,
+        "num_attention_heads": cfg.n_head,
+        "num_key_value_heads": cfg.kv_heads,
+        "hidden_act": "silu",
+        "max_position_embeddings": cfg.max_len,
+        "rms_norm_eps": cfg.ln_eps,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_base},
+        "attention_bias": False,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "attention_dropout": 0.0,
+    }
+    if cfg.d_head * cfg.n_head != cfg.d_model:  # transformers reads head_dim when it is there
+        hf["head_dim"] = cfg.d_head
+    return hf, {hf_name: state[p] for hf_name, p in _names(cfg).items()}
