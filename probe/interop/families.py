@@ -24,9 +24,9 @@ from probe.interop.fields import Fields
 
 
 def _modules() -> dict[str, ModuleType]:
-    from probe.interop import hf_bert, hf_gpt2, hf_llama
+    from probe.interop import hf_bert, hf_gemma, hf_gpt2, hf_llama
 
-    return {t: m for m in (hf_bert, hf_gpt2, hf_llama) for t in m.MODEL_TYPES}
+    return {t: m for m in (hf_bert, hf_gpt2, hf_llama, hf_gemma) for t in m.MODEL_TYPES}
 
 
 def supported() -> list[str]:
