@@ -42,19 +42,19 @@ def build(kind: str, **kw):
     torch.manual_seed(0)
     if kind == "gemma":
         model = transformers.GemmaForCausalLM(
-            transformers.GemmaConfig(**SHAPE, num_hidden_layers=2, **kw)
+            transformers.GemmaConfig(**SHAPE | {"num_hidden_layers": 2} | kw)
         )
     elif kind == "gemma2":
         cfg = dict(num_hidden_layers=3, sliding_window=WINDOW, query_pre_attn_scalar=20,
-                   attn_logit_softcapping=3.0, final_logit_softcapping=4.0)  # fmt: skip
-        model = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(**SHAPE, **cfg | kw))
+                   attn_logit_softcapping=3.0, final_logit_softcapping=15.0)  # fmt: skip
+        model = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(**SHAPE | cfg | kw))
     else:
         rope = {"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0},
                 "sliding_attention": {"rope_type": "default", "rope_theta": 50.0}}  # fmt: skip
         cfg = dict(num_hidden_layers=3, sliding_window=WINDOW, layer_types=MIXED,
                    query_pre_attn_scalar=20, rope_parameters=rope,
-                   final_logit_softcapping=5.0)  # fmt: skip
-        model = transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(**SHAPE, **cfg | kw))
+                   final_logit_softcapping=15.0)  # fmt: skip
+        model = transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(**SHAPE | cfg | kw))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() >= 2:
@@ -148,7 +148,7 @@ def test_gemma3_old_style_config_and_ignored_attention_softcap(tmp_path):
     """A Gemma 3 config.json in the older keys (rope_theta, rope_local_base_freq, rope_scaling,
     sliding_window_pattern) reads as transformers reads it; attn_logit_softcapping, which
     transformers 5.24 never applies to Gemma 3, changes nothing in either."""
-    ref, path = saved("gemma3_text", tmp_path, num_hidden_layers=4)
+    ref, path = saved("gemma3_text", tmp_path, num_hidden_layers=4, layer_types=MIXED[:2] * 2)
     config = json.loads((path / "config.json").read_text())
     for key in ("rope_parameters", "layer_types"):
         del config[key]

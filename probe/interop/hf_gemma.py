@@ -12,7 +12,8 @@ Gemma 2 with an RMSNorm (1 + w) on each head's q and k, its own rotary base on t
 layers, linear rotary scaling on the global ones (the 4B and larger models), and no attention
 soft-capping (transformers 5.24 reads `attn_logit_softcapping` but never applies it, so neither
 does probe). A multimodal Gemma 3 (`gemma3`) imports as its text model: `text_config` and the
-language model's weights (the vision tower is left out); it exports as `gemma3_text`.
+language model's weights (the vision tower is left out), without the final soft-capping, which
+transformers' Gemma3ForConditionalGeneration does not apply; it exports as `gemma3_text`.
 
 Absent keys take the defaults of transformers' config classes (`DEFAULTS`), as a multimodal
 Gemma 3's `text_config`, which lists few, needs.
@@ -140,7 +141,8 @@ def _text(hf: Fields) -> Fields:
 
 def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> ModelConfig:
     hf = top = Fields.of(hf, where)
-    if hf.name("model_type") == "gemma3":
+    multimodal = hf.name("model_type") == "gemma3"
+    if multimodal:
         hf = _text(hf)
         names = None if names is None else {_plain_name(n) for n in names}
     kind = hf.name("model_type")
@@ -163,6 +165,7 @@ def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> Mode
     theta, factor, local_theta = _rotary(hf, kind)
     window, window_layers = _windows(hf, kind, n_layer)
     later = kind != "gemma"  # Gemma 2 and 3
+    capped = later and not multimodal  # Gemma3ForConditionalGeneration does not soft-cap
     return ModelConfig(
         arch=Arch.DECODER,
         vocab_size=hf.integer("vocab_size", d["vocab_size"]),
@@ -190,8 +193,8 @@ def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> Mode
         qk_norm=kind == "gemma3_text",
         scale_dim=hf.number("query_pre_attn_scalar", d["query_pre_attn_scalar"]) if later else None,
         attn_softcap=_cap(hf, "attn_logit_softcapping", 50.0) if kind == "gemma2" else None,
-        final_softcap=_cap(hf, "final_logit_softcapping", d["final_logit_softcapping"])
-        if later
+        final_softcap=_cap(hf, "final_logit_softcapping", d.get("final_logit_softcapping"))
+        if capped
         else None,
         sliding_window=window,
         window_layers=window_layers,
@@ -258,6 +261,11 @@ def _rope_section(base: float, factor: float) -> dict:
     return {"rope_type": "linear", "factor": factor, "rope_theta": base}
 
 
+def _integral(x: float) -> float | int:
+    """An integral number as an int (transformers' config classes type the key as one)."""
+    return int(x) if float(x).is_integer() else x
+
+
 def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]:
     kind = _kind(cfg)
     shape = uniform_shape(cfg)
@@ -295,7 +303,7 @@ def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]
     if kind != "gemma":
         types = [KINDS[cfg.window(i) is not None] for i in range(cfg.n_layer)]
         hf |= {
-            "query_pre_attn_scalar": cfg.scale_dim if cfg.scale_dim is not None else cfg.d_head,
+            "query_pre_attn_scalar": _integral(cfg.scale_dim or cfg.d_head),
             # transformers builds the sliding mask even where no layer uses it: any size will do
             "sliding_window": cfg.sliding_window or cfg.max_len,
             "layer_types": types,
