@@ -296,3 +296,44 @@ def test_multimodal_gemma3_imports_its_text_model(tmp_path):
     back = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "text")).eval()
     assert back.config.model_type == "gemma3_text"
     assert gap(theirs(back, tokens, keep), theirs(ref, tokens, keep), keep) < TOL
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_cli_walks_a_gemma(kind, tmp_path, capsys):
+    """import (with a tokenizer), info, inspect, importance, prune (uniform; by group), export
+    and view on a tiny model of each Gemma; the exported uniform prune computes in transformers
+    what probe's pruned checkpoint computes."""
+    from cli_run import exit_code
+    from test_cli_imported import word_tokenizer
+
+    from probe.checkpoint import load_checkpoint
+
+    _, path = saved(kind, tmp_path, vocab_size=99)
+    word_tokenizer(False).save(str(path / "tokenizer.json"))
+    ckpt, text = tmp_path / "ckpt", ["--max-tokens", "16", "--batch-size", "4"]
+    assert exit_code(["import", str(path), "--out", str(ckpt)]) == 0
+    assert exit_code(["info", str(ckpt)]) == 0
+    assert "key/value groups kept" in capsys.readouterr().out
+    inspect = ["inspect", str(ckpt), "--out", str(tmp_path / "inspect"), "--lengths", "8,16",
+               "--batch-size", "4", "--batches", "1", "--needles", "0"]  # fmt: skip
+    assert exit_code(inspect) == 0
+    stats = (tmp_path / "inspect" / "attention_stats.csv").read_text()
+    assert f"blocks.{load_checkpoint(ckpt).model_cfg.n_layer - 1}.attn" in stats
+    imp = ["importance", str(ckpt), "--out", str(tmp_path / "imp"), "--method", "ablation"]
+    assert exit_code([*imp, *text]) == 0
+    prune = ["prune", str(ckpt), "--no-timing", *text, "--out"]
+    assert exit_code([*prune, str(tmp_path / "uniform"), "--fraction", "0.34", "--uniform"]) == 0
+    groups = tmp_path / "groups"
+    assert exit_code([*prune, str(groups), "--fraction", "0.5", "--unit", "group"]) == 0
+    sites = load_checkpoint(groups).model_cfg.sites()
+    assert sum(len(s.kept_groups) for s in sites) == len(sites)  # half of 2 groups per layer
+    hf = tmp_path / "hf"
+    assert exit_code(["export", str(tmp_path / "uniform"), "--out", str(hf)]) == 0
+    loaded = load_checkpoint(tmp_path / "uniform")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(str(hf)).eval()
+    assert ref.config.model_type == kind and ref.config.num_attention_heads == 4
+    tokens, keep = inputs()
+    assert gap(theirs(ref, tokens, keep), ours(loaded.model, tokens, keep), keep) < TOL
+    page = tmp_path / "view.html"
+    assert exit_code(["view", str(ckpt), "--out", str(page)]) == 0
+    assert page.stat().st_size > 10_000
