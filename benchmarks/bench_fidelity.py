@@ -2,7 +2,9 @@
 transformers in the same dtype and against probe's own float32, printed as Markdown rows.
 
 For each family: tiny random configs of BERT (masked LM), GPT-2, Llama (grouped-query
-attention), Mistral (sliding window of 32 keys) and Qwen2, built in transformers with weights of
+attention), Mistral (sliding window of 32 keys), Qwen2, Gemma, Gemma 2 (soft-capping, its
+default window on alternate layers cut to 32 keys) and Gemma 3 (QK-norm; a local layer of 32
+keys, then a global one), built in transformers with weights of
 std 0.2 (logits of a few units, attention far from uniform) and the real vocabulary of the
 bundled tokenizers; and the two bundled real models, MiniLM (BERT family, all-MiniLM-L6-v2,
 a sentence encoder: its last hidden state is compared, it has no logits) and SmolLM2-135M
@@ -57,6 +59,15 @@ def tiny_source(kind: str, vocab: int, folder: Path) -> Path:
         model = tf.MistralForCausalLM(
             tf.MistralConfig(**shape, num_key_value_heads=2, sliding_window=32)
         )
+    elif kind == "Gemma":
+        model = tf.GemmaForCausalLM(tf.GemmaConfig(**shape, num_key_value_heads=2, head_dim=16))
+    elif kind == "Gemma 2":
+        local = dict(num_key_value_heads=2, head_dim=16, sliding_window=32)
+        model = tf.Gemma2ForCausalLM(tf.Gemma2Config(**shape, **local))
+    elif kind == "Gemma 3":
+        local = dict(num_key_value_heads=2, head_dim=16, sliding_window=32,
+                     layer_types=["sliding_attention", "full_attention"])  # fmt: skip
+        model = tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(**shape, **local))
     else:
         model = tf.Qwen2ForCausalLM(tf.Qwen2Config(**shape, num_key_value_heads=2))
     with torch.no_grad():
@@ -148,7 +159,7 @@ def main() -> None:
           "top-1 agreement with transformers | max abs logit (MiniLM: hidden) |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
-        for kind in ("BERT", "GPT-2", "Llama", "Mistral", "Qwen2"):
+        for kind in ("BERT", "GPT-2", "Llama", "Mistral", "Qwen2", "Gemma", "Gemma 2", "Gemma 3"):
             tokens = text["bert" if kind == "BERT" else "decoder"]
             vocab = bert_tok.get_vocab_size() if kind == "BERT" else decoder_tok.get_vocab_size()
             path = tiny_source(kind, vocab, Path(tmp))
