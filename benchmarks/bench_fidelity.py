@@ -4,11 +4,13 @@ transformers in the same dtype and against probe's own float32, printed as Markd
 For each family: tiny random configs of BERT (masked LM), GPT-2, Llama (grouped-query
 attention), Mistral (sliding window of 32 keys), Qwen2, Qwen3 (QK-norm, a window on layer 1),
 Phi-3 (fused projections, partial rotary, a window of 32 keys), GPT-NeoX (Pythia's parallel
-residual and partial rotary) and OLMo-2 (branch norms, QK-norm over all heads), built in
-transformers with weights of std 0.2 (logits of a few units, attention far from uniform) and the
-real vocabulary of the bundled tokenizers; and the two bundled real models, MiniLM (BERT family,
-all-MiniLM-L6-v2, a sentence encoder: its last hidden state is compared, it has no logits) and
-SmolLM2-135M (Llama family, the Q4_1 GGUF, dequantized; transformers loads the same file into
+residual and partial rotary), OLMo-2 (branch norms, QK-norm over all heads), Gemma, Gemma 2
+(soft-capping, its default window on alternate layers cut to 32 keys) and Gemma 3 (QK-norm; a
+local layer of 32 keys, then a global one), built in transformers with weights of std 0.2
+(logits of a few units, attention far from uniform) and the real vocabulary of the bundled
+tokenizers; and the two bundled real models, MiniLM (BERT family, all-MiniLM-L6-v2, a sentence
+encoder: its last hidden state is compared, it has no logits) and SmolLM2-135M (Llama family,
+the Q4_1 GGUF, dequantized; transformers loads the same file into
 LlamaForCausalLM). Inputs: rows of 128 tokens of the shipped text (`probe.data.text`), tokenized by
 the bundled model of the family (SmolLM2's tokenizer for the decoders, MiniLM's for BERT).
 
@@ -63,6 +65,15 @@ def tiny_source(kind: str, vocab: int, folder: Path) -> Path:
         model = tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(**shape, max_position_embeddings=WIDTH))
     elif kind == "OLMo-2":
         model = tf.Olmo2ForCausalLM(tf.Olmo2Config(**shape, num_key_value_heads=2))
+    elif kind == "Gemma":
+        model = tf.GemmaForCausalLM(tf.GemmaConfig(**shape, num_key_value_heads=2, head_dim=16))
+    elif kind == "Gemma 2":
+        local = dict(num_key_value_heads=2, head_dim=16, sliding_window=32)
+        model = tf.Gemma2ForCausalLM(tf.Gemma2Config(**shape, **local))
+    elif kind == "Gemma 3":
+        local = dict(num_key_value_heads=2, head_dim=16, sliding_window=32,
+                     layer_types=["sliding_attention", "full_attention"])  # fmt: skip
+        model = tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(**shape, **local))
     elif kind == "Qwen2":
         model = tf.Qwen2ForCausalLM(tf.Qwen2Config(**shape, num_key_value_heads=2))
     elif kind == "Qwen3":  # QK-norm, head_dim 24 (not 64 / 4), a window of 32 keys on layer 1
@@ -163,7 +174,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for kind in ("BERT", "GPT-2", "Llama", "Mistral", "Qwen2", "Qwen3", "Phi-3", "GPT-NeoX",
-                     "OLMo-2"):  # fmt: skip
+                     "OLMo-2", "Gemma", "Gemma 2", "Gemma 3"):  # fmt: skip
             tokens = text["bert" if kind == "BERT" else "decoder"]
             vocab = bert_tok.get_vocab_size() if kind == "BERT" else decoder_tok.get_vocab_size()
             path = tiny_source(kind, vocab, Path(tmp))

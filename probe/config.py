@@ -184,6 +184,9 @@ class ModelConfig:
     # rotary rotates q and k in float32 and rounds once (OLMo-2), rather than in their dtype with
     # cos and sin rounded to it (Llama, GPT-NeoX); the same in float32
     rope_float32: bool = False
+    # linear rotary scaling: the layers of rope_base turn at positions / factor (transformers'
+    # rope_type "linear"; Gemma 3's global layers); those of rope_local_base are not scaled
+    rope_linear_factor: float = 1.0
     t5_buckets: int = 32  # relative-position buckets of the T5 bias
     t5_max_distance: int = 128  # distance where the T5 buckets stop growing
     scale: Scale = Scale.SQRT
@@ -296,6 +299,12 @@ class ModelConfig:
                              "it needs norm 'pre' and an FFN.")  # fmt: skip
         if self.qk_norm_whole and not self.qk_norm:
             raise ProbeError("qk_norm_whole says how qk_norm spans the heads; set qk_norm too.")
+        if not 0 < self.rope_linear_factor < math.inf:
+            raise ProbeError(
+                f"rope_linear_factor must be a positive number, got {self.rope_linear_factor}."
+            )
+        if self.rope_linear_factor != 1.0 and self.pe != PE.ROPE:
+            raise ProbeError("rope_linear_factor scales rotary positions: it needs pe 'rope'.")
         if self.rope_local_base is not None:
             if self.pe != PE.ROPE or self.sliding_window is None:
                 raise ProbeError("rope_local_base is the rotary base of the sliding-window "

@@ -177,7 +177,9 @@ def test_unsupported_and_broken_directories(tmp_path):
     bad = tmp_path / "t5"
     bad.mkdir()
     (bad / "config.json").write_text(config.replace('"gpt2"', '"t5"'))
-    with pytest.raises(ProbeError, match=r"model_type 't5' is not supported.*bert, gpt2, .*llama"):
+    with pytest.raises(
+        ProbeError, match=r"model_type 't5' is not supported.*bert, .*gpt2, .*llama"
+    ):
         import_model(bad)
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -24,9 +24,9 @@ from probe.interop.fields import Fields
 
 
 def _modules() -> dict[str, ModuleType]:
-    from probe.interop import hf_bert, hf_gpt2, hf_llama, hf_neox, hf_olmo2, hf_phi3
+    from probe.interop import hf_bert, hf_gemma, hf_gpt2, hf_llama, hf_neox, hf_olmo2, hf_phi3
 
-    families = (hf_bert, hf_gpt2, hf_llama, hf_neox, hf_olmo2, hf_phi3)
+    families = (hf_bert, hf_gpt2, hf_llama, hf_gemma, hf_neox, hf_olmo2, hf_phi3)
     return {t: m for m in families for t in m.MODEL_TYPES}
 
 

@@ -137,7 +137,10 @@ class Attention(nn.Module):
         self.rotary = None
         if cfg.pe == PE.ROPE and not site.cross:
             local = site.window is not None and cfg.rope_local_base is not None
-            self.rotary = Rotary(cfg, cfg.rope_local_base if local else cfg.rope_base)
+            if local:
+                self.rotary = Rotary(cfg, cfg.rope_local_base)
+            else:
+                self.rotary = Rotary(cfg, cfg.rope_base, cfg.rope_linear_factor)
         self.softcap = cfg.attn_softcap
         self.scale_dim = cfg.scale_dim if cfg.scale_dim is not None else self.d_head
         score_biases = {PE.ALIBI: ALiBi, PE.T5: T5Bias, PE.FIRE: FIRE}

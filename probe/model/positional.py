@@ -67,16 +67,18 @@ class InputPositions(nn.Module):
 class Rotary(nn.Module):
     """Rotary embedding on the first `rotary_dims` dimensions of each head (GPT-NeoX layout)."""
 
-    def __init__(self, cfg: ModelConfig, base: float | None = None) -> None:
+    def __init__(self, cfg: ModelConfig, base: float | None = None, factor: float = 1.0) -> None:
         super().__init__()
         self.dims = cfg.rotary_dims
         self.base = cfg.rope_base if base is None else base
         self.float32 = cfg.rope_float32  # rotate in float32, round once (OLMo-2)
+        self.factor = factor  # linear scaling: the frequencies / factor, as transformers divides
         self.register_buffer("inv_freq", self._inv_freq(), persistent=False)
 
     def _inv_freq(self, device: torch.device | None = None) -> torch.Tensor:
         half = self.dims // 2
-        return self.base ** (-torch.arange(half, dtype=torch.float32, device=device) / half)
+        inv_freq = self.base ** (-torch.arange(half, dtype=torch.float32, device=device) / half)
+        return inv_freq if self.factor == 1.0 else inv_freq / self.factor
 
     def _apply(self, fn, recurse: bool = True):
         """Moving or casting the model (`.to(bf16)`, `to_empty`) recomputes the frequencies on

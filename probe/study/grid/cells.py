@@ -31,8 +31,8 @@ LATER_FIELDS = {
     "model": ("n_kv_head", "norm_type", "qkv_bias", "type_vocab_size", "embed_norm",
               "head_transform", "head_bias", "sliding_window", "window_layers", "norm_offset",
               "norm_gain_float32", "parallel_residual", "rope_local_base", "qk_norm_whole",
-              "scale_dim", "attn_softcap", "final_softcap",
-              "rope_float32"),
+              "scale_dim", "attn_softcap", "final_softcap", "rope_float32",
+              "rope_linear_factor"),
 }  # fmt: skip
 # fields renamed since: keyed under their first name, so the cells keep their keys
 RENAMED = {"model": {"kept_heads": "heads"}}

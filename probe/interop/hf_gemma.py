@@ -1,0 +1,319 @@
+"""Gemma family (Gemma, Gemma 2, Gemma 3's text model), as transformers 5.24 computes it.
+
+All three: GeGLU with torch's tanh GELU, token embeddings times sqrt(hidden_size) rounded to the
+weights' dtype, RMSNorm with gain 1 + w multiplied in float32 (probe stores w: `norm_offset`),
+rotary embedding (rotate-half layout), `head_dim` independent of the width, grouped-query
+attention, tied output. Gemma: pre-norm. Gemma 2: a norm before and after attention and FFN
+(`Norm.SANDWICH`: input_layernorm / post_attention_layernorm / pre_feedforward_layernorm /
+post_feedforward_layernorm are probe's ln_attn / ln_attn_out / ln_ffn / ln_ffn_out), scores
+scaled by 1/sqrt(query_pre_attn_scalar), soft-capped attention and output logits, sliding-window
+layers where `layer_types` says (transformers' one mask rule, probe.model.mask). Gemma 3: as
+Gemma 2 with an RMSNorm (1 + w) on each head's q and k, its own rotary base on the sliding
+layers, linear rotary scaling on the global ones (the 4B and larger models), and no attention
+soft-capping (transformers 5.24 reads `attn_logit_softcapping` but never applies it, so neither
+does probe). A multimodal Gemma 3 (`gemma3`) imports as its text model: `text_config` and the
+language model's weights (the vision tower is left out), without the final soft-capping, which
+transformers' Gemma3ForConditionalGeneration does not apply; it exports as `gemma3_text`.
+
+Absent keys take the defaults of transformers' config classes (`DEFAULTS`), as a multimodal
+Gemma 3's `text_config`, which lists few, needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import torch
+
+from probe.config import FFN, PE, Arch, ModelConfig, Norm, NormType
+from probe.errors import ProbeError
+from probe.interop.families import renamed, tied_output
+from probe.interop.fields import Fields
+from probe.interop.hf_llama import uniform_shape
+
+MODEL_TYPES = ("gemma", "gemma2", "gemma3_text", "gemma3")
+# source tensors probe may leave unused: a tied lm_head, rotary frequencies of older files, and
+# a multimodal Gemma 3's vision tower and projector
+IGNORED = (r"(language_model\.)?lm_head\.weight", r".*rotary_emb\.inv_freq",
+           r"(model\.)?(vision_tower|multi_modal_projector)\..*")  # fmt: skip
+
+_COMMON = {"head_dim": 256, "rms_norm_eps": 1e-6, "query_pre_attn_scalar": 256,
+           "sliding_window": 4096, "rope_theta": 10000.0}  # fmt: skip
+# transformers 5.24's config-class defaults of the keys probe reads
+DEFAULTS = {
+    "gemma": {**_COMMON, "vocab_size": 256000, "hidden_size": 3072, "intermediate_size": 24576,
+              "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 16,
+              "max_position_embeddings": 8192},
+    "gemma2": {**_COMMON, "vocab_size": 256000, "hidden_size": 2304, "intermediate_size": 9216,
+               "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+               "max_position_embeddings": 8192, "attn_logit_softcapping": 50.0,
+               "final_logit_softcapping": 30.0, "sliding_window_pattern": 2},
+    "gemma3_text": {**_COMMON, "vocab_size": 262208, "hidden_size": 2304,
+                    "intermediate_size": 9216, "num_hidden_layers": 26, "num_attention_heads": 8,
+                    "num_key_value_heads": 4, "max_position_embeddings": 131072,
+                    "final_logit_softcapping": None, "sliding_window_pattern": 6,
+                    "rope_theta": 1_000_000.0, "rope_local_base_freq": 10000.0},
+}  # fmt: skip
+ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
+                 "gemma3_text": "Gemma3ForCausalLM"}  # fmt: skip
+KINDS = ("full_attention", "sliding_attention")
+
+
+def _rope(section: Fields, theta: float, what: str) -> tuple[float, float]:
+    """(rotary base, linear factor) of a rope section: the plain rotary embedding or its linear
+    scaling; any other variant is refused by name."""
+    kind_key = "rope_type" if section.has("rope_type") else "type"
+    kind = section.name(kind_key, "default")
+    if kind not in ("default", "linear"):
+        section.refuse(kind_key, kind, f"this rotary scaling is not implemented in probe's "
+                       f"{what}, which computes rope_type 'default' and 'linear'.")  # fmt: skip
+    factor = section.number("factor") if kind == "linear" else 1.0
+    return section.number("rope_theta", theta), factor
+
+
+def _rotary(hf: Fields, kind: str) -> tuple[float, float, float | None]:
+    """(global base, linear factor of the global layers, base of the sliding layers or None)."""
+    d = DEFAULTS[kind]
+    theta = hf.number("rope_theta", d["rope_theta"])
+    if kind != "gemma3_text":  # one rotary for every layer: rope_parameters (or older keys)
+        factor = 1.0
+        for key in ("rope_scaling", "rope_parameters"):
+            section = hf.section(key)
+            if section.data:
+                theta, factor = _rope(section, theta, "Gemma")
+        return theta, factor, None
+    params = hf.section("rope_parameters")  # Gemma 3: one section per layer type
+    if params.data and not any(params.has(k) for k in KINDS):
+        hf.fail("rope_parameters", "a mapping of full_attention and sliding_attention", params.data)
+    full = params.section("full_attention")
+    if hf.section("rope_scaling").data:  # older files: it scales the global layers
+        full = Fields({**full.data, **hf.section("rope_scaling").data}, hf.label, "rope_scaling.")
+    theta, factor = _rope(full, theta, "Gemma 3")
+    local = params.section("sliding_attention")
+    local_theta, local_factor = _rope(
+        local, hf.number("rope_local_base_freq", d["rope_local_base_freq"]), "Gemma 3"
+    )
+    if local_factor != 1.0:
+        local.refuse("rope_type", "linear", "linear rotary scaling of the sliding-window layers "
+                     "is not implemented in probe (only of the global layers).")  # fmt: skip
+    return theta, factor, local_theta
+
+
+def _windows(hf: Fields, kind: str, n_layer: int) -> tuple[int | None, tuple[int, ...] | None]:
+    """(sliding_window, window_layers): the layers `layer_types` calls sliding_attention (absent:
+    every layer but each `sliding_window_pattern`-th, Gemma 3; every other from the first,
+    Gemma 2, as transformers fills them in)."""
+    if kind == "gemma":
+        return None, None
+    types = hf.raw("layer_types")
+    if types is None:
+        pattern = DEFAULTS[kind]["sliding_window_pattern"]
+        if kind == "gemma3_text":
+            pattern = hf.integer("sliding_window_pattern", pattern)
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                 for i in range(n_layer)]  # fmt: skip
+    if not isinstance(types, list) or len(types) != n_layer or any(t not in KINDS for t in types):
+        hf.fail("layer_types", f"a list of {n_layer} of {', '.join(KINDS)}", types)
+    layers = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+    if not layers:
+        return None, None
+    if "sliding_window" in hf and hf.get("sliding_window") is None:  # transformers fails too
+        hf.fail("sliding_window", "a positive integer (layer_types has sliding layers)", None)
+    window = hf.integer("sliding_window", DEFAULTS[kind]["sliding_window"])
+    return window, None if len(layers) == n_layer else layers
+
+
+def _cap(hf: Fields, key: str, default: float | None) -> float | None:
+    """A soft-capping value: absent means the class default, null means none."""
+    if key in hf and hf.get(key) is None:
+        return None
+    return hf.number(key, default)
+
+
+def _text(hf: Fields) -> Fields:
+    """A multimodal Gemma 3's text model config (the vision tower is not imported)."""
+    text = hf.section("text_config")
+    kind = text.name("model_type", "gemma3_text")
+    if kind != "gemma3_text":
+        text.fail("model_type", "'gemma3_text' (the text model of a Gemma 3)", kind)
+    return Fields({**text.data, "model_type": kind}, text.label, text.prefix)
+
+
+def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> ModelConfig:
+    hf = top = Fields.of(hf, where)
+    multimodal = hf.name("model_type") == "gemma3"
+    if multimodal:
+        hf = _text(hf)
+        names = None if names is None else {_plain_name(n) for n in names}
+    kind = hf.name("model_type")
+    d = DEFAULTS[kind]
+    act_key = "hidden_act" if kind == "gemma" else "hidden_activation"  # transformers reads
+    tanh = ("gelu_pytorch_tanh", "gelu") if kind == "gemma" else ("gelu_pytorch_tanh",)
+    hf.choice(act_key, "gelu_pytorch_tanh", tanh, "Gemma's GeGLU (gelu is its tanh form)")
+    if hf.flag("attention_bias", False):
+        hf.refuse("attention_bias", True, "biases on the attention projections are not "
+                  "implemented in probe's Gemma.")  # fmt: skip
+    if hf.flag("use_bidirectional_attention", False):
+        hf.refuse("use_bidirectional_attention", True, "bidirectional (non-causal) attention is "
+                  "not implemented in probe's Gemma, a causal language model.")  # fmt: skip
+    d_model = hf.integer("hidden_size", d["hidden_size"])
+    n_head = hf.integer("num_attention_heads", d["num_attention_heads"])
+    n_kv_head = hf.integer("num_key_value_heads", d["num_key_value_heads"])
+    if n_head % n_kv_head:
+        hf.fail("num_key_value_heads", f"a divisor of num_attention_heads ({n_head})", n_kv_head)
+    n_layer = hf.integer("num_hidden_layers", d["num_hidden_layers"])
+    theta, factor, local_theta = _rotary(hf, kind)
+    window, window_layers = _windows(hf, kind, n_layer)
+    later = kind != "gemma"  # Gemma 2 and 3
+    capped = later and not multimodal  # Gemma3ForConditionalGeneration does not soft-cap
+    return ModelConfig(
+        arch=Arch.DECODER,
+        vocab_size=hf.integer("vocab_size", d["vocab_size"]),
+        n_layer=n_layer,
+        n_head=n_head,
+        n_kv_head=n_kv_head,
+        d_model=d_model,
+        d_head=hf.integer("head_dim", d["head_dim"]),
+        ffn=FFN.GEGLU,
+        ffn_mult=hf.integer("intermediate_size", d["intermediate_size"]) / d_model,
+        norm=Norm.SANDWICH if later else Norm.PRE,
+        norm_type=NormType.RMS,
+        norm_offset=1.0,
+        norm_gain_float32=True,
+        pe=PE.ROPE,
+        rope_base=theta,
+        rope_linear_factor=factor,
+        rope_local_base=local_theta if window is not None else None,
+        max_len=hf.integer("max_position_embeddings", d["max_position_embeddings"]),
+        bias=False,
+        qkv_bias=False,
+        tie_embeddings=tied_output(top, names, default=True),
+        ln_eps=hf.number("rms_norm_eps", d["rms_norm_eps"]),
+        embed_scale=True,
+        qk_norm=kind == "gemma3_text",
+        scale_dim=hf.number("query_pre_attn_scalar", d["query_pre_attn_scalar"]) if later else None,
+        attn_softcap=_cap(hf, "attn_logit_softcapping", 50.0) if kind == "gemma2" else None,
+        final_softcap=_cap(hf, "final_logit_softcapping", d.get("final_logit_softcapping"))
+        if capped
+        else None,
+        sliding_window=window,
+        window_layers=window_layers,
+    )
+
+
+# where a multimodal Gemma 3 keeps its language model: transformers 5 and the older files
+TEXT_PREFIXES = (("model.language_model.", "lm_head.weight"),
+                 ("language_model.model.", "language_model.lm_head.weight"))  # fmt: skip
+
+
+def _plain_name(name: str) -> str:
+    """A multimodal Gemma 3's tensor name as the text model calls it."""
+    for body, head in TEXT_PREFIXES:
+        if name == head:
+            return "lm_head.weight"
+        if name.startswith(body):
+            return "model." + name.removeprefix(body)
+    return name
+
+
+def _names(cfg: ModelConfig, body: str = "model.", head: str = "lm_head.weight") -> dict:
+    """Hugging Face name -> probe name (`body`, `head`: where the text model's tensors are)."""
+    names = {f"{body}embed_tokens.weight": "embed.weight", f"{body}norm.weight": "ln_final.weight"}
+    norms = {"input_layernorm": "ln_attn", "post_attention_layernorm": "ln_ffn"}
+    if cfg.norm == Norm.SANDWICH:  # Gemma 2 and 3: a norm before and after each sub-layer
+        norms = {
+            "input_layernorm": "ln_attn",
+            "post_attention_layernorm": "ln_attn_out",
+            "pre_feedforward_layernorm": "ln_ffn",
+            "post_feedforward_layernorm": "ln_ffn_out",
+        }
+    for i in range(cfg.n_layer):
+        h, b = f"{body}layers.{i}.", f"blocks.{i}."
+        names |= {f"{h}{hf}.weight": f"{b}{p}.weight" for hf, p in norms.items()}
+        names |= {f"{h}self_attn.{x}_proj.weight": f"{b}attn.{x}.weight" for x in "qkvo"}
+        names |= {f"{h}mlp.{x}_proj.weight": f"{b}ffn.{x}.weight" for x in ("gate", "up", "down")}
+        if cfg.qk_norm:
+            names |= {f"{h}self_attn.{x}_norm.weight": f"{b}attn.{x}_norm.weight" for x in "qk"}
+    if not cfg.tie_embeddings:
+        names[head] = "head.weight"
+    return names
+
+
+def to_probe(state: Mapping, cfg: ModelConfig, where: str) -> Iterator[tuple[str, torch.Tensor]]:
+    body, head = "model.", "lm_head.weight"
+    for prefix, lm_head in TEXT_PREFIXES:  # a multimodal Gemma 3
+        if f"{prefix}embed_tokens.weight" in state:
+            body, head = prefix, lm_head
+    yield from renamed(state, _names(cfg, body, head), where)
+
+
+def _kind(cfg: ModelConfig) -> str:
+    """The Gemma a probe config computes: pre-norm Gemma; Gemma 2 with sandwich norms; Gemma 3
+    with QK-norm too."""
+    if cfg.norm == Norm.PRE:
+        return "gemma"
+    return "gemma3_text" if cfg.qk_norm else "gemma2"
+
+
+def _rope_section(base: float, factor: float) -> dict:
+    if factor == 1.0:
+        return {"rope_type": "default", "rope_theta": base}
+    return {"rope_type": "linear", "factor": factor, "rope_theta": base}
+
+
+def _integral(x: float) -> float | int:
+    """An integral number as an int (transformers' config classes type the key as one)."""
+    return int(x) if float(x).is_integer() else x
+
+
+def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]:
+    kind = _kind(cfg)
+    shape = uniform_shape(cfg)
+    if isinstance(shape, str):
+        raise ProbeError(
+            f"This pruned model cannot be written as a Hugging Face {kind}: {shape}, but its "
+            "config.json has one head count for every layer. Prune with `probe prune --uniform` "
+            "(the same number of heads, or groups, in every layer) to make it exportable."
+        )
+    n_q, n_kv = shape
+    if kind != "gemma" and cfg.d_model % n_q:  # transformers' config class checks it
+        raise ProbeError(
+            f"This pruned model keeps {n_q} heads per layer, but transformers' {kind} requires "
+            f"hidden_size ({cfg.d_model}) to be a multiple of num_attention_heads; prune to a "
+            "head count that divides it."
+        )
+    hf = {
+        "model_type": kind,
+        "architectures": [ARCHITECTURES[kind]],
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.d_ff,
+        "num_hidden_layers": cfg.n_layer,
+        "num_attention_heads": n_q,
+        "num_key_value_heads": n_kv,
+        "head_dim": cfg.d_head,
+        "hidden_act" if kind == "gemma" else "hidden_activation": "gelu_pytorch_tanh",
+        "max_position_embeddings": cfg.max_len,
+        "rms_norm_eps": cfg.ln_eps,
+        "rope_parameters": _rope_section(cfg.rope_base, cfg.rope_linear_factor),
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": cfg.tie_embeddings,
+    }
+    if kind != "gemma":
+        types = [KINDS[cfg.window(i) is not None] for i in range(cfg.n_layer)]
+        hf |= {
+            "query_pre_attn_scalar": _integral(cfg.scale_dim or cfg.d_head),
+            # transformers builds the sliding mask even where no layer uses it: any size will do
+            "sliding_window": cfg.sliding_window or cfg.max_len,
+            "layer_types": types,
+            "final_logit_softcapping": cfg.final_softcap,
+            "attn_logit_softcapping": cfg.attn_softcap,
+        }
+    if kind == "gemma3_text":
+        local = cfg.rope_local_base if cfg.rope_local_base is not None else cfg.rope_base
+        hf["rope_parameters"] = {
+            "full_attention": hf["rope_parameters"],
+            "sliding_attention": _rope_section(local, 1.0),
+        }
+    return hf, {name: state[p] for name, p in _names(cfg).items()}
