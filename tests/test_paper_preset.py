@@ -115,7 +115,8 @@ def test_fields_added_later_keep_old_cell_keys_at_their_default():
     new_model = ("n_kv_head", "norm_type", "qkv_bias", "type_vocab_size", "embed_norm",
                  "head_transform", "head_bias", "sliding_window", "window_layers", "norm_offset",
                  "norm_gain_float32", "parallel_residual", "rope_local_base", "qk_norm_whole",
-                 "scale_dim", "attn_softcap", "final_softcap", "rope_linear_factor")  # fmt: skip
+                 "scale_dim", "attn_softcap", "final_softcap", "rope_float32",
+                 "rope_linear_factor")  # fmt: skip
     model = {("heads" if k == "kept_heads" else k): v
              for k, v in cosine.model.to_dict().items() if k not in new_model}  # fmt: skip
     old = {"model": model, "task": cosine.task.to_dict(), "train": train, "format": 1}
