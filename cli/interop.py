@@ -11,7 +11,7 @@ from probe_cli.common import DtypeOpt, OverwriteOpt, PickleOpt, console, shown
 
 from probe import provenance
 from probe.errors import ProbeError
-from probe.interop.families import supported
+from probe.interop.families import family, supported
 from probe.words import counted
 
 
@@ -96,6 +96,9 @@ def export_cli(
     with staged(out, earlier) as stage:  # all files or none: an interrupted run leaves nothing
         written = export_hf(ckpt.model, ckpt.source["model_type"], stage, tokenizer)
     console.print(f"wrote {', '.join(p.name for p in written)} to {shown(out)}")
+    note = getattr(family(ckpt.source, str(checkpoint)), "PRUNED_EXPORT", None)
+    if note and any(len(s.kept_heads) != s.n_head for s in ckpt.model_cfg.sites()):
+        console.print(f"note: {note}")
 
 
 def register(app: typer.Typer) -> None:

@@ -12,7 +12,7 @@ import torch
 
 from probe.config import FFN, PE, Arch, ModelConfig, Norm
 from probe.errors import ProbeError
-from probe.interop.families import refuse_unimplemented, renamed, require
+from probe.interop.families import padded, refuse_unimplemented, renamed, require
 from probe.interop.fields import Fields
 
 MODEL_TYPES = ("gpt_neox",)
@@ -29,6 +29,13 @@ HEADS = (
     "embed_out.weight",
     "lm_head.weight",
 )  # the output layer: as saved, as transformers 5 names
+# a pruned model in transformers' GPT-NeoX: its config has no head size (it is hidden_size /
+# num_attention_heads), so fewer heads cannot be written
+PRUNED_EXPORT = (
+    "GPT-NeoX's config has no head size (it is hidden_size / num_attention_heads), so the "
+    "pruned model is written at its unpruned head count with the removed heads' weights zero: "
+    "the same function, not a smaller file."
+)
 
 
 def rope_parameters(hf: Fields) -> Fields:
@@ -153,14 +160,7 @@ def to_probe(state: Mapping, cfg: ModelConfig, where: str) -> Iterator[tuple[str
 def _padded(state: dict, name: str, kept: tuple[int, ...], cfg: ModelConfig, dim: int):
     """Probe's tensor `name` of the heads `kept` with every head of the unpruned model in place
     along `dim`, a removed head's slice zero."""
-    tensor = state[name]
-    if len(kept) == cfg.n_head:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = cfg.n_head * cfg.d_head
-    full = tensor.new_zeros(shape)
-    rows = torch.tensor([h * cfg.d_head + j for h in kept for j in range(cfg.d_head)])
-    return full.index_copy(dim, rows, tensor)
+    return padded(state[name], kept, cfg.n_head, cfg.d_head, dim)
 
 
 def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]:

@@ -14,8 +14,7 @@ from collections.abc import Iterator, Mapping
 import torch
 
 from probe.config import FFN, PE, Arch, ModelConfig, Norm, NormType
-from probe.errors import ProbeError
-from probe.interop.families import refuse_unimplemented, renamed, tied_output
+from probe.interop.families import padded, refuse_unimplemented, renamed, tied_output
 from probe.interop.fields import Fields
 from probe.interop.hf_neox import rope_parameters
 
@@ -24,6 +23,13 @@ MODEL_TYPES = ("olmo2",)
 IGNORED = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq", r"lm_head\.weight")
 # keys of other families OLMo-2 ignores (its rotary embedding spans each whole head)
 OWN_KEYS = ("partial_rotary_factor",)
+# a pruned model in transformers' OLMo-2: its QK-norm spans every head, so fewer heads cannot
+# be written (probe keeps every q and k row for the same reason)
+PRUNED_EXPORT = (
+    "OLMo-2's QK-norm normalises the queries and keys of every head together, so the pruned "
+    "model is written at its unpruned head count with the removed heads' value and output "
+    "weights zero: the same function, not a smaller file."
+)
 
 
 def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> ModelConfig:
@@ -96,13 +102,8 @@ def to_probe(state: Mapping, cfg: ModelConfig, where: str) -> Iterator[tuple[str
 
 
 def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]:
-    if any(len(s.kept_heads) != cfg.n_head for s in cfg.sites()):
-        raise ProbeError(
-            "A pruned OLMo-2 cannot be written as a Hugging Face OLMo-2: its QK-norm normalises "
-            "the queries (and keys) of every head together, so the kept heads need the removed "
-            "heads' q and k rows, which that format cannot hold without the heads. Export the "
-            "unpruned model, or keep the pruned one as a probe checkpoint."
-        )
+    """A pruned model keeps every head's q and k rows (its QK-norm spans them all), and is
+    written with the removed heads' v rows and o columns zero (`PRUNED_EXPORT`)."""
     hf = {
         "model_type": "olmo2",
         "architectures": ["Olmo2ForCausalLM"],
@@ -122,4 +123,13 @@ def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]
     }
     if cfg.d_head * cfg.n_head != cfg.d_model:  # transformers reads head_dim when it is there
         hf["head_dim"] = cfg.d_head
-    return hf, {hf_name: state[p] for hf_name, p in _names(cfg).items()}
+    weights = {hf_name: state[p] for hf_name, p in _names(cfg).items()}
+    for site in cfg.sites():
+        h, b = f"model.layers.{site.index}.self_attn.", f"{site.name}."
+        weights[f"{h}v_proj.weight"] = padded(
+            state[f"{b}v.weight"], site.kept_groups, cfg.kv_heads, cfg.d_head, 0
+        )
+        weights[f"{h}o_proj.weight"] = padded(
+            state[f"{b}o.weight"], site.kept_heads, cfg.n_head, cfg.d_head, 1
+        )
+    return hf, weights
