@@ -56,9 +56,12 @@ def vocabulary() -> list[tuple[str, float, int]]:
     return [*vocab, ("<think>", 0.0, USER_DEFINED)]
 
 
-def write_gguf(path: Path, vocab, arch: str = "llama", **flags) -> Path:
-    """A GGUF holding only a tokenizer, with the keys llama.cpp's converter writes for one."""
+def write_gguf(path: Path, vocab, arch: str = "llama", weights=None, **flags) -> Path:
+    """A GGUF holding a tokenizer, with the keys llama.cpp's converter writes for one; and the
+    tensors of a tiny Llama when `weights` is `test_interop_gguf.tiny_llama()`."""
     w = gguf.GGUFWriter(path, arch)
+    if weights is not None:
+        _add_llama(w, *weights)
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
     w.add_token_list([t for t, _, _ in vocab])
@@ -74,6 +77,23 @@ def write_gguf(path: Path, vocab, arch: str = "llama", **flags) -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _add_llama(w, weights: dict, dims: dict) -> None:
+    from test_interop_gguf import gguf_name, llama_cpp_permute
+
+    w.add_block_count(dims["n_layer"])
+    w.add_context_length(32)
+    w.add_embedding_length(dims["d_model"])
+    w.add_feed_forward_length(dims["d_ff"])
+    w.add_head_count(dims["n_head"])
+    w.add_head_count_kv(dims["n_kv_head"])
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(10000.0)
+    for name, tensor in weights.items():
+        n_head = dims["n_head"] if "q_proj" in name else dims["n_kv_head"]
+        permuted = "q_proj" in name or "k_proj" in name
+        w.add_tensor(gguf_name(name), llama_cpp_permute(tensor, n_head) if permuted else tensor)
 
 
 def ours(path: Path):
@@ -148,6 +168,23 @@ def test_bos_and_eos_follow_the_file_flags(tmp_path):
         got = ours(path).encode("hello").ids
         assert got == llama_cpp_ids("hello", vocab, add_bos=add_bos, add_eos=add_eos)
     assert ours(write_gguf(tmp_path / "none.gguf", vocab)).encode("").ids == [BOS]
+
+
+def test_probe_import_of_a_llama_2_style_gguf_saves_its_tokenizer(tmp_path):
+    """A Llama GGUF with a SentencePiece vocabulary (Llama 2, Mistral, TinyLlama): `probe import`
+    writes the tokenizer, and the checkpoint's tokenizer.json encodes as llama.cpp does."""
+    from cli_run import exit_code
+    from test_interop_gguf import tiny_llama
+
+    from probe.checkpoint import load_checkpoint
+
+    vocab = vocabulary()
+    path = write_gguf(tmp_path / "l2.gguf", vocab, weights=tiny_llama(vocab=len(vocab)))
+    out = tmp_path / "ckpt"
+    assert exit_code(["import", str(path), "--out", str(out)]) == 0
+    tok = load_checkpoint(out).tokenizer()
+    for text in TEXTS + random_texts(50, seed=2):
+        assert tok.encode(text).ids == llama_cpp_ids(text, vocab), repr(text)
 
 
 @pytest.fixture
