@@ -11,6 +11,9 @@ vocabulary (`tokenizer.ggml.model == "gpt2"`) we rebuild the tokenizer as llama.
          -> map every byte to its printable stand-in (GPT-2's byte alphabet: " " -> "Ġ")
          -> BPE with the file's merges
     control tokens (type 3, "<|im_start|>") and user-defined ones (type 4) match whole in the text.
+
+A SentencePiece vocabulary (`"llama"`: Llama 2, Mistral, Gemma, Phi-3) is rebuilt by
+`tokenizer_spm`; WordPiece, Unigram and RWKV vocabularies are refused in one line.
 """
 
 from __future__ import annotations
