@@ -74,11 +74,14 @@ def tiny_checkpoint(arch: str, tmp_path: Path, seed: int = 0):
 
 def _tokenizer_metadata(w, arch: str, vocab: int) -> None:
     if arch in ("gemma", "gemma2", "phi3"):  # SentencePiece (`_set_vocab_sentencepiece`)
+        pieces = ["<pad>", "<eos>", "<bos>", "\u2581", "a", "b", "\u2581a", "ab", "\u2581ab"]
         w.add_tokenizer_model("llama")
         w.add_tokenizer_pre("default")
-        w.add_token_list([f"<t{i}>" for i in range(vocab)])
-        w.add_token_scores([0.0] * vocab)
-        w.add_token_types([1] * vocab)
+        w.add_token_list(pieces + [f"<t{i}>" for i in range(vocab - len(pieces))])
+        w.add_token_scores([0.0] * 3 + [-float(i) for i in range(vocab - 3)])
+        w.add_token_types([3] * 3 + [1] * (vocab - 3))
+        if arch != "phi3":  # GemmaModel.set_vocab: Gemma's text has no dummy prefix
+            w.add_add_space_prefix(False)
         return
     pieces = [*"abcdefghijklmnopqrstuvwxyz", "Ġ", "ab", "Ġa"]  # byte-level BPE (`_set_vocab_gpt2`)
     tokens = pieces + [f"<|extra{i}|>" for i in range(vocab - len(pieces))]
@@ -191,12 +194,14 @@ def test_gguf_tokenizers_of_the_byte_level_architectures(tmp_path):
 
 
 @pytest.mark.parametrize("arch", ["gemma", "gemma2", "phi3"])
-def test_sentencepiece_tokenizer_is_refused_in_one_line(arch, tmp_path):
+def test_gguf_tokenizers_of_the_sentencepiece_architectures(arch, tmp_path):
+    """BOS from the config's id first; Phi-3 prefixes a space to the text, Gemma does not."""
     _, hf, saved = tiny_checkpoint(arch, tmp_path)
     read = read_gguf(write_like_llama_cpp(tmp_path / f"{arch}.gguf", arch, hf, saved))
-    with pytest.raises(ProbeError, match=r"tokenizer\.ggml\.model 'llama' is not supported") as e:
-        tokenizer_from_gguf(read.metadata, tmp_path / f"{arch}.gguf")
-    assert "\n" not in str(e.value)
+    tok = tokenizer_from_gguf(read.metadata, tmp_path / f"{arch}.gguf")
+    words = ["\u2581ab", "\u2581a"] if arch == "phi3" else ["ab", "\u2581a"]
+    assert tok.encode("ab a").ids == [hf["bos_token_id"], *map(tok.token_to_id, words)]
+    assert tok.decode(tok.encode("ab a").ids) == "ab a"
 
 
 def _rewrite(path: Path, arch: str, extra_kv: dict, extra_tensors: dict | None = None) -> Path:

@@ -114,8 +114,8 @@ CASES = [
      "the vocabulary"),
     # the tokenizer's keys are read through the same typed reader: the file and the key named
     ({"tokenizer.ggml.model": 7}, "metadata: tokenizer.ggml.model must be a string, got 7 (int)"),
-    ({"tokenizer.ggml.model": "llama"}, "metadata: tokenizer.ggml.model 'llama' is not "
-     "supported; supported: gpt2"),
+    ({"tokenizer.ggml.model": "bert"}, "metadata: tokenizer.ggml.model 'bert' is not "
+     "supported; supported: gpt2 (byte-level BPE), llama (SentencePiece)"),
     ({"tokenizer.ggml.pre": DELETE}, "metadata has no 'tokenizer.ggml.pre'"),
     ({"tokenizer.ggml.pre": "mystery"}, "metadata: tokenizer.ggml.pre 'mystery' is not "
      "supported"),

@@ -11,11 +11,13 @@ vocabulary (`tokenizer.ggml.model == "gpt2"`) we rebuild the tokenizer as llama.
          -> map every byte to its printable stand-in (GPT-2's byte alphabet: " " -> "Ġ")
          -> BPE with the file's merges
     control tokens (type 3, "<|im_start|>") and user-defined ones (type 4) match whole in the text.
+
+A SentencePiece vocabulary (`"llama"`: Llama 2, Mistral, Gemma, Phi-3) is rebuilt by
+`tokenizer_spm`; WordPiece, Unigram and RWKV vocabularies are refused in one line.
 """
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,11 +29,20 @@ from probe.errors import ProbeError
 from probe.files import atomic_write_text
 from probe.interop.fields import Fields
 from probe.interop.gguf import metadata_of
+from probe.interop.gguf_vocab import (
+    CONTROL,
+    KEY,
+    NORMAL,
+    USER_DEFINED,
+    end_token,
+    required,
+    strings,
+    token_types,
+)
+from probe.interop.tokenizer_spm import spm_tokenizer
 
-# GGUF token types (llama.cpp `llama_token_type`)
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
-
-SUPPORTED_MODELS = ("gpt2",)  # `tokenizer.ggml.model` values we can rebuild (byte-level BPE)
+# `tokenizer.ggml.model` values we rebuild: byte-level BPE, SentencePiece (`tokenizer_spm`)
+SUPPORTED_MODELS = {"gpt2": "byte-level BPE", "llama": "SentencePiece"}
 
 # The pre-tokenizer regexes of llama.cpp (`llama_vocab::impl::load`, `regex_exprs`), by the name a
 # GGUF gives in `tokenizer.ggml.pre`. Each regex splits the pieces the previous one left.
@@ -160,30 +171,26 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any] | Fields, path: str | Path |
             metadata, f"GGUF file '{path}': metadata" if path is not None else "GGUF metadata"
         )
     )
-    model = meta.name(_required(meta, "model"))
+    model = meta.name(required(meta, "model"))
     if model not in SUPPORTED_MODELS:
+        supported = ", ".join(f"{name} ({kind})" for name, kind in SUPPORTED_MODELS.items())
         raise ProbeError(
-            f"{meta.label}: {KEY}model {model!r:.60} is not supported; supported: "
-            f"{', '.join(SUPPORTED_MODELS)} (byte-level BPE). Use the model's tokenizer.json."
+            f"{meta.label}: {KEY}model {model!r:.60} is not supported; supported: {supported}. "
+            "Use the model's tokenizer.json."
         )
-    pre_name = meta.name(_required(meta, "pre"))
+    tokens = strings(meta, required(meta, "tokens"))
+    types = token_types(meta, len(tokens))
+    if model == "llama":
+        return spm_tokenizer(meta, tokens, types)
+    pre_name = meta.name(required(meta, "pre"))
     if pre_name not in PRE_TOKENIZERS:
         raise ProbeError(
             f"{meta.label}: {KEY}pre {pre_name!r:.60} is not supported; supported: "
             f"{', '.join(sorted(PRE_TOKENIZERS))}. Use the model's tokenizer.json instead."
         )
     pre = PRE_TOKENIZERS[pre_name]
-    tokens = _strings(meta, _required(meta, "tokens"))
-    types = meta.raw(KEY + "token_type", [NORMAL] * len(tokens))
-    if not isinstance(types, list) or not all(_is_int(t) for t in types):
-        meta.fail(KEY + "token_type", "a list of integers", types)
-    if len(types) != len(tokens):
-        raise ProbeError(
-            f"{meta.label}: {KEY}token_type lists {len(types)} token types but {KEY}tokens "
-            f"{len(tokens)} tokens; the file is damaged: download it again."
-        )
     vocab = _vocab(tokens, types)
-    merges = _merges(meta, _strings(meta, _required(meta, "merges")), vocab)
+    merges = _merges(meta, strings(meta, required(meta, "merges")), vocab)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre.ignore_merges))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pre.regexes]
@@ -197,32 +204,6 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any] | Fields, path: str | Path |
     tok.add_tokens([AddedToken(t, normalized=False) for t, k in pairs if k == USER_DEFINED])
     tok.post_processor = _post_processor(meta, tokens)
     return tok
-
-
-KEY = "tokenizer.ggml."
-
-
-def _required(meta: Fields, name: str) -> str:
-    """The key `tokenizer.ggml.<name>`, refused when the file lacks it."""
-    key = KEY + name
-    if not meta.has(key):
-        raise ProbeError(
-            f"{meta.label} has no '{key}': the file carries no tokenizer probe can rebuild; "
-            "use the model's tokenizer.json instead."
-        )
-    return key
-
-
-def _strings(meta: Fields, key: str) -> list[str]:
-    """An array of strings (the tokens, the merges)."""
-    value = meta.raw(key)
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        meta.fail(key, "a list of strings", value)
-    return value
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _vocab(tokens: list[str], types: list[int]) -> dict[str, int]:
@@ -264,7 +245,7 @@ def _merges(meta: Fields, merges: list[str], vocab: dict[str, int]) -> list[tupl
 def _post_processor(meta: Fields, tokens: list[str]) -> processors.PostProcessor:
     """Byte-level offsets, plus BOS/EOS where the file's `add_bos_token`/`add_eos_token` say so."""
     offsets = processors.ByteLevel(trim_offsets=False)
-    ends = {end: _end_token(meta, end, tokens) for end in ("bos", "eos")}
+    ends = {end: end_token(meta, end, tokens) for end in ("bos", "eos")}
     ends = {end: token for end, token in ends.items() if token is not None}
     if not ends:
         return offsets
@@ -276,17 +257,3 @@ def _post_processor(meta: Fields, tokens: list[str]) -> processors.PostProcessor
         special_tokens=list(ends.values()),
     )
     return processors.Sequence([offsets, template])
-
-
-def _end_token(meta: Fields, end: str, tokens: list[str]) -> tuple[str, int] | None:
-    """(token, id) of BOS or EOS when the file asks for it to be added, else None."""
-    if not meta.flag(f"{KEY}add_{end}_token", False):
-        return None
-    key = _required(meta, f"{end}_token_id")
-    index = meta.integer(key, lo=0)
-    if index >= len(tokens):
-        raise ProbeError(
-            f"{meta.label}: {key} = {index} is outside the vocabulary of {len(tokens)} tokens; "
-            "the file is damaged: download it again."
-        )
-    return tokens[index], index
