@@ -56,7 +56,6 @@ MISSING = {
     "mamba": "state-space layers (no attention)",
     "mamba2": "state-space layers (no attention)",
     "recurrent_gemma": "recurrent (Griffin) layers",
-    "gemma3": "a vision tower (import the text model: model_type gemma3_text)",
     "cohere": "parallel blocks with LayerNorm without bias and logit scaling",
     "starcoder2": "StarCoder2's biases and sliding window in a GPT-style block",
 }

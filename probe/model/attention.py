@@ -304,10 +304,7 @@ class Attention(nn.Module):
             call = AttentionCall(self.site, q, k, v, scale, factor, bias, visible, self.softcap)
         out = self._observed(observer, call, v) if observer is not None else None
         if out is None and self.softcap is not None:  # no fused kernel soft-caps
-            capped = call or AttentionCall(
-                self.site, q, k, v, scale, factor, bias, visible, self.softcap
-            )
-            out = self._explicit(capped, v)
+            out = self._capped(q, k, v, scale, factor, bias, visible)
         if out is None:
             out = self._fused(q, k, v, scale, factor, bias, visible, key_mask)
         out = out * self.gate.to(out.dtype).view(1, -1, 1, 1)  # [batch, head, q_len, d_head]
@@ -334,6 +331,27 @@ class Attention(nn.Module):
         if self.training and self.dropout > 0:
             probs = F.dropout(probs, self.dropout)
         return probs.to(v.dtype) @ v  # [batch, head, q_len, d_head]
+
+    def _capped(self, q, k, v, scale, factor, bias, visible) -> torch.Tensor:
+        """Soft-capped attention as transformers' eager Gemma 2 computes it: the scores scaled
+        and capped in the weights' dtype, the softmax in float32 (so a bf16 model rounds as
+        transformers' does; observers read the float32 logits of `AttentionCall.logits`)."""
+        s = q @ k.transpose(-2, -1)  # [batch, head, q_len, k_len]
+        if self.scale_kind == Scale.LEARNED:
+            s = s * scale.to(s.dtype).view(1, -1, 1, 1)
+        else:
+            s = s * self._constant_scale()
+        if factor is not None:
+            s = s * factor.to(s.dtype).view(1, 1, -1, 1)
+        s = torch.tanh(s / self.softcap) * self.softcap
+        if bias is not None:
+            s = s + bias.to(s.dtype)
+        if visible is not None:
+            s = s.masked_fill(~visible, float("-inf"))
+        probs = mask.softmax(s.float(), visible).to(v.dtype)  # [batch, head, q_len, k_len]
+        if self.training and self.dropout > 0:
+            probs = F.dropout(probs, self.dropout)
+        return probs @ v  # [batch, head, q_len, d_head]
 
     def _fused(self, q, k, v, scale, factor, bias, visible, key_mask) -> torch.Tensor:
         """The same computation through torch's scaled_dot_product_attention."""
