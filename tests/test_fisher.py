@@ -200,7 +200,7 @@ def _hand_site(m, batches, site, gates):
             x = m._embed(b.inputs, pos)
             for i, block in enumerate(m.blocks):
                 if i == site:
-                    out.append((x, block.ln_attn(x) if m.pre else x, block))
+                    out.append((x, block.ln_attn(x) if m.cfg.norm_before else x, block))
                     break
                 x = block(x, pos)
     m.set_gates(None)

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import safetensors.torch as safetensors_torch
 import torch
 
 from probe.errors import ProbeError
 
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
-safetensors_torch = pytest.importorskip("safetensors.torch")
 
 from probe.interop.gguf import read_gguf  # noqa: E402
 from probe.interop.tokenizer import tokenizer_from_gguf  # noqa: E402

@@ -14,6 +14,7 @@ and may set
     PRUNED_EXPORT                              why a pruned model is written at its unpruned
                                               size with the removed heads zero (said by
                                               `probe export`), where the format cannot hold it
+                                              (`hf_neox.padded` writes them)
 """
 
 from __future__ import annotations
@@ -21,8 +22,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from types import ModuleType
 from typing import Any
-
-import torch
 
 from probe.config import did_you_mean
 from probe.errors import ProbeError
@@ -157,19 +156,6 @@ def refuse_unimplemented(hf: Fields, family_name: str, implemented: tuple[str, .
         value = hf.raw(key)
         if not any(value is n or (type(value) is type(n) and value == n) for n in neutral):
             hf.refuse(key, value, f"{feature} is not implemented in probe's {family_name}.")
-
-
-def padded(tensor, kept: tuple[int, ...], total: int, d_head: int, dim: int):
-    """`tensor` holding the `d_head`-wide slices of heads (or key/value groups) `kept` along
-    `dim`, written out with all `total` in place, a removed one's slice zero: how a format with
-    one head count for the unpruned model holds a pruned one (the same function)."""
-    if len(kept) == total:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = total * d_head
-    rows = [h * d_head + j for h in kept for j in range(d_head)]
-    index = torch.tensor(rows, dtype=torch.long, device=tensor.device)
-    return tensor.new_zeros(shape).index_copy(dim, index, tensor)
 
 
 def require_unpruned(cfg, name: str, detail: str = "") -> None:

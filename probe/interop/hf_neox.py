@@ -12,7 +12,7 @@ import torch
 
 from probe.config import FFN, PE, Arch, ModelConfig, Norm
 from probe.errors import ProbeError
-from probe.interop.families import padded, refuse_unimplemented, renamed, require
+from probe.interop.families import refuse_unimplemented, renamed, require
 from probe.interop.fields import Fields
 
 MODEL_TYPES = ("gpt_neox",)
@@ -155,6 +155,19 @@ def to_probe(state: Mapping, cfg: ModelConfig, where: str) -> Iterator[tuple[str
         del weight
     if not cfg.tie_embeddings:
         yield "head.weight", state[_head(set(state)) or HEADS[0]]
+
+
+def padded(tensor, kept: tuple[int, ...], total: int, d_head: int, dim: int):
+    """`tensor` holding the `d_head`-wide slices of heads (or key/value groups) `kept` along
+    `dim`, written out with all `total` in place, a removed one's slice zero: how a format with
+    one head count for the unpruned model holds a pruned one (the same function)."""
+    if len(kept) == total:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = total * d_head
+    rows = [h * d_head + j for h in kept for j in range(d_head)]
+    index = torch.tensor(rows, dtype=torch.long, device=tensor.device)
+    return tensor.new_zeros(shape).index_copy(dim, index, tensor)
 
 
 def _padded(state: dict, name: str, kept: tuple[int, ...], cfg: ModelConfig, dim: int):

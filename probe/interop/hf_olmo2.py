@@ -14,9 +14,9 @@ from collections.abc import Iterator, Mapping
 import torch
 
 from probe.config import FFN, PE, Arch, ModelConfig, Norm, NormType
-from probe.interop.families import padded, refuse_unimplemented, renamed, tied_output
+from probe.interop.families import refuse_unimplemented, renamed, tied_output
 from probe.interop.fields import Fields
-from probe.interop.hf_neox import rope_parameters
+from probe.interop.hf_neox import padded, rope_parameters
 
 MODEL_TYPES = ("olmo2",)
 # source tensors probe may leave unused: the rotary frequencies of older files, a tied lm_head
