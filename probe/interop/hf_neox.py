@@ -12,7 +12,7 @@ import torch
 
 from probe.config import FFN, PE, Arch, ModelConfig, Norm
 from probe.errors import ProbeError
-from probe.interop.families import refuse_unimplemented, renamed, require
+from probe.interop.families import refuse_unimplemented, renamed, require, same_tied_head
 from probe.interop.fields import Fields
 
 MODEL_TYPES = ("gpt_neox",)
@@ -132,6 +132,9 @@ def to_probe(state: Mapping, cfg: ModelConfig, where: str) -> Iterator[tuple[str
     fused = [f"gpt_neox.layers.{i}.attention.query_key_value.{p}" for i in range(cfg.n_layer)
              for p in (("weight", "bias") if cfg.qkv_bias else ("weight",))]  # fmt: skip
     require(state, fused, where)
+    head = _head(set(state))
+    if cfg.tie_embeddings and head is not None:
+        same_tied_head(state, "gpt_neox.embed_in.weight", head, where)
     yield from renamed(state, _names(cfg), where)
     for i in range(cfg.n_layer):
         h, b = f"gpt_neox.layers.{i}.attention.", f"blocks.{i}."
@@ -147,7 +150,7 @@ def to_probe(state: Mapping, cfg: ModelConfig, where: str) -> Iterator[tuple[str
             yield f"{b}attn.o.bias", torch.zeros(cfg.d_model, dtype=weight.dtype)
         del weight
     if not cfg.tie_embeddings:
-        yield "head.weight", state[_head(set(state)) or HEADS[0]]
+        yield "head.weight", state[head or HEADS[0]]
 
 
 def _padded(state: dict, name: str, kept: tuple[int, ...], cfg: ModelConfig, dim: int):

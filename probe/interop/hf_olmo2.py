@@ -15,7 +15,7 @@ import torch
 
 from probe.config import FFN, PE, Arch, ModelConfig, Norm, NormType
 from probe.errors import ProbeError
-from probe.interop.families import refuse_unimplemented, renamed, tied_output
+from probe.interop.families import refuse_unimplemented, renamed, same_tied_head, tied_output
 from probe.interop.fields import Fields
 from probe.interop.hf_neox import rope_parameters
 
@@ -92,6 +92,8 @@ def _names(cfg: ModelConfig) -> dict[str, str]:
 
 
 def to_probe(state: Mapping, cfg: ModelConfig, where: str) -> Iterator[tuple[str, torch.Tensor]]:
+    if cfg.tie_embeddings:
+        same_tied_head(state, "model.embed_tokens.weight", "lm_head.weight", where)
     yield from renamed(state, _names(cfg), where)
 
 
