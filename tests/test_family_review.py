@@ -123,3 +123,22 @@ def test_phi3_zero_key_value_heads_is_one_line(tiny_dirs, tmp_path, capsys):
     path = edited(tiny_dirs["phi3"], tmp_path / "p", lambda c: c.update(num_key_value_heads=0))
     line = one_line(["import", str(path), "--out", str(tmp_path / "out")], capsys)
     assert "config.json: num_key_value_heads must be a positive integer" in line, line
+
+
+QKV = "gpt_neox.layers.0.attention.query_key_value."
+
+
+@pytest.mark.parametrize(
+    "name, cut",
+    [("weight", lambda t: t[:-8]), ("weight", lambda t: t.flatten()),
+     ("bias", lambda t: t[:-3]), ("bias", lambda t: t[None])],
+)  # fmt: skip
+def test_a_neox_fused_qkv_of_the_wrong_shape_is_one_line(name, cut, tiny_dirs, tmp_path, capsys):
+    """It was a RuntimeError from `view` (or, for a [1, rows] bias, silently reshaped)."""
+
+    def damage(state):
+        state[QKV + name] = cut(state[QKV + name]).contiguous()
+
+    path = edited(tiny_dirs["gpt_neox"], tmp_path / "n", weights=damage)
+    line = one_line(["import", str(path), "--out", str(tmp_path / "out")], capsys)
+    assert f"'{QKV}{name}' has shape" in line and "config.json implies (96" in line, line
