@@ -96,6 +96,23 @@ def export_cli(
     with staged(out, earlier) as stage:  # all files or none: an interrupted run leaves nothing
         written = export_hf(ckpt.model, ckpt.source["model_type"], stage, tokenizer)
     console.print(f"wrote {', '.join(p.name for p in written)} to {shown(out)}")
+    _note_zero_heads(ckpt.model.cfg, ckpt.source["model_type"], out / "config.json")
+
+
+def _note_zero_heads(cfg, model_type: str, config_file: Path) -> None:
+    """A pruned model whose format has no head size (GPT-NeoX) is written at its unpruned size,
+    the removed heads' weights zero: say so, since the files are no smaller."""
+    import json
+
+    kept = sum(len(s.kept_heads) for s in cfg.sites())
+    written = json.loads(config_file.read_text()).get("num_attention_heads", 0) * cfg.n_layer
+    if written > kept:
+        n = written - kept
+        console.print(
+            f"note: a Hugging Face {model_type} config has no head size, so "
+            f"{counted(n, 'removed head')} {'is' if n == 1 else 'are'} written as zeros at the "
+            "unpruned size (the same function; the files are no smaller)."
+        )
 
 
 def register(app: typer.Typer) -> None:

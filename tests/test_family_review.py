@@ -142,3 +142,20 @@ def test_a_neox_fused_qkv_of_the_wrong_shape_is_one_line(name, cut, tiny_dirs, t
     path = edited(tiny_dirs["gpt_neox"], tmp_path / "n", weights=damage)
     line = one_line(["import", str(path), "--out", str(tmp_path / "out")], capsys)
     assert f"'{QKV}{name}' has shape" in line and "config.json implies (96" in line, line
+
+
+def test_exporting_a_pruned_neox_says_its_removed_heads_are_zeros(tiny_dirs, tmp_path, capsys):
+    """GPT-NeoX's config has no head size: the export is at the unpruned size (transformers
+    loads 4 heads a layer), which the CLI now says; an unpruned export says nothing of it."""
+    ckpt, pruned = tmp_path / "ckpt", tmp_path / "pruned"
+    assert exit_code(["import", str(tiny_dirs["gpt_neox"]), "--out", str(ckpt)]) == 0
+    prune = ["prune", str(ckpt), "--no-timing", "--max-tokens", "16", "--batch-size", "4"]
+    assert exit_code([*prune, "--out", str(pruned), "--fraction", "0.5", "--uniform"]) == 0
+    capsys.readouterr()
+    assert exit_code(["export", str(pruned), "--out", str(tmp_path / "hf")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    ref = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"))
+    assert ref.config.num_attention_heads == 4  # 2 of them zero in each of the 2 layers
+    assert "4 removed heads are written as zeros at the unpruned size" in out, out
+    assert exit_code(["export", str(ckpt), "--out", str(tmp_path / "full")]) == 0
+    assert "removed head" not in capsys.readouterr().out
