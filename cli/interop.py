@@ -96,9 +96,12 @@ def export_cli(
     with staged(out, earlier) as stage:  # all files or none: an interrupted run leaves nothing
         written = export_hf(ckpt.model, ckpt.source["model_type"], stage, tokenizer)
     console.print(f"wrote {', '.join(p.name for p in written)} to {shown(out)}")
-    note = getattr(family(ckpt.source, str(checkpoint)), "PRUNED_EXPORT", None)
-    if note and any(len(s.kept_heads) != s.n_head for s in ckpt.model_cfg.sites()):
-        console.print(f"note: {note}")
+    why = getattr(family(ckpt.source, str(checkpoint)), "PRUNED_EXPORT", None)
+    removed = sum(s.n_head - len(s.kept_heads) for s in ckpt.model_cfg.sites())
+    if why and removed:  # written at the unpruned size: say so, the files are no smaller
+        heads = f"{counted(removed, 'removed head')} {'is' if removed == 1 else 'are'}"
+        console.print(f"note: {heads} written as zeros at the unpruned size (the same function; "
+                      f"the files are no smaller): {why}")  # fmt: skip
 
 
 def register(app: typer.Typer) -> None:

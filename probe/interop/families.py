@@ -129,6 +129,21 @@ def tied_output(hf: Fields, names: set[str] | None, default: bool) -> bool:
     return True
 
 
+def same_tied_head(state: Mapping, embed: str, head: str, where: str) -> None:
+    """A tied model whose file also holds an output layer (`head`): transformers 5 ties the two
+    only when they are equal, else it computes with each as stored, which probe's tied model
+    cannot; one clear line then. No-op on a header pass (meta tensors) or without `head`."""
+    if head not in state or state[embed].is_meta:
+        return
+    table, output = state[embed], state[head]  # [vocab, d_model] each
+    if output.shape != table.shape or not bool((output == table.to(output.dtype)).all()):
+        raise ProbeError(
+            f"{where}: tie_word_embeddings is true but {head} differs from {embed}; "
+            "transformers then computes with each as stored (untied). Set tie_word_embeddings "
+            "to false in config.json to import the model as transformers runs it."
+        )
+
+
 # Config keys of other families that change the function computed, -> (the values that compute
 # what probe computes, the feature). A config of a supported family that sets one is refused.
 UNIMPLEMENTED = {

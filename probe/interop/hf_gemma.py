@@ -27,7 +27,7 @@ import torch
 
 from probe.config import FFN, PE, Arch, ModelConfig, Norm, NormType
 from probe.errors import ProbeError
-from probe.interop.families import renamed, tied_output
+from probe.interop.families import renamed, same_tied_head, tied_output
 from probe.interop.fields import Fields
 from probe.interop.hf_llama import uniform_shape
 
@@ -75,13 +75,11 @@ def _rotary(hf: Fields, kind: str) -> tuple[float, float, float | None]:
     """(global base, linear factor of the global layers, base of the sliding layers or None)."""
     d = DEFAULTS[kind]
     theta = hf.number("rope_theta", d["rope_theta"])
-    if kind != "gemma3_text":  # one rotary for every layer: rope_parameters (or older keys)
-        factor = 1.0
-        for key in ("rope_scaling", "rope_parameters"):
-            section = hf.section(key)
-            if section.data:
-                theta, factor = _rope(section, theta, "Gemma")
-        return theta, factor, None
+    if kind != "gemma3_text":  # one rotary for every layer: as transformers, a non-empty
+        section = hf.section("rope_scaling")  # rope_scaling replaces rope_parameters whole
+        if not section.data:
+            section = hf.section("rope_parameters")
+        return (*_rope(section, theta, "Gemma"), None)
     params = hf.section("rope_parameters")  # Gemma 3: one section per layer type
     if params.data and not any(params.has(k) for k in KINDS):
         hf.fail("rope_parameters", "a mapping of full_attention and sliding_attention", params.data)
@@ -244,6 +242,8 @@ def to_probe(state: Mapping, cfg: ModelConfig, where: str) -> Iterator[tuple[str
     for prefix, lm_head in TEXT_PREFIXES:  # a multimodal Gemma 3
         if f"{prefix}embed_tokens.weight" in state:
             body, head = prefix, lm_head
+    if cfg.tie_embeddings:
+        same_tied_head(state, f"{body}embed_tokens.weight", head, where)
     yield from renamed(state, _names(cfg, body, head), where)
 
 

@@ -12,7 +12,7 @@ import torch
 
 from probe.config import FFN, PE, Arch, ModelConfig, Norm, NormType
 from probe.errors import ProbeError
-from probe.interop.families import refuse_unimplemented, renamed, tied_output
+from probe.interop.families import refuse_unimplemented, renamed, same_tied_head, tied_output
 from probe.interop.fields import Fields
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -28,27 +28,29 @@ def rope(
     """(rotary base, fraction of each head it rotates); any rotary variant but the plain one is
     refused by name, and so is a partial rotary unless the family has one (`partial`, Phi-3:
     `partial_rotary_factor` in `rope_parameters`, else at the top level). transformers 5 writes
-    `rope_parameters`, older files `rope_theta` and `rope_scaling` at the top level."""
+    `rope_parameters`, older files `rope_theta` and `rope_scaling` at the top level; a non-empty
+    `rope_scaling` replaces `rope_parameters` whole, as transformers 5.24 reads them."""
     theta = hf.number("rope_theta", 10000.0)
     fraction = hf.number("partial_rotary_factor", 1.0) if partial else 1.0
-    for key in ("rope_parameters", "rope_scaling"):
-        section = hf.section(key)
-        kind_key = "rope_type" if section.has("rope_type") else "type"
-        kind = section.name(kind_key, "default")
-        if kind != "default":
-            section.refuse(
-                kind_key,
-                kind,
-                "this rotary scaling is not implemented in probe, "
-                "which computes the plain rotary embedding (rope_type 'default').",
-            )
-        factor = section.raw("partial_rotary_factor")
-        if partial:
-            fraction = section.number("partial_rotary_factor", fraction)
-        elif factor is not None and section.number("partial_rotary_factor") != 1.0:
-            section.refuse("partial_rotary_factor", factor, "rotary embedding on part of each "
-                           f"head is not implemented in probe's {family_name}.")  # fmt: skip
-        theta = section.number("rope_theta", theta)
+    section = hf.section("rope_scaling")
+    if not section.data:
+        section = hf.section("rope_parameters")
+    kind_key = "rope_type" if section.has("rope_type") else "type"
+    kind = section.name(kind_key, "default")
+    if kind != "default":
+        section.refuse(
+            kind_key,
+            kind,
+            "this rotary scaling is not implemented in probe, "
+            "which computes the plain rotary embedding (rope_type 'default').",
+        )
+    factor = section.raw("partial_rotary_factor")
+    if partial:
+        fraction = section.number("partial_rotary_factor", fraction)
+    elif factor is not None and section.number("partial_rotary_factor") != 1.0:
+        section.refuse("partial_rotary_factor", factor, "rotary embedding on part of each "
+                       f"head is not implemented in probe's {family_name}.")  # fmt: skip
+    theta = section.number("rope_theta", theta)
     if not theta > 1:
         hf.fail("rope_theta", "a number greater than 1 (usually 10000)", theta)
     if not fraction <= 1:
@@ -154,6 +156,8 @@ def _names(cfg: ModelConfig) -> dict[str, str]:
 
 
 def to_probe(state: Mapping, cfg: ModelConfig, where: str) -> Iterator[tuple[str, torch.Tensor]]:
+    if cfg.tie_embeddings:
+        same_tied_head(state, "model.embed_tokens.weight", "lm_head.weight", where)
     for i in range(cfg.n_layer):  # probe's export writes zeros there: they compute the same
         bias = state.get(f"model.layers.{i}.self_attn.o_proj.bias")
         if bias is None or bias.is_meta:  # (a header pass: the values are checked when read)

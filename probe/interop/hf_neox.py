@@ -12,7 +12,7 @@ import torch
 
 from probe.config import FFN, PE, Arch, ModelConfig, Norm
 from probe.errors import ProbeError
-from probe.interop.families import refuse_unimplemented, renamed, require
+from probe.interop.families import refuse_unimplemented, renamed, require, same_tied_head
 from probe.interop.fields import Fields
 
 MODEL_TYPES = ("gpt_neox",)
@@ -31,11 +31,7 @@ HEADS = (
 )  # the output layer: as saved, as transformers 5 names
 # a pruned model in transformers' GPT-NeoX: its config has no head size (it is hidden_size /
 # num_attention_heads), so fewer heads cannot be written
-PRUNED_EXPORT = (
-    "GPT-NeoX's config has no head size (it is hidden_size / num_attention_heads), so the "
-    "pruned model is written at its unpruned head count with the removed heads' weights zero: "
-    "the same function, not a smaller file."
-)
+PRUNED_EXPORT = "a GPT-NeoX config has no head size (it is hidden_size / num_attention_heads)."
 
 
 def rope_parameters(hf: Fields) -> Fields:
@@ -135,26 +131,42 @@ def _names(cfg: ModelConfig) -> dict[str, str]:
     return names
 
 
+def _fused(state: Mapping, name: str, cfg: ModelConfig, rest: tuple[int, ...], where: str):
+    """The fused query_key_value tensor `name`: [3 * n_head * d_head, *rest], else one line."""
+    tensor = state[name]
+    shape = (3 * cfg.n_head * cfg.d_head, *rest)
+    if tuple(tensor.shape) != shape:
+        raise ProbeError(
+            f"{where}: '{name}' has shape {tuple(tensor.shape)} but config.json implies "
+            f"{shape}; weights and config do not belong together."
+        )
+    return tensor
+
+
 def to_probe(state: Mapping, cfg: ModelConfig, where: str) -> Iterator[tuple[str, torch.Tensor]]:
     fused = [f"gpt_neox.layers.{i}.attention.query_key_value.{p}" for i in range(cfg.n_layer)
              for p in (("weight", "bias") if cfg.qkv_bias else ("weight",))]  # fmt: skip
     require(state, fused, where)
+    head = _head(set(state))
+    if cfg.tie_embeddings and head is not None:
+        same_tied_head(state, "gpt_neox.embed_in.weight", head, where)
     yield from renamed(state, _names(cfg), where)
     for i in range(cfg.n_layer):
         h, b = f"gpt_neox.layers.{i}.attention.", f"blocks.{i}."
-        weight = state[f"{h}query_key_value.weight"]  # [n_head * 3 * d_head, d_model]
+        weight = _fused(state, f"{h}query_key_value.weight", cfg, (cfg.d_model,), where)
         rows = weight.view(cfg.n_head, 3, cfg.d_head, -1)  # [head, q|k|v, d_head, d_model]
         for j, x in enumerate("qkv"):
             yield f"{b}attn.{x}.weight", rows[:, j].reshape(-1, weight.shape[-1])
         if cfg.qkv_bias:
-            parts = state[f"{h}query_key_value.bias"].view(cfg.n_head, 3, cfg.d_head)
+            bias = _fused(state, f"{h}query_key_value.bias", cfg, (), where)
+            parts = bias.view(cfg.n_head, 3, cfg.d_head)
             for j, x in enumerate("qkv"):
                 yield f"{b}attn.{x}.bias", parts[:, j].reshape(-1)
         else:  # attention_bias false: no bias on dense either; probe's o has one of zeros
             yield f"{b}attn.o.bias", torch.zeros(cfg.d_model, dtype=weight.dtype)
         del weight
     if not cfg.tie_embeddings:
-        yield "head.weight", state[_head(set(state)) or HEADS[0]]
+        yield "head.weight", state[head or HEADS[0]]
 
 
 def padded(tensor, kept: tuple[int, ...], total: int, d_head: int, dim: int):

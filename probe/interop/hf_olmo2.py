@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 import torch
 
 from probe.config import FFN, PE, Arch, ModelConfig, Norm, NormType
-from probe.interop.families import refuse_unimplemented, renamed, tied_output
+from probe.interop.families import refuse_unimplemented, renamed, same_tied_head, tied_output
 from probe.interop.fields import Fields
 from probe.interop.hf_neox import padded, rope_parameters
 
@@ -26,9 +26,8 @@ OWN_KEYS = ("partial_rotary_factor",)
 # a pruned model in transformers' OLMo-2: its QK-norm spans every head, so fewer heads cannot
 # be written (probe keeps every q and k row for the same reason)
 PRUNED_EXPORT = (
-    "OLMo-2's QK-norm normalises the queries and keys of every head together, so the pruned "
-    "model is written at its unpruned head count with the removed heads' value and output "
-    "weights zero: the same function, not a smaller file."
+    "OLMo-2's QK-norm normalises the queries and keys of every head together, so its config "
+    "cannot hold fewer heads."
 )
 
 
@@ -98,6 +97,8 @@ def _names(cfg: ModelConfig) -> dict[str, str]:
 
 
 def to_probe(state: Mapping, cfg: ModelConfig, where: str) -> Iterator[tuple[str, torch.Tensor]]:
+    if cfg.tie_embeddings:
+        same_tied_head(state, "model.embed_tokens.weight", "lm_head.weight", where)
     yield from renamed(state, _names(cfg), where)
 
 

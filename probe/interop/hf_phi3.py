@@ -15,7 +15,13 @@ import torch
 
 from probe.config import FFN, PE, Arch, ModelConfig, Norm, NormType
 from probe.errors import ProbeError
-from probe.interop.families import refuse_unimplemented, renamed, require, tied_output
+from probe.interop.families import (
+    refuse_unimplemented,
+    renamed,
+    require,
+    same_tied_head,
+    tied_output,
+)
 from probe.interop.fields import Fields
 from probe.interop.hf_llama import rope, uniform_shape
 
@@ -30,6 +36,7 @@ def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> Mode
     hf.choice("hidden_act", "silu", ("silu",), "Phi-3")
     d_model = hf.integer("hidden_size")
     n_head = hf.integer("num_attention_heads")
+    n_kv_head = hf.integer("num_key_value_heads", n_head)  # read first: 0 is refused by name
     if hf.has("num_key_value_heads"):
         hf.divides("num_attention_heads", "num_key_value_heads")
     if not hf.has("head_dim"):
@@ -46,7 +53,7 @@ def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> Mode
         vocab_size=hf.integer("vocab_size"),
         n_layer=hf.integer("num_hidden_layers"),
         n_head=n_head,
-        n_kv_head=hf.integer("num_key_value_heads", n_head),
+        n_kv_head=n_kv_head,
         d_model=d_model,
         d_head=d_head,
         ffn=FFN.SWIGLU,
@@ -97,6 +104,8 @@ def _fused(cfg: ModelConfig) -> dict[str, list[tuple[str, int]]]:
 def to_probe(state: Mapping, cfg: ModelConfig, where: str) -> Iterator[tuple[str, torch.Tensor]]:
     fused = _fused(cfg)
     require(state, fused, where)
+    if cfg.tie_embeddings:
+        same_tied_head(state, "model.embed_tokens.weight", "lm_head.weight", where)
     for name, parts in fused.items():
         tensor = state[name]  # [rows, d_model]
         rows = sum(n for _, n in parts)
