@@ -173,6 +173,22 @@ def refuse_unimplemented(hf: Fields, family_name: str, implemented: tuple[str, .
             hf.refuse(key, value, f"{feature} is not implemented in probe's {family_name}.")
 
 
+def uniform_shape(cfg) -> tuple[int, int] | str:
+    """(query heads, key/value heads) shared by every layer, or why there is none."""
+    shapes = set()
+    for site in cfg.sites():
+        per_group = {len(site.group_heads(g)) for g in site.kept_groups}
+        if not site.kept_heads:
+            return f"{site.name} has no heads left"
+        if len(per_group) != 1:
+            return f"{site.name} keeps different numbers of query heads in its key/value groups"
+        shapes.add((len(site.kept_heads), len(site.kept_groups)))
+    if len(shapes) != 1:
+        found = ", ".join(f"{q} heads/{kv} groups" for q, kv in sorted(shapes))
+        return f"the layers keep different numbers of heads ({found})"
+    return shapes.pop()
+
+
 def require_unpruned(cfg, name: str, detail: str = "") -> None:
     """One clear line when a pruned model meets a format with one head count and head size for
     every layer (BERT, GPT-2)."""

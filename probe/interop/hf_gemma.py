@@ -27,9 +27,8 @@ import torch
 
 from probe.config import FFN, PE, Arch, ModelConfig, Norm, NormType
 from probe.errors import ProbeError
-from probe.interop.families import renamed, same_tied_head, tied_output
+from probe.interop.families import renamed, same_tied_head, tied_output, uniform_shape
 from probe.interop.fields import Fields
-from probe.interop.hf_llama import uniform_shape
 
 MODEL_TYPES = ("gemma", "gemma2", "gemma3_text", "gemma3")
 # source tensors probe may leave unused: a tied lm_head, rotary frequencies of older files, and

@@ -12,7 +12,13 @@ import torch
 
 from probe.config import FFN, PE, Arch, ModelConfig, Norm, NormType
 from probe.errors import ProbeError
-from probe.interop.families import refuse_unimplemented, renamed, same_tied_head, tied_output
+from probe.interop.families import (
+    refuse_unimplemented,
+    renamed,
+    same_tied_head,
+    tied_output,
+    uniform_shape,
+)
 from probe.interop.fields import Fields
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -169,22 +175,6 @@ def to_probe(state: Mapping, cfg: ModelConfig, where: str) -> Iterator[tuple[str
                 "probe's Llama (q, k and v biases are)."
             )
     yield from renamed(state, _names(cfg), where)
-
-
-def uniform_shape(cfg: ModelConfig) -> tuple[int, int] | str:
-    """(query heads, key/value heads) shared by every layer, or why there is none."""
-    shapes = set()
-    for site in cfg.sites():
-        per_group = {len(site.group_heads(g)) for g in site.kept_groups}
-        if not site.kept_heads:
-            return f"{site.name} has no heads left"
-        if len(per_group) != 1:
-            return f"{site.name} keeps different numbers of query heads in its key/value groups"
-        shapes.add((len(site.kept_heads), len(site.kept_groups)))
-    if len(shapes) != 1:
-        found = ", ".join(f"{q} heads/{kv} groups" for q, kv in sorted(shapes))
-        return f"the layers keep different numbers of heads ({found})"
-    return shapes.pop()
 
 
 def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]:

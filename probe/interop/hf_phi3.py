@@ -21,9 +21,10 @@ from probe.interop.families import (
     require,
     same_tied_head,
     tied_output,
+    uniform_shape,
 )
 from probe.interop.fields import Fields
-from probe.interop.hf_llama import rope, uniform_shape
+from probe.interop.hf_llama import rope
 
 MODEL_TYPES = ("phi3",)
 # source tensors probe may leave unused: the rotary frequencies of older files, a tied lm_head
