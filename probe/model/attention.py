@@ -21,6 +21,7 @@ from torch import nn
 
 from probe.config import PE, ModelConfig, Scale
 from probe.model import mask
+from probe.model.cache import SiteCache
 from probe.model.layers import make_norm
 from probe.model.positional import FIRE, ALiBi, Rotary, T5Bias
 from probe.site import Site
@@ -273,10 +274,14 @@ class Attention(nn.Module):
         q_pos: torch.Tensor | None = None,
         k_pos: torch.Tensor | None = None,
         key_mask: torch.Tensor | None = None,
+        cache: SiteCache | None = None,
     ) -> torch.Tensor:
         """x [batch, q_len, d_model]; context [batch, k_len, d_model] for cross-attention;
         q_pos [batch, q_len], k_pos [batch, k_len] integer positions; key_mask [batch, k_len]
-        bool (False for padding). Returns [batch, q_len, d_model]."""
+        bool (False for padding). Returns [batch, q_len, d_model].
+
+        With `cache` (self-attention), x holds only the new tokens: their keys and values join
+        the cache's, and k_pos and key_mask describe every key (cached and new)."""
         if context is None:  # one matmul for q, k and v
             q, k, v = self._qkv(x)  # [batch, head, seq, d_head] each
         else:
@@ -291,8 +296,11 @@ class Attention(nn.Module):
             k_pos = q_pos if context is None else torch.arange(k_len, device=x.device).expand(b, -1)
         if self.q_norm is not None and not self.whole_qk:
             q, k = self.q_norm(q), self.k_norm(k)
-        if self.rotary is not None:
-            q, k = self.rotary(q, q_pos), self.rotary(k, k_pos)
+        if self.rotary is not None:  # new keys stand where the new queries do
+            q, k = self.rotary(q, q_pos), self.rotary(k, k_pos if cache is None else q_pos)
+        if cache is not None:
+            k, v = cache.append(k, v)  # [batch, kv_head, cached + q_len, d_head]
+            k_len = k.shape[2]
         k, v = self._per_query_head(k), self._per_query_head(v)  # [batch, head, k_len, d_head]
         scale = self.head_scale()  # [head]
         factor = self._length_factor(q_len, k_len, x.device)  # [q_len] or None

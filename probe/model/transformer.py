@@ -10,6 +10,7 @@ from torch import nn
 
 from probe.config import FFN, Arch, ModelConfig, Norm
 from probe.model.attention import Attention, Observer
+from probe.model.cache import KVCache, SiteCache
 from probe.model.layers import FeedForward, activation, make_norm
 from probe.model.positional import InputPositions
 from probe.site import Site
@@ -77,11 +78,14 @@ class Block(nn.Module):
         key_mask: torch.Tensor | None = None,
         memory: torch.Tensor | None = None,
         memory_mask: torch.Tensor | None = None,
+        cache: SiteCache | None = None,
+        key_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """x [batch, seq, d_model] -> [batch, seq, d_model]; memory is the encoder output."""
+        """x [batch, seq, d_model] -> [batch, seq, d_model]; memory is the encoder output. With
+        `cache`, x is the new tokens and key_positions / key_mask cover every key."""
 
         def attend(h: torch.Tensor) -> torch.Tensor:
-            return self.attn(h, None, positions, None, key_mask)
+            return self.attn(h, None, positions, key_positions, key_mask, cache)
 
         if self.parallel:  # GPT-NeoX's order of the sums: ffn + attn + x
             ffn = self._branch(x, self.ln_ffn, self.ln_ffn_out, self.ffn)
@@ -217,6 +221,7 @@ class Transformer(nn.Module):
         key_mask: torch.Tensor | None = None,
         source_mask: torch.Tensor | None = None,
         token_types: torch.Tensor | None = None,
+        cache: KVCache | None = None,
     ) -> torch.Tensor:
         """The last hidden state [batch, seq, d_model] (after the final norm); see `forward`."""
         memory = None
@@ -224,10 +229,18 @@ class Transformer(nn.Module):
             if source is None:
                 raise ValueError("an encoder-decoder needs `source` tokens")
             memory = self.encode(source, source_positions, source_mask)
+        if cache is not None and positions is None:  # the new tokens follow the cached ones
+            positions = cache.length + self._default_positions(tokens, None)
         positions = self._default_positions(tokens, positions)
+        key_positions = None
+        if cache is not None:
+            if self.cfg.arch != Arch.DECODER:
+                raise ValueError("a key/value cache needs a decoder (causal self-attention)")
+            key_positions, key_mask = cache.extend(positions, key_mask)
         x = self._embed(tokens, positions, token_types)  # [batch, seq, d_model]
-        for block in self.blocks:
-            x = block(x, positions, key_mask, memory, source_mask)
+        for i, block in enumerate(self.blocks):
+            site = cache.sites[i] if cache is not None else None
+            x = block(x, positions, key_mask, memory, source_mask, site, key_positions)
         if self.ln_final is not None:
             x = self.ln_final(x)
         return x
@@ -249,16 +262,22 @@ class Transformer(nn.Module):
         key_mask: torch.Tensor | None = None,
         source_mask: torch.Tensor | None = None,
         token_types: torch.Tensor | None = None,
+        cache: KVCache | None = None,
     ) -> torch.Tensor:
         """tokens [batch, seq] -> logits [batch, seq, vocab].
 
         source [batch, src] is required for an encoder-decoder; positions default to 0..seq-1;
         key_mask / source_mask [batch, seq] are False at padding; token_types [batch, seq]
-        (segments) default to 0 when the model has them."""
+        (segments) default to 0 when the model has them. With `cache` (decoders; `new_cache`),
+        tokens are the ones after those cached, which join the cache; key_mask is theirs."""
         x = self.features(
-            tokens, source, positions, source_positions, key_mask, source_mask, token_types
+            tokens, source, positions, source_positions, key_mask, source_mask, token_types, cache
         )
         return self.logits(x)  # [batch, seq, vocab]
+
+    def new_cache(self) -> KVCache:
+        """An empty key/value cache for incremental decoding (`forward(..., cache=)`)."""
+        return KVCache.empty(len(self.blocks))
 
     # ------------------------------------------------------------ attention access
     def attention_modules(self) -> list[Attention]:
