@@ -1,0 +1,94 @@
+"""`KVPlan`: per attention site, the key/value heads that keep the full cache; every other one is
+a streaming head that keeps the first `sink` tokens and the last `window` (StreamingLLM, Xiao et
+al. 2024; DuoAttention, Xiao et al. 2025). Plans are per key/value head, so the query heads of a
+grouped-query group move together. Written as `plan.json`; every field is checked on reading and
+against the model it is applied to, with one line naming the problem."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from probe.errors import ProbeError
+from probe.fields import shown
+from probe.files import atomic_write_text
+
+FORMAT = 1
+METHODS = ("retrieval", "razor", "duo", "random", "streaming", "full")
+
+
+@dataclass(frozen=True)
+class KVPlan:
+    method: str  # how the full heads were chosen (METHODS)
+    full_share: float  # the share of key/value heads asked to keep the full cache, 0-1
+    sink: int  # tokens at the start every streaming head keeps
+    window: int  # most recent tokens every streaming head keeps (itself included)
+    # per site (in `ModelConfig.sites()` order), the key/value heads (original group ids) that
+    # keep the full cache
+    full: tuple[tuple[int, ...], ...]
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ProbeError(f"Unknown kv-plan method '{self.method}'. Available: "
+                             f"{', '.join(METHODS)}.")  # fmt: skip
+        if not 0.0 <= self.full_share <= 1.0:
+            raise ProbeError(f"full_share must be in [0, 1], got {self.full_share}.")
+        if self.sink < 0 or self.window < 1:
+            raise ProbeError(
+                f"a streaming head keeps sink >= 0 and window >= 1 tokens, got sink {self.sink}, "
+                f"window {self.window}."
+            )
+
+    def streaming(self, site: int, groups: tuple[int, ...]) -> tuple[int, ...]:
+        """The key/value heads among `groups` (original ids, in cache order) that stream."""
+        return tuple(g for g in groups if g not in self.full[site])
+
+    def check(self, cfg: Any, where: str = "the plan") -> None:
+        """One line when the plan does not fit model `cfg` (site count, group ids)."""
+        sites = cfg.sites()
+        if len(self.full) != len(sites):
+            raise ProbeError(
+                f"{where} lists {len(self.full)} attention sites but the model has {len(sites)}; "
+                "make the plan from this model (probe kv-plan)."
+            )
+        for site, full in zip(sites, self.full, strict=True):
+            unknown = sorted(set(full) - set(site.kept_groups))
+            if unknown:
+                raise ProbeError(
+                    f"{where}: {site.name} has no key/value heads {unknown} (it keeps "
+                    f"{list(site.kept_groups)}); make the plan from this model (probe kv-plan)."
+                )
+
+    def to_dict(self) -> dict[str, Any]:
+        full = [list(f) for f in self.full]
+        return {"format": FORMAT, "method": self.method, "full_share": self.full_share,
+                "sink": self.sink, "window": self.window, "full": full}  # fmt: skip
+
+    def write(self, path: Path) -> Path:
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def read(cls, path: str | Path) -> KVPlan:
+        """A plan from `plan.json` (or a directory holding one)."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / "plan.json"
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ProbeError(f"{path} does not exist; write a plan with `probe kv-plan`.") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ProbeError(f"{path} is not a readable plan.json: {e}") from None
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ProbeError(f"{path} is not a plan.json of format {FORMAT}.")
+        try:
+            full = tuple(tuple(int(g) for g in site) for site in data["full"])
+            return cls(str(data["method"]), float(data["full_share"]), int(data["sink"]),
+                       int(data["window"]), full)  # fmt: skip
+        except (KeyError, TypeError, ValueError) as e:
+            raise ProbeError(
+                f"{path}: a field is missing or of the wrong type ({shown(e)})."
+            ) from None
