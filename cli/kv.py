@@ -1,0 +1,150 @@
+"""`probe kv-plan`: choose which key/value heads keep the full cache (the others keep sink tokens
+and a recent window), from head roles or a baseline."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from probe_cli.common import (
+    CheckpointArg,
+    DeviceOpt,
+    DtypeOpt,
+    OutOpt,
+    OverwriteOpt,
+    PickleOpt,
+    SeedOpt,
+    TextOpt,
+    WholeOpt,
+    check_positive,
+    console,
+    inputs_of,
+    load_model,
+    note_text,
+    shown,
+    write_manifest,
+)
+
+from probe.errors import ProbeError
+
+WRITES = ("plan.json", "scores.csv", "heads.csv", "manifest.json")
+
+
+def kv_plan_cli(
+    checkpoint: CheckpointArg,
+    out: OutOpt,
+    method: Annotated[
+        str,
+        typer.Option(
+            help="retrieval (Wu et al. 2024), razor (RazorAttention's echo and induction "
+            "scores), random, streaming (no full heads) or full (every head full)."
+        ),
+    ],
+    full_heads: Annotated[
+        float,
+        typer.Option(
+            "--full-heads",
+            help="Share (0-1) of the key/value heads, over the whole model, that keep the full "
+            "cache: round(share x total), at least one when above 0.",
+        ),
+    ] = 0.25,
+    sink: Annotated[int, typer.Option(help="First tokens every streaming head keeps.")] = 4,
+    window: Annotated[
+        int, typer.Option(help="Most recent tokens every streaming head keeps.")
+    ] = 256,
+    text: TextOpt = None,
+    whole: WholeOpt = False,
+    needles: Annotated[int, typer.Option(help="retrieval: needle prompts.")] = 4,
+    context: Annotated[int, typer.Option(help="retrieval: tokens per needle prompt.")] = 256,
+    period: Annotated[
+        int, typer.Option(help="razor: random tokens per copy of the repeated sequence.")
+    ] = 64,
+    rows: Annotated[int, typer.Option(help="razor: repeated sequences.")] = 8,
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = None,
+    allow_pickle: PickleOpt = False,
+    overwrite: OverwriteOpt = False,
+) -> None:
+    """Write a key/value-cache plan: OUT/plan.json (per layer, the key/value heads keeping the
+    full cache; sink and window of the others), OUT/scores.csv (the key/value-head score it
+    ranked by: the max over the group's query heads), OUT/heads.csv (per query head) and
+    OUT/manifest.json."""
+    import time
+
+    from probe.checkpoint import claim_output, open_output
+    from probe.kv.methods import CHOOSERS, check_plannable, make_plan
+
+    if method == "duo":
+        raise ProbeError(f"--method duo is not implemented yet; use {', '.join(CHOOSERS)}.")
+    if method not in CHOOSERS:
+        raise ProbeError(f"Unknown --method '{method}'. Available: {', '.join(CHOOSERS)}.")
+    if not 0.0 <= full_heads <= 1.0:
+        raise ProbeError(f"--full-heads must be a share in [0, 1], got {full_heads}.")
+    if sink < 0:
+        raise ProbeError(f"--sink must be at least 0, got {sink}.")
+    check_positive(window=window, needles=needles, context=context, period=period, rows=rows)
+    earlier = claim_output(out, WRITES, overwrite, inputs=inputs_of(checkpoint, text))
+    ckpt = load_model(checkpoint, device, dtype, allow_pickle)
+    check_plannable(ckpt.model_cfg)
+    prompts = None
+    if method == "retrieval":
+        prompts = _needle_prompts(ckpt, text, whole, needles, context, seed)
+    start = time.perf_counter()
+    with console.status(f"kv-plan {method}") as status:
+        result = make_plan(ckpt.model, method, full_heads, sink, window, seed=seed,
+                           prompts=prompts, period=period, rows=rows,
+                           progress=lambda s: status.update(s))  # fmt: skip
+    seconds = time.perf_counter() - start
+    out = open_output(out, earlier)
+    result.plan.write(out / "plan.json")
+    result.scores.to_csv(out / "scores.csv", index=False)
+    result.heads.to_csv(out / "heads.csv", index=False)
+    write_manifest(out, ckpt, command="kv-plan", method=method, full_share=full_heads,
+                   sink=sink, window=window, seed=seed, aggregate="max over query heads",
+                   seconds=round(seconds, 2),
+                   **({"needles": needles, "context": context,
+                       "text": str(text) if text else "shipped corpus", "whole": whole}
+                      if method == "retrieval" else {}),
+                   **({"period": period, "rows": rows} if method == "razor" else {}))  # fmt: skip
+    _show(result.plan, ckpt.model_cfg, seconds, out)
+
+
+def _needle_prompts(ckpt, text, whole, needles: int, context: int, seed: int):
+    from probe.analysis.retrieval import needle_prompts
+    from probe.data.text import read_documents
+
+    if ckpt.objective != "causal-lm":
+        raise ProbeError(
+            f"{ckpt.path}: --method retrieval needs an imported causal language model with a "
+            "tokenizer (probe import); use --method razor."
+        )
+    limit = ckpt.model_cfg.max_positions
+    if limit is not None and context > limit:
+        raise ProbeError(f"--context {context} is longer than the model's {limit} positions.")
+    note_text(text)
+    return needle_prompts(read_documents(text, whole=whole), ckpt.tokenizer(), needles, context,
+                          seed=seed)  # fmt: skip
+
+
+def _show(plan, cfg, seconds: float, out) -> None:
+    sites = cfg.sites()
+    total = sum(len(s.kept_groups) for s in sites)
+    kept = sum(len(f) for f in plan.full)
+    console.print(
+        f"{plan.method}: {kept} of {total} key/value heads keep the full cache; the others keep "
+        f"{plan.sink} sink + {plan.window} recent tokens ({seconds:.1f} s)."
+    )
+    listed = [f"{s.index}:{list(f)}" for s, f in zip(sites, plan.full, strict=True) if f]
+    if listed:
+        console.print("full (layer:[kv heads]) " + " ".join(listed), soft_wrap=True)
+    console.print(f"wrote plan.json, scores.csv, heads.csv, manifest.json to {shown(out)}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "kv-plan",
+        no_args_is_help=True,
+        epilog="Example: probe kv-plan runs/smollm2 --method retrieval --full-heads 0.25 "
+        "--sink 4 --window 256 --out runs/smollm2-plan",
+    )(kv_plan_cli)

@@ -1,0 +1,84 @@
+"""RazorAttention's head scores (Tang et al. 2024, "RazorAttention: Efficient KV Cache
+Compression Through Retrieval Heads", arXiv 2407.15891, section 3 and figure 3(b)): on repeated
+random tokens, when the current token is "B" and the next is "C", an *echo* head attends to the
+earlier "B" (the same token's earlier occurrence) and an *induction* head to the earlier "C"
+(the token after it). Both are mean attention probabilities over the second copy of
+[BOS] x_1..x_T x_1..x_T:
+
+- echo: mean p(i -> i - T), the same token one period back;
+- induction: mean p(i -> i - T + 1), the token after that one: `probe.analysis.roles`'s
+  induction score (Olsson et al. 2022), which is the paper's definition, reused here.
+
+The paper keeps the full cache for the top heads of each score separately (its ablation: the top
+14% induction and top 1% echo heads); probe ranks one number per head, the larger of the two, so
+one `full_share` budget covers both (stated in `probe.kv.methods`).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from probe.analysis.roles import InductionProbe, repeated_tokens
+from probe.model import AttentionCall, Transformer
+
+
+class EchoProbe:
+    """Observer for [BOS] x_1..x_T x_1..x_T: mean p(i -> i - T) over the second copy."""
+
+    needs_weights = True
+
+    def __init__(self, period: int) -> None:
+        self.period = period
+        self.sites: dict[int, dict] = {}
+
+    def record(self, call: AttentionCall) -> None:
+        site = self.sites.setdefault(call.layer, {"site": call.site, "sum": 0.0, "rows": 0})
+        if call.site.cross:
+            return
+        probs = call.probs.float()  # [batch, head, q, k]
+        t = self.period
+        diag = torch.diagonal(probs, offset=-t, dim1=-2, dim2=-1)  # p(i, i - T), i >= T
+        second = diag[..., 1:]  # queries T+1 .. 2T: the second copy
+        site["sum"] = site["sum"] + second.sum((0, 2))  # [head]
+        site["rows"] += second.shape[0] * second.shape[2]
+
+    def table(self) -> pd.DataFrame:
+        """layer, site, head, statistic ("echo"), value."""
+        rows = []
+        for layer in sorted(self.sites):
+            site = self.sites[layer]
+            for h, head in enumerate(site["site"].kept_heads):
+                value = float(site["sum"][h]) / site["rows"] if site["rows"] else float("nan")
+                rows.append({"layer": layer, "site": site["site"].name, "head": head,
+                             "statistic": "echo", "value": value})  # fmt: skip
+        return pd.DataFrame(rows, columns=["layer", "site", "head", "statistic", "value"])
+
+
+@torch.no_grad()
+def razor_scores(model: Transformer, period: int = 64, rows: int = 8, seed: int = 0,
+                 max_rows: int = 8) -> pd.DataFrame:  # fmt: skip
+    """Echo and induction scores of every head (columns layer, site, head, statistic ("echo",
+    "induction"), value) on `rows` sequences of `period` random tokens repeated twice, at most
+    `max_rows` sequences per forward pass."""
+    device = next(model.parameters()).device
+    tokens = repeated_tokens(model.cfg.vocab_size, period, rows, seed).to(device)
+    echo, induction = EchoProbe(period), InductionProbe(period)
+
+    class Both:
+        needs_weights = True
+
+        def record(self, call: AttentionCall) -> None:
+            echo.record(call)
+            induction.record(call)
+
+    was_training = model.training
+    model.eval()
+    try:
+        with model.observe(Both()):
+            for part in tokens.split(max_rows):  # [rows, 2 * period + 1]
+                model.features(part)
+    finally:
+        model.train(was_training)
+    ind = induction.table()[["layer", "site", "head", "statistic", "value"]]
+    return pd.concat([echo.table(), ind], ignore_index=True)
