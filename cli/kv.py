@@ -102,7 +102,7 @@ def kv_plan_cli(
     result.heads.to_csv(out / "heads.csv", index=False)
     write_manifest(out, ckpt, command="kv-plan", method=method, full_share=full_heads,
                    sink=sink, window=window, seed=seed, aggregate="max over query heads",
-                   seconds=round(seconds, 2),
+                   seconds=round(seconds, 2), **result.notes,
                    **({"needles": needles, "context": context,
                        "text": str(text) if text else "shipped corpus", "whole": whole}
                       if method == "retrieval" else {}),
@@ -137,7 +137,7 @@ def _show(plan, cfg, seconds: float, out) -> None:
     )
     listed = [f"{s.index}:{list(f)}" for s, f in zip(sites, plan.full, strict=True) if f]
     if listed:
-        console.print("full (layer:[kv heads]) " + " ".join(listed), soft_wrap=True)
+        console.print("full (layer:[kv heads]) " + " ".join(listed), soft_wrap=True, markup=False)
     console.print(f"wrote plan.json, scores.csv, heads.csv, manifest.json to {shown(out)}")
 
 

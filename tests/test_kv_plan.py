@@ -193,3 +193,39 @@ def test_cli_refuses_an_encoder_and_an_unwritable_out(tmp_path, capsys):
     ckpt = save(tmp_path / "m", planted())
     assert exit_code(["kv-plan", str(ckpt), "--method", "random", "--out",
                       str(blocker / "o")]) == 2  # fmt: skip
+
+
+@pytest.mark.parametrize("bias", [0.3, -5.0])
+def test_retrieval_plan_ranks_wu_scores_by_group(bias):
+    """test_retrieval's model (a bias on the [UNK] id makes it copy the needle at 0.3; at -5 it
+    copies none, and the plan is refused), with two key/value heads per layer: the plan keeps
+    the key/value head whose best query head has the highest Wu et al. score, by a hand
+    group-max of retrieval_scores."""
+    pytest.importorskip("tokenizers")
+    from test_retrieval import tokenizer
+
+    from probe.analysis.retrieval import needle_prompts, retrieval_scores
+    from probe.data.text import read_documents
+
+    tok = tokenizer()
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=tok.get_vocab_size(), n_layer=2, n_head=4, n_kv_head=2,
+                      d_model=32, pe="rope", max_len=256, head_bias=True)  # fmt: skip
+    model = Transformer(cfg).eval()
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.q.weight.mul_(8.0)
+        model.head.bias[0] = bias
+    prompts = needle_prompts(read_documents(None), tok, 4, 60, seed=2)
+    if bias < 0:  # it never emits the needle
+        with pytest.raises(ProbeError, match="copied none"):
+            make_plan(model, "retrieval", 0.25, 4, 8, prompts=prompts)
+        return
+    table = retrieval_scores(model, prompts)
+    group_max = table.assign(g=table["head"] // 2).groupby(["layer", "g"])["value"].max()
+    assert (group_max > 0).any()
+    result = make_plan(model, "retrieval", 0.25, 4, 8, prompts=prompts)  # 1 of 4
+    top = group_max.sort_values(ascending=False, kind="stable").index[0]
+    assert result.plan.full[top[0]] == (top[1],)
+    assert sum(len(f) for f in result.plan.full) == 1
+    assert result.notes["prompts_retrieved"] == int(table["prompts"].iloc[0]) == 4

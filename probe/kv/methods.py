@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
@@ -44,6 +44,7 @@ class PlanResult:
     plan: KVPlan
     scores: pd.DataFrame  # SCORE_COLUMNS: the key/value-head score the plan ranked by
     heads: pd.DataFrame  # HEAD_COLUMNS: the per-query-head scores behind it (empty if none)
+    notes: dict = field(default_factory=dict)  # what the scores rest on (retrieval: prompts)
 
 
 def check_plannable(cfg) -> None:
@@ -101,9 +102,10 @@ def _with_groups(heads: pd.DataFrame, cfg) -> pd.DataFrame:
     return heads.assign(kv_head=kv)[HEAD_COLUMNS]
 
 
-def retrieval_heads(model: Transformer, prompts) -> pd.DataFrame:
-    """Wu et al.'s retrieval score per query head (statistic "retrieval"); one line when the
-    model retrieved none of the needles (the score is then undefined)."""
+def retrieval_heads(model: Transformer, prompts) -> tuple[pd.DataFrame, dict]:
+    """Wu et al.'s retrieval score per query head (statistic "retrieval") and the prompts it
+    rests on; one line when the model retrieved none of the needles (the score is then
+    undefined)."""
     from probe.analysis.retrieval import retrieval_scores
 
     table = retrieval_scores(model, prompts)
@@ -114,7 +116,9 @@ def retrieval_heads(model: Transformer, prompts) -> pd.DataFrame:
             f"{recall:.2f}), so retrieval scores are undefined; use shorter needle prompts or "
             "--method razor."
         )
-    return table[["layer", "site", "head", "statistic", "value"]]
+    notes = {"needle_prompts": len(prompts), "prompts_retrieved": int(table["prompts"].iloc[0]),
+             "needle_recall": float(table["recall"].iloc[0])}  # fmt: skip
+    return table[["layer", "site", "head", "statistic", "value"]], notes
 
 
 def make_plan(model: Transformer, method: str, full_share: float, sink: int, window: int, *,
@@ -133,6 +137,7 @@ def make_plan(model: Transformer, method: str, full_share: float, sink: int, win
     say = progress or (lambda _: None)
     sites = cfg.sites()
     heads = pd.DataFrame(columns=HEAD_COLUMNS)
+    notes: dict = {}
     if method in ("streaming", "full"):
         scores = pd.DataFrame(columns=SCORE_COLUMNS)
         full = tuple(s.kept_groups if method == "full" else () for s in sites)
@@ -147,7 +152,8 @@ def make_plan(model: Transformer, method: str, full_share: float, sink: int, win
         if not prompts:
             raise ProbeError("the retrieval method needs needle prompts (at least one).")
         say(f"retrieval scores on {len(prompts)} needle prompts")
-        heads = _with_groups(retrieval_heads(model, prompts), cfg)
+        table, notes = retrieval_heads(model, prompts)
+        heads = _with_groups(table, cfg)
         scores = kv_table(heads, cfg, ("retrieval",), method)
     else:
         from probe.kv.razor import razor_scores
@@ -156,4 +162,4 @@ def make_plan(model: Transformer, method: str, full_share: float, sink: int, win
         heads = _with_groups(razor_scores(model, period, rows, seed), cfg)
         scores = kv_table(heads, cfg, ("echo", "induction"), method)
     full = choose_full(scores, cfg, full_share)
-    return PlanResult(KVPlan(method, full_share, sink, window, full), scores, heads)
+    return PlanResult(KVPlan(method, full_share, sink, window, full), scores, heads, notes)
