@@ -135,3 +135,65 @@ def test_plans_that_do_not_fit_are_one_line():
     encoder = tiny(arch="encoder")
     with pytest.raises(ProbeError, match="applies to decoders"):
         encoder.new_cache(plan_of([(), ()]))
+
+
+def _greedy_by_full_forward(model, prompt, plan):
+    """The needle decoded greedily by the full forward over the whole sequence at every step."""
+    start, k = int(prompt.answer_steps[0]) + 1, len(prompt.answer)
+    seq = prompt.tokens[:start]
+    out = []
+    with torch.no_grad():
+        for _ in range(k):
+            token = int(model(seq.unsqueeze(0), plan=plan)[0, -1].argmax())
+            out.append(token)
+            seq = torch.cat([seq, torch.tensor([token])])
+    return out
+
+
+def _needle_setup():
+    from test_retrieval import tokenizer
+
+    from probe.analysis.retrieval import needle_prompts
+    from probe.data.text import read_documents
+
+    tok = tokenizer()
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=tok.get_vocab_size(), n_layer=2, n_head=4, n_kv_head=2,
+                      d_model=32, pe="rope", max_len=256)  # fmt: skip
+    model = Transformer(cfg).eval()
+    with torch.no_grad():  # sharp attention: the heads' choices matter
+        for block in model.blocks:
+            block.attn.q.weight.mul_(8.0)
+    return model, tok, needle_prompts(read_documents(None), tok, 3, 80, seed=4)
+
+
+def test_needle_decoding_through_the_evicting_cache_is_the_masked_greedy_decoding():
+    from probe.kv.evaluate import decode_needle, needle_rows
+
+    model, _, prompts = _needle_setup()
+    streaming = plan_of([(), (0,)], sink=2, window=8, method="streaming")
+    for plan in (None, streaming):
+        for p in prompts:
+            generated, _ = decode_needle(model, p, plan)
+            assert generated.tolist() == _greedy_by_full_forward(model, p, plan)
+    rows = needle_rows(model, prompts, streaming)
+    accuracy = [r["value"] for r in rows if r["metric"] == "needle_accuracy"]
+    by_hand = sum(
+        sum(a == b for a, b in zip(_greedy_by_full_forward(model, p, streaming),
+                                   p.answer.tolist(), strict=True)) / len(p.answer)
+        for p in prompts
+    ) / len(prompts)  # fmt: skip
+    assert accuracy == [pytest.approx(by_hand)]
+
+
+def test_needle_accuracy_with_every_head_full_equals_no_plan():
+    from probe.kv.evaluate import needle_rows
+
+    model, _, prompts = _needle_setup()
+    full = plan_of([(0, 1), (0, 1)], method="full")
+    assert needle_rows(model, prompts, full) == needle_rows(model, prompts, None)
+    streaming = plan_of([(), ()], sink=2, window=8, method="streaming")
+    cut = {r["metric"]: r["value"] for r in needle_rows(model, prompts, streaming)}
+    whole = {r["metric"]: r["value"] for r in needle_rows(model, prompts, None)}
+    assert cut["kv_bytes"] == 2 * 2 * 2 * (2 + 8) * 8 * 4  # sites, k and v, kv heads, d_head
+    assert whole["kv_bytes"] > 4 * cut["kv_bytes"]
