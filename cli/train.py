@@ -32,6 +32,7 @@ from probe_cli.common import (
     shown,
     write_manifest,
 )
+from probe_cli.kv_eval import KVPlanOpt, NeedlesOpt, NeedleTokensOpt, eval_kv_plan, read_plan
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -226,6 +227,9 @@ def eval_cli(
     dtype: DtypeOpt = None,
     allow_pickle: PickleOpt = False,
     overwrite: OverwriteOpt = False,
+    kv_plan: KVPlanOpt = None,
+    needle_tokens: NeedleTokensOpt = 1024,
+    needles: NeedlesOpt = 3,
 ) -> None:
     """Evaluate a checkpoint at each task length; writes OUT/eval.csv."""
     from probe.checkpoint import claim_output, open_output
@@ -236,7 +240,12 @@ def eval_cli(
     check_positive(batches=batches, batch_size=batch_size, max_batch_tokens=max_batch_tokens)
     earlier = claim_output(out, ("eval.csv", "manifest.json"), overwrite,
                            inputs=inputs_of(checkpoint, text), inside_ok=True)  # fmt: skip
+    plan = read_plan(kv_plan) if kv_plan is not None else None
     ckpt = load_model(checkpoint, device, dtype, allow_pickle)
+    if plan is not None:
+        eval_kv_plan(ckpt, plan, out, earlier, lengths, text, whole, batch_size, batches, seed,
+                     max_batch_tokens, needle_tokens, needles)  # fmt: skip
+        return
     if ckpt.imported:
         _eval_text(ckpt, out, earlier, lengths, text, whole, batch_size, batches, seed,
                    max_batch_tokens)  # fmt: skip

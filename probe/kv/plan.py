@@ -88,6 +88,8 @@ class KVPlan:
             full = tuple(tuple(int(g) for g in site) for site in data["full"])
             return cls(str(data["method"]), float(data["full_share"]), int(data["sink"]),
                        int(data["window"]), full)  # fmt: skip
+        except ProbeError as e:  # a field out of range (a ValueError too): its own line
+            raise ProbeError(f"{path}: {e}") from None
         except (KeyError, TypeError, ValueError) as e:
             raise ProbeError(
                 f"{path}: a field is missing or of the wrong type ({shown(e)})."

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from probe.config import PE, ModelConfig, Scale
-from probe.model import mask
-from probe.model.cache import SiteCache
+from probe.model import mask, streaming
+from probe.model.cache import SiteCache, StreamRule
 from probe.model.layers import make_norm
 from probe.model.positional import FIRE, ALiBi, Rotary, T5Bias
 from probe.site import Site
@@ -275,13 +275,16 @@ class Attention(nn.Module):
         k_pos: torch.Tensor | None = None,
         key_mask: torch.Tensor | None = None,
         cache: SiteCache | None = None,
+        stream: StreamRule | None = None,
     ) -> torch.Tensor:
         """x [batch, q_len, d_model]; context [batch, k_len, d_model] for cross-attention;
         q_pos [batch, q_len], k_pos [batch, k_len] integer positions; key_mask [batch, k_len]
         bool (False for padding). Returns [batch, q_len, d_model].
 
         With `cache` (self-attention), x holds only the new tokens: their keys and values join
-        the cache's, and k_pos and key_mask describe every key (cached and new)."""
+        the cache's, and k_pos and key_mask describe every key (cached and new). A cache with a
+        key/value plan's rule evicts its streaming heads' keys (`streaming.planned`); `stream`
+        (no cache) applies a rule as a mask over the whole sequence instead."""
         if context is None:  # one matmul for q, k and v
             q, k, v = self._qkv(x)  # [batch, head, seq, d_head] each
         else:
@@ -298,6 +301,8 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary is not None:  # new keys stand where the new queries do
             q, k = self.rotary(q, q_pos), self.rotary(k, k_pos if cache is None else q_pos)
+        if cache is not None and cache.rule is not None:
+            return streaming.planned(self, q, k, v, q_pos, k_pos, key_mask, cache)
         if cache is not None:
             k, v = cache.append(k, v)  # [batch, kv_head, cached + q_len, d_head]
             k_len = k.shape[2]
@@ -306,6 +311,8 @@ class Attention(nn.Module):
         factor = self._length_factor(q_len, k_len, x.device)  # [q_len] or None
         bias = self.score_bias.bias(q_pos, k_pos) if self.score_bias is not None else None
         visible = mask.visible(self.site, q_len, k_len, key_mask, x.device)  # [b|1, 1, q, k]
+        if stream is not None:  # [batch|1, head, q, k]: streaming heads see sink + window
+            visible = streaming.per_head_visible(stream, self.kv_index, q_len, k_len, visible)
         observer = self.observer if self.n_kept > 0 else None  # nothing to see in a pruned site
         call = None
         if observer is not None:
@@ -314,13 +321,20 @@ class Attention(nn.Module):
         if out is None and self.softcap is not None:  # no fused kernel soft-caps
             out = self._capped(q, k, v, scale, factor, bias, visible)
         if out is None:
-            out = self._fused(q, k, v, scale, factor, bias, visible, key_mask)
+            out = self._fused(q, k, v, scale, factor, bias, visible, key_mask, stream is None)
         out = out * self.gate.to(out.dtype).view(1, -1, 1, 1)  # [batch, head, q_len, d_head]
         if call is not None:
             call.head_out = out
             observer.record(call)
         merged = out.transpose(1, 2).reshape(b, q_len, self.n_kept * self.d_head)
         return self.o(merged)  # [batch, q_len, d_model]
+
+    def attend(self, q, k, v, scale, factor, bias, visible) -> torch.Tensor:
+        """softmax(scores) @ v for q [batch, head, q, d], k, v [batch, head, k, d] with an
+        explicit mask `visible` [batch|1, 1|head, q, k] (the fused or soft-capped path)."""
+        if self.softcap is not None:
+            return self._capped(q, k, v, scale, factor, bias, visible)
+        return self._fused(q, k, v, scale, factor, bias, visible, None, plain_ok=False)
 
     def _observed(self, observer: Observer, call: AttentionCall, v: torch.Tensor):
         """The output computed from the weights when an observer has them, else None."""
@@ -361,8 +375,9 @@ class Attention(nn.Module):
             probs = F.dropout(probs, self.dropout)
         return probs @ v  # [batch, head, q_len, d_head]
 
-    def _fused(self, q, k, v, scale, factor, bias, visible, key_mask) -> torch.Tensor:
-        """The same computation through torch's scaled_dot_product_attention."""
+    def _fused(self, q, k, v, scale, factor, bias, visible, key_mask, plain_ok=True):
+        """The same computation through torch's scaled_dot_product_attention (`plain_ok`
+        False: `visible` is not the site's rule, so always pass it as the mask)."""
         if self.scale_kind == Scale.LEARNED or factor is not None:
             q = q * scale.to(q.dtype).view(1, -1, 1, 1)  # [batch, head, q_len, d_head]
             sdpa_scale = 1.0
@@ -372,7 +387,7 @@ class Attention(nn.Module):
             q = q * factor.to(q.dtype).view(1, 1, -1, 1)
         dropout = self.dropout if self.training else 0.0
         q_len, k_len = q.shape[2], k.shape[2]
-        if bias is None and key_mask is None and mask.plain(self.site, q_len, k_len):
+        if plain_ok and bias is None and key_mask is None and mask.plain(self.site, q_len, k_len):
             return F.scaled_dot_product_attention(
                 q, k, v, dropout_p=dropout, is_causal=self.causal, scale=sdpa_scale
             )

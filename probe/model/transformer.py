@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch import nn
 
 from probe.config import FFN, Arch, ModelConfig, Norm
+from probe.errors import ProbeError
+from probe.model import streaming
 from probe.model.attention import Attention, Observer
-from probe.model.cache import KVCache, SiteCache
+from probe.model.cache import KVCache, SiteCache, StreamRule
 from probe.model.layers import FeedForward, activation, make_norm
 from probe.model.positional import InputPositions
 from probe.site import Site
@@ -80,12 +83,14 @@ class Block(nn.Module):
         memory_mask: torch.Tensor | None = None,
         cache: SiteCache | None = None,
         key_positions: torch.Tensor | None = None,
+        stream: StreamRule | None = None,
     ) -> torch.Tensor:
         """x [batch, seq, d_model] -> [batch, seq, d_model]; memory is the encoder output. With
-        `cache`, x is the new tokens and key_positions / key_mask cover every key."""
+        `cache`, x is the new tokens and key_positions / key_mask cover every key; `stream`
+        masks the streaming heads of a key/value plan."""
 
         def attend(h: torch.Tensor) -> torch.Tensor:
-            return self.attn(h, None, positions, key_positions, key_mask, cache)
+            return self.attn(h, None, positions, key_positions, key_mask, cache, stream)
 
         if self.parallel:  # GPT-NeoX's order of the sums: ffn + attn + x
             ffn = self._branch(x, self.ln_ffn, self.ln_ffn_out, self.ffn)
@@ -222,8 +227,14 @@ class Transformer(nn.Module):
         source_mask: torch.Tensor | None = None,
         token_types: torch.Tensor | None = None,
         cache: KVCache | None = None,
+        plan: Any = None,
     ) -> torch.Tensor:
         """The last hidden state [batch, seq, d_model] (after the final norm); see `forward`."""
+        rules = [None] * len(self.blocks)
+        if plan is not None:
+            if cache is not None:
+                raise ValueError("a cache made by new_cache(plan) carries its plan; pass one")
+            rules = self.stream_rules(plan)
         memory = None
         if self.encoder is not None:
             if source is None:
@@ -240,7 +251,7 @@ class Transformer(nn.Module):
         x = self._embed(tokens, positions, token_types)  # [batch, seq, d_model]
         for i, block in enumerate(self.blocks):
             site = cache.sites[i] if cache is not None else None
-            x = block(x, positions, key_mask, memory, source_mask, site, key_positions)
+            x = block(x, positions, key_mask, memory, source_mask, site, key_positions, rules[i])
         if self.ln_final is not None:
             x = self.ln_final(x)
         return x
@@ -263,21 +274,45 @@ class Transformer(nn.Module):
         source_mask: torch.Tensor | None = None,
         token_types: torch.Tensor | None = None,
         cache: KVCache | None = None,
+        plan: Any = None,
     ) -> torch.Tensor:
         """tokens [batch, seq] -> logits [batch, seq, vocab].
 
         source [batch, src] is required for an encoder-decoder; positions default to 0..seq-1;
         key_mask / source_mask [batch, seq] are False at padding; token_types [batch, seq]
         (segments) default to 0 when the model has them. With `cache` (decoders; `new_cache`),
-        tokens are the ones after those cached, which join the cache; key_mask is theirs."""
+        tokens are the ones after those cached, which join the cache; key_mask is theirs. With
+        `plan` (a `probe.kv.plan.KVPlan`, no cache) the plan's streaming heads see only its sink
+        and window: the full forward an evicting `new_cache(plan)` decodes exactly."""
         x = self.features(
-            tokens, source, positions, source_positions, key_mask, source_mask, token_types, cache
+            tokens,
+            source,
+            positions,
+            source_positions,
+            key_mask,
+            source_mask,
+            token_types,
+            cache,
+            plan,
         )
         return self.logits(x)  # [batch, seq, vocab]
 
-    def new_cache(self) -> KVCache:
-        """An empty key/value cache for incremental decoding (`forward(..., cache=)`)."""
-        return KVCache.empty(len(self.blocks))
+    def new_cache(self, plan: Any = None) -> KVCache:
+        """An empty key/value cache for incremental decoding (`forward(..., cache=)`); with a
+        `KVPlan`, its streaming heads keep only the plan's sink and window."""
+        if plan is None:
+            return KVCache.empty(len(self.blocks))
+        return KVCache.empty(len(self.blocks), self.stream_rules(plan))
+
+    def stream_rules(self, plan: Any) -> list[StreamRule | None]:
+        """Per block, how `plan` (checked against this model first) splits its heads."""
+        if self.cfg.arch != Arch.DECODER:
+            raise ProbeError(
+                f"a key/value plan applies to decoders; this model is an {self.cfg.arch.value} "
+                "(no cache to cut)."
+            )
+        plan.check(self.cfg)
+        return streaming.rules(plan, [block.attn.site for block in self.blocks])
 
     # ------------------------------------------------------------ attention access
     def attention_modules(self) -> list[Attention]:

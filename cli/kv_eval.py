@@ -1,0 +1,79 @@
+"""`probe eval CKPT --kv-plan DIR`: an imported language model's loss and needle accuracy with a
+key/value plan applied, and the key/value bytes its cache really allocated, beside the full
+cache's (a thin shell over `probe.kv.evaluate`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from probe_cli.common import check_data_fits, console, note_text, shown, write_manifest
+from rich.table import Table
+
+from probe.errors import ProbeError
+
+KVPlanOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--kv-plan",
+        help="Imported language models: a plan directory (plan.json from probe kv-plan); "
+        "evaluates loss, needle accuracy and key/value bytes with the plan and the full cache.",
+    ),
+]
+NeedleTokensOpt = Annotated[
+    int, typer.Option("--needle-tokens", help="With --kv-plan: tokens per needle prompt.")
+]
+NeedlesOpt = Annotated[int, typer.Option("--needles", help="With --kv-plan: needle prompts.")]
+
+
+def read_plan(path: Path):
+    """The plan at `path`, read before any model is loaded (one line when it is bad)."""
+    from probe.kv.plan import KVPlan
+
+    return KVPlan.read(path)
+
+
+def eval_kv_plan(ckpt, plan, out, earlier, lengths, text, whole, batch_size, batches, seed,
+                 max_batch_tokens, needle_tokens, needles) -> None:  # fmt: skip
+    from probe.analysis.retrieval import needle_prompts
+    from probe.checkpoint import open_output
+    from probe.data.tasks import parse_lengths
+    from probe.data.text import read_documents
+    from probe.kv.evaluate import evaluate_plan, saved
+    from probe.report.files import atomic_write_csv
+
+    ckpt.model.stream_rules(plan)  # one line when the plan is not this model's
+    if not ckpt.imported or ckpt.objective != "causal-lm":
+        raise ProbeError(
+            f"--kv-plan needs an imported causal language model (text and needle prompts); "
+            f"{ckpt.path} is not one."
+        )
+    if needles < 1 or needle_tokens < 1:
+        raise ProbeError(f"--needles and --needle-tokens must be >= 1, got {needles} and "
+                         f"{needle_tokens}.")  # fmt: skip
+    widths = parse_lengths(lengths or "128")
+    check_data_fits(ckpt, widths, batch_size, batches, max_batch_tokens=max_batch_tokens)
+    note_text(text)
+    docs = read_documents(text, whole=whole)
+    tokenizer = ckpt.tokenizer()
+    prompts = needle_prompts(docs, tokenizer, needles, needle_tokens, seed=seed)
+    table = evaluate_plan(ckpt.model, plan, tokenizer, docs, widths, prompts, batch_size,
+                          batches, seed, max_batch_tokens)  # fmt: skip
+    open_output(out, earlier)
+    atomic_write_csv(out / "eval.csv", table)
+    write_manifest(out, ckpt, command="eval", lengths=widths, batch_size=batch_size,
+                   batches=batches, seed=seed, text=str(text) if text else "shipped corpus",
+                   whole=whole, max_batch_tokens=max_batch_tokens, kv_plan=plan.to_dict(),
+                   needle_tokens=needle_tokens, needles=needles)  # fmt: skip
+    view = Table(title=f"key/value plan ({plan.method}, sink {plan.sink}, window {plan.window})")
+    for col in ("metric", "tokens", "plan", "full cache"):
+        view.add_column(col, justify="right")
+    wide = table.pivot_table(index=["metric", "length"], columns="cache", values="value")
+    for (metric, length), row in wide.iterrows():
+        fmt = "{:,.0f}" if metric == "kv_bytes" else "{:.4f}"
+        view.add_row(metric, str(length), fmt.format(row.plan), fmt.format(row.full))
+    console.print(view)
+    for length, share in saved(table).items():
+        console.print(f"key/value cache saved at {length} tokens: [bold]{share:.1%}[/]")
+    console.print(f"wrote {shown(out / 'eval.csv')}")
