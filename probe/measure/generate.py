@@ -118,9 +118,12 @@ def generate(
     tokens = tokens.to(device)
     generator = None if greedy else torch.Generator(device=device).manual_seed(seed)
     seq = tokens
-    logits = model(tokens, cache=cache)  # [batch, prompt, vocab]
-    if check:
+    hidden = model.features(tokens, cache=cache)  # [batch, prompt, d_model]
+    if check:  # every prompt position's logits
+        logits = model.logits(hidden)  # [batch, prompt, vocab]
         _compare(model, seq, logits, 0)
+    else:  # only the last one chooses a token
+        logits = model.logits(hidden[:, -1:])  # [batch, 1, vocab]
     done = torch.zeros(tokens.shape[0], 1, dtype=torch.bool, device=device)  # [batch, 1]
     for step in range(1, max_new_tokens + 1):
         nxt = _next(logits[:, -1], greedy, temperature, generator)  # [batch, 1]
