@@ -26,6 +26,11 @@ from probe.model.layers import make_norm
 from probe.model.positional import FIRE, ALiBi, Rotary, T5Bias
 from probe.site import Site
 
+# Inputs of at most this many token rows (decoding a few sequences a token at a time) project q,
+# k and v with three matmuls: concatenating the weights into one copies them every call, which
+# costs more than the one matmul saves (measured: benchmarks/bench_generate.py).
+SEPARATE_QKV_ROWS = 16
+
 
 @dataclass
 class AttentionCall:
@@ -242,13 +247,16 @@ class Attention(nn.Module):
         return x.view(b, t, -1, self.d_head).transpose(1, 2)  # [batch, head, seq, d_head]
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        weight = torch.cat([self.q.weight, self.k.weight, self.v.weight])  # [q + 2 kv, d_model]
-        bias = None
-        if self.q.bias is not None:
-            bias = torch.cat([self.q.bias, self.k.bias, self.v.bias])
-        qkv = F.linear(x, weight, bias)  # [batch, seq, q + 2 kv]
-        sizes = [self.q.out_features, self.k.out_features, self.v.out_features]
-        q, k, v = qkv.split(sizes, dim=-1)
+        if x.shape[:-1].numel() <= SEPARATE_QKV_ROWS:  # decoding: no copy of the three weights
+            q, k, v = self.q(x), self.k(x), self.v(x)  # [batch, seq, q | kv | kv]
+        else:  # one matmul for q, k and v
+            weight = torch.cat([self.q.weight, self.k.weight, self.v.weight])  # [q + 2 kv, d]
+            bias = None
+            if self.q.bias is not None:
+                bias = torch.cat([self.q.bias, self.k.bias, self.v.bias])
+            qkv = F.linear(x, weight, bias)  # [batch, seq, q + 2 kv]
+            sizes = [self.q.out_features, self.k.out_features, self.v.out_features]
+            q, k, v = qkv.split(sizes, dim=-1)
         if self.whole_qk:  # normed over every head, then the kept heads' rows
             q = self.q_norm(q).index_select(-1, self.q_rows)  # [batch, seq, kept * d_head]
             k = self.k_norm(k).index_select(-1, self.k_rows)  # [batch, seq, kv kept * d_head]
