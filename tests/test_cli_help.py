@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 HEAVY = ("torch", "pandas", "matplotlib", "scipy", "numpy", "safetensors", "tokenizers")
 COMMANDS = [["train"], ["eval"], ["info"], ["import"], ["export"], ["inspect"], ["scaling"],
             ["importance"], ["prune"], ["view"], ["study"], ["study", "run"], ["study", "ls"],
-            ["study", "validate"], ["study", "report"]]  # fmt: skip
+            ["study", "validate"], ["study", "report"], ["generate"], ["kv-plan"]]  # fmt: skip
 
 PROBE = """
 import json, sys
