@@ -4,10 +4,12 @@ cache (`probe.measure.generate`)."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Annotated
 
 import typer
 from probe_cli.common import CheckpointArg, DeviceOpt, DtypeOpt, PickleOpt, console, shown
+from probe_cli.kv_eval import read_plan
 
 from probe.errors import ProbeError
 from probe.words import counted
@@ -71,6 +73,14 @@ def generate_cli(
             "more than 1e-4 of their scale (bf16/fp16: 8 of the dtype's epsilons).",
         ),
     ] = False,
+    kv_plan: Annotated[
+        Path | None,
+        typer.Option(
+            "--kv-plan",
+            help="A plan directory (plan.json from probe kv-plan): its streaming heads keep "
+            "only the plan's sink and window of the cache.",
+        ),
+    ] = None,
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = None,
     allow_pickle: PickleOpt = False,
@@ -85,6 +95,7 @@ def generate_cli(
         raise ProbeError(f"--temperature must be above 0, got {temperature}; use --greedy.")
     if max_new_tokens < 1:
         raise ProbeError(f"--max-new-tokens must be at least 1, got {max_new_tokens}.")
+    plan = read_plan(kv_plan) if kv_plan is not None else None  # before the model is loaded
     ckpt = load_model(checkpoint, device, dtype, allow_pickle)
     if ckpt.model_cfg.arch != "decoder":
         raise ProbeError(
@@ -92,10 +103,10 @@ def generate_cli(
             "(a causal language model)."
         )
     ids, tokenizer = _prompt_ids(ckpt, prompt, tokens)
-    _run(ckpt, ids, tokenizer, max_new_tokens, temperature, seed, check)
+    _run(ckpt, ids, tokenizer, max_new_tokens, temperature, seed, check, plan)
 
 
-def _run(ckpt, ids, tokenizer, max_new_tokens, temperature, seed, check) -> None:
+def _run(ckpt, ids, tokenizer, max_new_tokens, temperature, seed, check, plan) -> None:
     import torch
 
     from probe.measure.generate import generate
@@ -103,18 +114,20 @@ def _run(ckpt, ids, tokenizer, max_new_tokens, temperature, seed, check) -> None
     model = ckpt.model
     device = next(model.parameters()).device
     prompt = torch.tensor([ids], dtype=torch.long, device=device)  # [1, prompt]
-    cache = model.new_cache()
+    cache = model.new_cache(plan)  # a plan is checked against the model here
     start = time.perf_counter()
     with console.status(f"generating {counted(max_new_tokens, 'token')}"):
         out = generate(model, prompt, max_new_tokens, greedy=temperature is None,
                        temperature=temperature or 1.0, seed=seed, check=check,
-                       cache=cache)  # fmt: skip
+                       cache=cache, plan=plan)  # fmt: skip
     seconds = time.perf_counter() - start
     new = out[0, len(ids) :].tolist()
     text = tokenizer.decode(new) if tokenizer is not None else ",".join(map(str, new))
     console.print(text, highlight=False, markup=False, soft_wrap=True)
     how = "greedy" if temperature is None else f"temperature {temperature:g}, seed {seed}"
     checked = ", every step checked against the full forward" if check else ""
+    if plan is not None:
+        checked += f", {plan.method} plan: sink {plan.sink}, window {plan.window}"
     console.print(
         f"{counted(len(new), 'token')} ({how}{checked}) in {seconds:.2f} s: "
         f"{len(new) / seconds:.1f} tokens/s (prefill of {counted(len(ids), 'token')} included); "

@@ -11,8 +11,10 @@ from cli_run import exit_code
 from family_models import FAMILIES, save_tiny
 from test_kv_cache import CONFIGS, tiny
 
+from probe.config import ModelConfig
 from probe.errors import ProbeError
 from probe.measure.generate import check_tolerance, generate
+from probe.model import Transformer
 from probe.model.cache import SiteCache
 
 PROMPT = torch.randint(0, 40, (2, 5), generator=torch.Generator().manual_seed(7))
@@ -201,3 +203,32 @@ def test_bad_input_is_one_line(checkpoints, capsys, name, extra, fragment):
     err = capsys.readouterr().err
     assert fragment in " ".join(err.split()) and "Traceback" not in err
     assert len(err.strip().splitlines()) <= 2  # one line (rich may wrap a long path once)
+
+
+def test_generation_under_a_plan_checks_against_the_masked_full_forward(tmp_path):
+    """`--kv-plan`: the cache evicts the streaming heads to sink + window, and --check compares
+    every step with the full forward under the same plan; greedy tokens equal an uncached loop
+    over that masked forward, and the cache holds fewer bytes than the full one."""
+    from probe.kv.plan import KVPlan
+    from probe.measure.generate import generate
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=30, n_layer=2, n_head=4, n_kv_head=2, d_model=32, pe="rope")
+    model = Transformer(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.3)
+    plan = KVPlan("random", 0.5, sink=1, window=3, full=((0,), (1,)))
+    prompt = torch.randint(0, 30, (1, 9), generator=torch.Generator().manual_seed(1))
+    cache = model.new_cache(plan)
+    out = generate(model, prompt, 6, check=True, cache=cache, plan=plan)
+    seq = prompt
+    with torch.no_grad():
+        for _ in range(6):
+            nxt = model(seq, plan=plan)[:, -1].argmax(-1, keepdim=True)
+            seq = torch.cat([seq, nxt], dim=1)
+    assert torch.equal(out, seq)
+    full = model.new_cache()
+    generate(model, prompt, 6, cache=full)
+    assert cache.nbytes < full.nbytes

@@ -10,6 +10,7 @@ the model's own full cache, `model.new_cache()`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -60,10 +61,12 @@ def check_request(
         )
 
 
-def _compare(model: Transformer, seq: torch.Tensor, cached: torch.Tensor, step: int) -> None:
-    """The full forward over seq [batch, len] must give the cached logits [batch, new, vocab] at
-    its last `new` positions; otherwise a ProbeError naming the step."""
-    full = model(seq)[:, -cached.shape[1] :].float()  # [batch, new, vocab]
+def _compare(model: Transformer, seq: torch.Tensor, cached: torch.Tensor, step: int,
+             plan: Any = None) -> None:  # fmt: skip
+    """The full forward over seq [batch, len] (with `plan`, its streaming heads masked as the
+    evicting cache cuts them) must give the cached logits [batch, new, vocab] at its last `new`
+    positions; otherwise a ProbeError naming the step."""
+    full = model(seq, plan=plan)[:, -cached.shape[1] :].float()  # [batch, new, vocab]
     gap = float((cached.float() - full).abs().max())
     scale = max(1.0, float(full.abs().max()))
     tol = check_tolerance(cached.dtype)
@@ -97,6 +100,7 @@ def generate(
     eos: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     cache: KVCache | None = None,
+    plan: Any = None,
 ) -> torch.Tensor:
     """tokens [batch, prompt] (no padding) -> [batch, prompt + new]: the prompt and up to
     `max_new_tokens` tokens decoded through the key/value cache.
@@ -108,10 +112,13 @@ def generate(
     ProbeError naming the step when the logits differ by more than `check_tolerance(dtype)`
     relative to their scale. `progress(done, total)` after every new token. `cache`: an empty
     prepared cache (a KV plan's, say) to decode into; default `model.new_cache()`, filled in
-    place, so a caller that passes one can read its `nbytes` afterwards."""
+    place, so a caller that passes one can read its `nbytes` afterwards. `plan`: a
+    `probe.kv.plan.KVPlan` to decode with (the cache is `model.new_cache(plan)`, whose streaming
+    heads keep only its sink and window; `check` then compares with the full forward under the
+    same plan, which computes the same function)."""
     check_request(model, tokens, max_new_tokens, greedy, temperature)
     if cache is None:
-        cache = model.new_cache()
+        cache = model.new_cache(plan)
     elif cache.length:
         raise ProbeError(f"the cache given already holds {cache.length} tokens; pass an empty one.")
     device = next(model.parameters()).device
@@ -121,7 +128,7 @@ def generate(
     hidden = model.features(tokens, cache=cache)  # [batch, prompt, d_model]
     if check:  # every prompt position's logits
         logits = model.logits(hidden)  # [batch, prompt, vocab]
-        _compare(model, seq, logits, 0)
+        _compare(model, seq, logits, 0, plan)
     else:  # only the last one chooses a token
         logits = model.logits(hidden[:, -1:])  # [batch, 1, vocab]
     done = torch.zeros(tokens.shape[0], 1, dtype=torch.bool, device=device)  # [batch, 1]
@@ -137,5 +144,5 @@ def generate(
             break
         logits = model(nxt, cache=cache)  # [batch, 1, vocab]
         if check:
-            _compare(model, seq, logits, step)
+            _compare(model, seq, logits, step, plan)
     return seq
