@@ -37,7 +37,8 @@ def kv_plan_cli(
         str,
         typer.Option(
             help="retrieval (Wu et al. 2024), razor (RazorAttention's echo and induction "
-            "scores), random, streaming (no full heads) or full (every head full)."
+            "scores), duo (DuoAttention's gates trained on passkey prompts), random, streaming "
+            "(no full heads) or full (every head full)."
         ),
     ],
     full_heads: Annotated[
@@ -60,6 +61,13 @@ def kv_plan_cli(
         int, typer.Option(help="razor: random tokens per copy of the repeated sequence.")
     ] = 64,
     rows: Annotated[int, typer.Option(help="razor: repeated sequences.")] = 8,
+    steps: Annotated[
+        int, typer.Option(help="duo: Adam steps on the gates (4 passkey prompts each).")
+    ] = 40,
+    lr: Annotated[float, typer.Option(help="duo: Adam's learning rate on the gates.")] = 0.05,
+    l1: Annotated[
+        float, typer.Option(help="duo: weight of the L1 penalty on the mean gate.")
+    ] = 0.05,
     seed: SeedOpt = 0,
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = None,
@@ -73,17 +81,20 @@ def kv_plan_cli(
     import time
 
     from probe.checkpoint import claim_output, open_output
+    from probe.kv.duo import DuoSettings
     from probe.kv.methods import CHOOSERS, check_plannable, make_plan
 
-    if method == "duo":
-        raise ProbeError(f"--method duo is not implemented yet; use {', '.join(CHOOSERS)}.")
     if method not in CHOOSERS:
         raise ProbeError(f"Unknown --method '{method}'. Available: {', '.join(CHOOSERS)}.")
     if not 0.0 <= full_heads <= 1.0:
         raise ProbeError(f"--full-heads must be a share in [0, 1], got {full_heads}.")
     if sink < 0:
         raise ProbeError(f"--sink must be at least 0, got {sink}.")
-    check_positive(window=window, needles=needles, context=context, period=period, rows=rows)
+    check_positive(window=window, needles=needles, context=context, period=period, rows=rows,
+                   steps=steps)  # fmt: skip
+    if not lr > 0 or not l1 >= 0:
+        raise ProbeError(f"--lr must be above 0 and --l1 at least 0, got {lr} and {l1}.")
+    duo = DuoSettings(steps=steps, lr=lr, l1=l1)
     earlier = claim_output(out, WRITES, overwrite, inputs=inputs_of(checkpoint, text))
     ckpt = load_model(checkpoint, device, dtype, allow_pickle)
     check_plannable(ckpt.model_cfg)
@@ -94,7 +105,7 @@ def kv_plan_cli(
     with console.status(f"kv-plan {method}") as status:
         result = make_plan(ckpt.model, method, full_heads, sink, window, seed=seed,
                            prompts=prompts, period=period, rows=rows,
-                           progress=lambda s: status.update(s))  # fmt: skip
+                           progress=lambda s: status.update(s), duo=duo)  # fmt: skip
     seconds = time.perf_counter() - start
     out = open_output(out, earlier)
     result.plan.write(out / "plan.json")
@@ -106,7 +117,8 @@ def kv_plan_cli(
                    **({"needles": needles, "context": context,
                        "text": str(text) if text else "shipped corpus", "whole": whole}
                       if method == "retrieval" else {}),
-                   **({"period": period, "rows": rows} if method == "razor" else {}))  # fmt: skip
+                   **({"period": period, "rows": rows} if method == "razor" else {}),
+                   **({"steps": steps, "lr": lr, "l1": l1} if method == "duo" else {}))  # fmt: skip
     _show(result.plan, ckpt.model_cfg, seconds, out)
 
 

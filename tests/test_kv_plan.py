@@ -134,8 +134,7 @@ def test_nan_scores_rank_last():
 
 def test_bad_library_input():
     model = planted()
-    for method, share, sink, window, what in [("duo", 0.5, 4, 8, "not implemented"),
-                                              ("razr", 0.5, 4, 8, "Unknown"),
+    for method, share, sink, window, what in [("razr", 0.5, 4, 8, "Unknown"),
                                               ("razor", 1.5, 4, 8, "[0, 1]"),
                                               ("razor", 0.5, -1, 8, "sink"),
                                               ("razor", 0.5, 4, 0, "window")]:  # fmt: skip
@@ -172,7 +171,7 @@ def test_cli_writes_a_plan_that_round_trips(tmp_path):
 @pytest.mark.parametrize(
     "extra",
     [["--full-heads", "1.5"], ["--full-heads", "-0.1"], ["--window", "0"], ["--sink", "-1"],
-     ["--method", "duo"], ["--method", "nope"], ["--method", "retrieval"]],
+     ["--method", "nope"], ["--method", "retrieval"]],
 )  # fmt: skip
 def test_cli_bad_input_is_one_line(tmp_path, capsys, extra):
     ckpt = save(tmp_path / "m", planted())

@@ -13,11 +13,11 @@ group moves together. Methods:
 
 - `retrieval`: Wu et al. 2024's retrieval score (`probe.analysis.retrieval`) on needle prompts;
 - `razor`: RazorAttention's echo and induction scores (`probe.kv.razor`), the larger of the two;
+- `duo`: DuoAttention's gate alpha per key/value head, trained on passkey prompts
+  (`probe.kv.duo`; already per key/value head);
 - `random`: a seeded uniform draw per key/value head (the baseline any score should beat);
 - `streaming`: every head streams (no full heads; no scores);
 - `full`: every head keeps the full cache (no scores).
-
-`duo` (DuoAttention's trained gates) is a plan method `KVPlan` accepts but not one made here yet.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from probe.model import Transformer
 
 SCORE_COLUMNS = ["layer", "site", "kv_head", "method", "value"]
 HEAD_COLUMNS = ["layer", "site", "head", "kv_head", "statistic", "value"]
-CHOOSERS = ("retrieval", "razor", "random", "streaming", "full")
+CHOOSERS = ("retrieval", "razor", "duo", "random", "streaming", "full")
 
 
 @dataclass(frozen=True)
@@ -123,13 +123,11 @@ def retrieval_heads(model: Transformer, prompts) -> tuple[pd.DataFrame, dict]:
 
 def make_plan(model: Transformer, method: str, full_share: float, sink: int, window: int, *,
               seed: int = 0, prompts=None, period: int = 64, rows: int = 8,
-              progress: Callable[[str], None] | None = None) -> PlanResult:  # fmt: skip
+              progress: Callable[[str], None] | None = None, duo=None) -> PlanResult:  # fmt: skip
     """The plan of `method` (CHOOSERS) for `model`; `prompts` (needle prompts) for retrieval,
-    `period`/`rows` (repeated random tokens) for razor, `seed` for random."""
+    `period`/`rows` (repeated random tokens) for razor, `seed` for random and duo, `duo` (a
+    `probe.kv.duo.DuoSettings`, defaults when None) for duo."""
     cfg = model.cfg
-    if method == "duo":
-        raise ProbeError("kv-plan method 'duo' is not implemented yet; use " +
-                         ", ".join(CHOOSERS) + ".")  # fmt: skip
     if method not in CHOOSERS:
         raise ProbeError(f"Unknown kv-plan method '{method}'. Available: {', '.join(CHOOSERS)}.")
     check_plannable(cfg)
@@ -148,6 +146,18 @@ def make_plan(model: Transformer, method: str, full_share: float, sink: int, win
         scores = kv_table(pd.DataFrame(columns=["layer", "head", "statistic", "value"]), cfg,
                           (), method)  # fmt: skip
         scores["value"] = torch.rand(len(scores), generator=gen, dtype=torch.float64).tolist()
+    elif method == "duo":
+        from probe.kv.duo import DuoSettings, duo_gates
+
+        alphas, notes = duo_gates(model, sink, window, duo or DuoSettings(), seed, say)
+        scores = kv_table(pd.DataFrame(columns=["layer", "head", "statistic", "value"]), cfg,
+                          (), method)  # fmt: skip
+        scores["value"] = [float(v) for a in alphas for v in a.tolist()]  # sites, kept groups
+        heads = pd.DataFrame(
+            [{"layer": s.index, "site": s.name, "head": h, "kv_head": s.group(h),
+              "statistic": "duo_alpha", "value": float(a[s.kv_index()[i]])}
+             for s, a in zip(sites, alphas, strict=True) for i, h in enumerate(s.kept_heads)],
+            columns=HEAD_COLUMNS)  # fmt: skip
     elif method == "retrieval":
         if not prompts:
             raise ProbeError("the retrieval method needs needle prompts (at least one).")

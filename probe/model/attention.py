@@ -157,6 +157,7 @@ class Attention(nn.Module):
         self.dropout = cfg.dropout
         self._set_kv_index()
         self.observer: Observer | None = None  # set only inside Transformer.observe(...)
+        self.mix: torch.Tensor | None = None  # [head] DuoAttention gates (probe.kv.duo.mixing)
 
     def _set_kv_index(self) -> None:
         device = self.gate.device
@@ -330,6 +331,8 @@ class Attention(nn.Module):
             out = self._capped(q, k, v, scale, factor, bias, visible)
         if out is None:
             out = self._fused(q, k, v, scale, factor, bias, visible, key_mask, stream is None)
+        if self.mix is not None and stream is not None:  # gate * full + (1 - gate) * streaming
+            out = streaming.mixed(self, out, q, k, v, scale, factor, bias, key_mask)
         out = out * self.gate.to(out.dtype).view(1, -1, 1, 1)  # [batch, head, q_len, d_head]
         if call is not None:
             call.head_out = out

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from probe.model import mask
 from probe.model.cache import SiteCache, StreamRule
 from probe.site import Site
 
@@ -121,3 +122,19 @@ def planned(
     out = out * attn.gate.to(out.dtype).view(1, -1, 1, 1)  # [batch, head, q_len, d_head]
     merged = out.transpose(1, 2).reshape(b, q_len, attn.n_kept * attn.d_head)
     return attn.o(merged)  # [batch, q_len, d_model]
+
+
+def mixed(attn: Attention, streamed: torch.Tensor, q, k, v, scale, factor, bias,
+          key_mask: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+    """DuoAttention's training-time head output (Xiao et al. 2025): per query head,
+    attn.mix * full attention + (1 - attn.mix) * `streamed` (the streaming-masked output,
+    [batch, head, q_len, d_head]); q, k, v [batch, head, len, d_head] as the site computed them.
+    The full output is computed exactly as the plain forward computes it."""
+    q_len, k_len = q.shape[2], k.shape[2]
+    visible = mask.visible(attn.site, q_len, k_len, key_mask, q.device)  # [b|1, 1, q, k]
+    if attn.softcap is not None:
+        full = attn._capped(q, k, v, scale, factor, bias, visible)
+    else:
+        full = attn._fused(q, k, v, scale, factor, bias, visible, key_mask)
+    gate = attn.mix.to(full.dtype).view(1, -1, 1, 1)  # [1, head, 1, 1]
+    return gate * full + (1 - gate) * streamed  # [batch, head, q_len, d_head]
