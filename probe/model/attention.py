@@ -26,11 +26,6 @@ from probe.model.layers import make_norm
 from probe.model.positional import FIRE, ALiBi, Rotary, T5Bias
 from probe.site import Site
 
-# Inputs of at most this many token rows (decoding a few sequences a token at a time) project q,
-# k and v with three matmuls: concatenating the weights into one copies them every call, which
-# costs more than the one matmul saves (measured: benchmarks/bench_generate.py).
-SEPARATE_QKV_ROWS = 16
-
 
 @dataclass
 class AttentionCall:
@@ -248,16 +243,17 @@ class Attention(nn.Module):
         return x.view(b, t, -1, self.d_head).transpose(1, 2)  # [batch, head, seq, d_head]
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if x.shape[:-1].numel() <= SEPARATE_QKV_ROWS:  # decoding: no copy of the three weights
-            q, k, v = self.q(x), self.k(x), self.v(x)  # [batch, seq, q | kv | kv]
-        else:  # one matmul for q, k and v
-            weight = torch.cat([self.q.weight, self.k.weight, self.v.weight])  # [q + 2 kv, d]
-            bias = None
-            if self.q.bias is not None:
-                bias = torch.cat([self.q.bias, self.k.bias, self.v.bias])
-            qkv = F.linear(x, weight, bias)  # [batch, seq, q + 2 kv]
-            sizes = [self.q.out_features, self.k.out_features, self.v.out_features]
-            q, k, v = qkv.split(sizes, dim=-1)
+        # one matmul for q, k and v. (Three separate ones would skip copying the weights, which
+        # decoding a token at a time feels (SmolLM2: 0.93x transformers' time instead of about
+        # 1.1x), but their rounding then depends on how many heads a layer keeps, and a pruned
+        # model would no longer equal the gated one bit for bit.)
+        weight = torch.cat([self.q.weight, self.k.weight, self.v.weight])  # [q + 2 kv, d]
+        bias = None
+        if self.q.bias is not None:
+            bias = torch.cat([self.q.bias, self.k.bias, self.v.bias])
+        qkv = F.linear(x, weight, bias)  # [batch, seq, q + 2 kv]
+        sizes = [self.q.out_features, self.k.out_features, self.v.out_features]
+        q, k, v = qkv.split(sizes, dim=-1)
         if self.whole_qk:  # normed over every head, then the kept heads' rows
             q = self.q_norm(q).index_select(-1, self.q_rows)  # [batch, seq, kept * d_head]
             k = self.k_norm(k).index_select(-1, self.k_rows)  # [batch, seq, kv kept * d_head]
