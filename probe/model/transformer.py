@@ -302,7 +302,7 @@ class Transformer(nn.Module):
         `KVPlan`, its streaming heads keep only the plan's sink and window."""
         if plan is None:
             return KVCache.empty(len(self.blocks))
-        return KVCache.empty(len(self.blocks), self.stream_rules(plan))
+        return KVCache.empty(len(self.blocks), self.stream_rules(plan), plan)
 
     def stream_rules(self, plan: Any) -> list[StreamRule | None]:
         """Per block, how `plan` (checked against this model first) splits its heads."""
