@@ -7,7 +7,15 @@ import time
 from typing import Annotated
 
 import typer
-from probe_cli.common import CheckpointArg, DeviceOpt, DtypeOpt, PickleOpt, console, shown
+from probe_cli.common import (
+    CheckpointArg,
+    DeviceOpt,
+    DtypeOpt,
+    PickleOpt,
+    check_seed,
+    console,
+    shown,
+)
 
 from probe.errors import ProbeError
 from probe.words import counted
@@ -81,8 +89,9 @@ def generate_cli(
 
     if greedy and temperature is not None:
         raise ProbeError("--greedy and --temperature exclude each other; give one.")
-    if temperature is not None and not temperature > 0:
-        raise ProbeError(f"--temperature must be above 0, got {temperature}; use --greedy.")
+    if temperature is not None and not 0 < temperature < float("inf"):
+        raise ProbeError(f"--temperature must be above 0 and finite, got {temperature}.")
+    check_seed(seed)
     if max_new_tokens < 1:
         raise ProbeError(f"--max-new-tokens must be at least 1, got {max_new_tokens}.")
     ckpt = load_model(checkpoint, device, dtype, allow_pickle)
@@ -92,6 +101,12 @@ def generate_cli(
             "(a causal language model)."
         )
     ids, tokenizer = _prompt_ids(ckpt, prompt, tokens)
+    vocab = ckpt.model_cfg.vocab_size
+    if not all(0 <= i < vocab for i in ids):
+        raise ProbeError(
+            f"prompt token ids must lie in 0..{vocab - 1} (the model's vocabulary); got "
+            f"{min(ids)}..{max(ids)}."
+        )
     _run(ckpt, ids, tokenizer, max_new_tokens, temperature, seed, check)
 
 
@@ -115,9 +130,11 @@ def _run(ckpt, ids, tokenizer, max_new_tokens, temperature, seed, check) -> None
     console.print(text, highlight=False, markup=False, soft_wrap=True)
     how = "greedy" if temperature is None else f"temperature {temperature:g}, seed {seed}"
     checked = ", every step checked against the full forward" if check else ""
+    timed = f"prefill of {counted(len(ids), 'token')}"
+    timed += " and the full-forward checks" if check else ""
     console.print(
         f"{counted(len(new), 'token')} ({how}{checked}) in {seconds:.2f} s: "
-        f"{len(new) / seconds:.1f} tokens/s (prefill of {counted(len(ids), 'token')} included); "
+        f"{len(new) / seconds:.1f} tokens/s ({timed} included); "
         f"key/value cache {cache.nbytes:,} bytes for {counted(cache.length, 'token')}",
         highlight=False,
     )

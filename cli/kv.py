@@ -17,6 +17,7 @@ from probe_cli.common import (
     TextOpt,
     WholeOpt,
     check_positive,
+    check_seed,
     console,
     inputs_of,
     load_model,
@@ -84,6 +85,7 @@ def kv_plan_cli(
     if sink < 0:
         raise ProbeError(f"--sink must be at least 0, got {sink}.")
     check_positive(window=window, needles=needles, context=context, period=period, rows=rows)
+    check_seed(seed)
     earlier = claim_output(out, WRITES, overwrite, inputs=inputs_of(checkpoint, text))
     ckpt = load_model(checkpoint, device, dtype, allow_pickle)
     check_plannable(ckpt.model_cfg)

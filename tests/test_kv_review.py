@@ -89,3 +89,38 @@ def test_check_compares_a_plans_cache_with_the_plans_full_forward():
         for _ in range(6):
             seq = torch.cat([seq, model(seq, plan=plan)[:, -1:].argmax(-1)], dim=1)
     assert torch.equal(out, seq)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    from test_kv_plan import planted, save
+
+    return save(tmp_path_factory.mktemp("review") / "m", planted())
+
+
+@pytest.mark.parametrize(
+    "command, extra, fragment",
+    [
+        ("generate", ["--tokens", "99999999999999999999999"], "must lie in 0.."),
+        ("generate", ["--tokens", "1", "--temperature", "1", "--seed", "9" * 23], "--seed"),
+        ("generate", ["--tokens", "1", "--temperature", "inf"], "finite"),
+        ("kv-plan", ["--method", "random", "--seed", "9" * 23], "--seed"),
+    ],
+)
+def test_cli_input_past_its_limits_is_one_line(trained, tmp_path, capsys, command, extra, fragment):
+    from cli_run import exit_code
+
+    out = ["--out", str(tmp_path / "o")] if command == "kv-plan" else []
+    assert exit_code([command, str(trained), *out, *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert fragment in err and "Traceback" not in err and len(err.splitlines()) <= 2
+
+
+def test_tokens_per_second_says_it_includes_the_checks(trained, capsys):
+    from cli_run import exit_code
+
+    args = ["generate", str(trained), "--tokens", "1,2", "--max-new-tokens", "3"]
+    assert exit_code([*args, "--check"]) == 0
+    assert "prefill of 2 tokens and the full-forward checks included" in capsys.readouterr().out
+    assert exit_code(args) == 0
+    assert "prefill of 2 tokens included" in capsys.readouterr().out
