@@ -124,3 +124,21 @@ def test_tokens_per_second_says_it_includes_the_checks(trained, capsys):
     assert "prefill of 2 tokens and the full-forward checks included" in capsys.readouterr().out
     assert exit_code(args) == 0
     assert "prefill of 2 tokens included" in capsys.readouterr().out
+
+
+def test_a_plan_on_padded_rows_equals_the_unpadded_row_or_is_refused():
+    model = tiny(**CONFIGS["rope-gqa"])
+    plan = KVPlan("streaming", 0.0, 2, 3, ((), ()))
+    row = torch.randint(1, 40, (1, 10), generator=torch.Generator().manual_seed(2))
+    pad = torch.zeros(1, 3, dtype=torch.long)
+    real = torch.ones(1, 10, dtype=torch.bool)
+    gap = torch.zeros(1, 3, dtype=torch.bool)
+    with torch.no_grad():
+        alone = model(row, plan=plan)
+        right = model(torch.cat([row, pad], 1), key_mask=torch.cat([real, gap], 1), plan=plan)
+        assert float((right[:, :10] - alone).abs().max()) <= 1e-5
+        left = torch.cat([gap, real], 1)  # the pads would be the sink: refused
+        with pytest.raises(ProbeError, match="right-padded"):
+            model(torch.cat([pad, row], 1), key_mask=left, plan=plan)
+        with pytest.raises(ProbeError, match="right-padded"):
+            model(torch.cat([pad, row], 1), key_mask=left, cache=model.new_cache(plan))

@@ -248,6 +248,8 @@ class Transformer(nn.Module):
             if self.cfg.arch != Arch.DECODER:
                 raise ValueError("a key/value cache needs a decoder (causal self-attention)")
             key_positions, key_mask = cache.extend(positions, key_mask)
+        if plan is not None or (cache is not None and cache.plan is not None):
+            streaming.check_right_padded(key_mask)
         x = self._embed(tokens, positions, token_types)  # [batch, seq, d_model]
         for i, block in enumerate(self.blocks):
             site = cache.sites[i] if cache is not None else None
