@@ -89,6 +89,13 @@ def kv_plan_cli(
     earlier = claim_output(out, WRITES, overwrite, inputs=inputs_of(checkpoint, text))
     ckpt = load_model(checkpoint, device, dtype, allow_pickle)
     check_plannable(ckpt.model_cfg)
+    limit = ckpt.model_cfg.max_positions
+    if method == "razor" and limit is not None and 2 * period + 1 > limit:
+        raise ProbeError(
+            f"--period {period} makes sequences of {2 * period + 1} tokens (two copies and a "
+            f"start), past the model's {limit} learned positions; use --period "
+            f"{(limit - 1) // 2} or less."
+        )
     prompts = None
     if method == "retrieval":
         prompts = _needle_prompts(ckpt, text, whole, needles, context, seed)

@@ -142,3 +142,19 @@ def test_a_plan_on_padded_rows_equals_the_unpadded_row_or_is_refused():
             model(torch.cat([pad, row], 1), key_mask=left, plan=plan)
         with pytest.raises(ProbeError, match="right-padded"):
             model(torch.cat([pad, row], 1), key_mask=left, cache=model.new_cache(plan))
+
+
+def test_a_razor_period_past_learned_positions_names_the_option(tmp_path, capsys):
+    from cli_run import exit_code
+    from test_kv_plan import save
+
+    from probe.config import ModelConfig
+    from probe.model import Transformer
+
+    cfg = ModelConfig(vocab_size=205, n_layer=1, n_head=2, d_model=16, max_len=64, pe="learned")
+    ckpt = save(tmp_path / "m", Transformer(cfg))  # 64 learned positions
+    args = ["kv-plan", str(ckpt), "--method", "razor", "--rows", "2", "--out", str(tmp_path / "o")]
+    assert exit_code([*args, "--period", "32"]) == 2  # 65 tokens
+    err = capsys.readouterr().err.strip()
+    assert "--period 32" in err and "--period 31 or less" in err and len(err.splitlines()) <= 2
+    assert exit_code([*args, "--period", "31"]) == 0
