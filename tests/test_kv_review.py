@@ -158,3 +158,28 @@ def test_a_razor_period_past_learned_positions_names_the_option(tmp_path, capsys
     err = capsys.readouterr().err.strip()
     assert "--period 32" in err and "--period 31 or less" in err and len(err.splitlines()) <= 2
     assert exit_code([*args, "--period", "31"]) == 0
+
+
+def test_needle_prompts_past_learned_positions_name_the_option(tmp_path, capsys):
+    transformers = pytest.importorskip("transformers")
+    from cli_run import exit_code
+    from test_cli_imported import VOCAB, word_tokenizer
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=16, n_layer=1,
+                                  n_head=2)  # fmt: skip
+    src = tmp_path / "gpt2"
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(src)
+    word_tokenizer(False).save(str(src / "tokenizer.json"))
+    ckpt = tmp_path / "ckpt"
+    assert exit_code(["import", str(src), "--out", str(ckpt)]) == 0
+    plan = tmp_path / "plan"
+    plan.mkdir()
+    KVPlan("streaming", 0.0, 2, 6, ((),)).write(plan / "plan.json")
+    capsys.readouterr()
+    args = ["eval", str(ckpt), "--kv-plan", str(plan), "--lengths", "16", "--batch-size", "2",
+            "--batches", "1", "--needles", "1", "--out", str(tmp_path / "e")]  # fmt: skip
+    assert exit_code([*args, "--needle-tokens", "100"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--needle-tokens 64 or less" in err and len(err.splitlines()) <= 2
+    assert exit_code([*args, "--needle-tokens", "64"]) == 0
