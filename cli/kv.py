@@ -109,7 +109,8 @@ def kv_plan_cli(
     result.plan.write(out / "plan.json")
     result.scores.to_csv(out / "scores.csv", index=False)
     result.heads.to_csv(out / "heads.csv", index=False)
-    write_manifest(out, ckpt, command="kv-plan", method=method, full_share=full_heads,
+    write_manifest(out, ckpt, command="kv-plan", method=method,
+                   full_share=result.plan.full_share, full_heads_asked=full_heads,
                    sink=sink, window=window, seed=seed, aggregate="max over query heads",
                    seconds=round(seconds, 2), **result.notes,
                    **({"needles": needles, "context": context,

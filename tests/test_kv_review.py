@@ -183,3 +183,14 @@ def test_needle_prompts_past_learned_positions_name_the_option(tmp_path, capsys)
     err = capsys.readouterr().err.strip()
     assert "--needle-tokens 64 or less" in err and len(err.splitlines()) <= 2
     assert exit_code([*args, "--needle-tokens", "64"]) == 0
+
+
+@pytest.mark.parametrize("method, share", [("streaming", 0.0), ("full", 1.0)])
+def test_the_manifest_records_the_share_the_plan_has(trained, tmp_path, method, share):
+    from cli_run import exit_code
+
+    out = tmp_path / "o"
+    args = ["kv-plan", str(trained), "--method", method, "--full-heads", "0.25", "--out", str(out)]
+    assert exit_code(args) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["settings"]["full_share"] == KVPlan.read(out).full_share == share
