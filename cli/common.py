@@ -117,6 +117,12 @@ def check_positive(**options: int) -> None:
             raise ProbeError(f"{flag} must be at least 1, got {value}.")
 
 
+def check_seed(seed: int) -> None:
+    """A seed torch's generators take: 0 to 2**63 - 1."""
+    if not 0 <= seed < 2**63:
+        raise ProbeError(f"--seed must be a whole number from 0 to 2**63 - 1, got {seed}.")
+
+
 def require_heads(ckpt: Checkpoint) -> None:
     """A model whose every head was pruned has no attention to measure."""
     if not any(s.kept_heads for s in ckpt.model_cfg.sites()):

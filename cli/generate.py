@@ -8,7 +8,15 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from probe_cli.common import CheckpointArg, DeviceOpt, DtypeOpt, PickleOpt, console, shown
+from probe_cli.common import (
+    CheckpointArg,
+    DeviceOpt,
+    DtypeOpt,
+    PickleOpt,
+    check_seed,
+    console,
+    shown,
+)
 from probe_cli.kv_eval import read_plan
 
 from probe.errors import ProbeError
@@ -91,8 +99,9 @@ def generate_cli(
 
     if greedy and temperature is not None:
         raise ProbeError("--greedy and --temperature exclude each other; give one.")
-    if temperature is not None and not temperature > 0:
-        raise ProbeError(f"--temperature must be above 0, got {temperature}; use --greedy.")
+    if temperature is not None and not 0 < temperature < float("inf"):
+        raise ProbeError(f"--temperature must be above 0 and finite, got {temperature}.")
+    check_seed(seed)
     if max_new_tokens < 1:
         raise ProbeError(f"--max-new-tokens must be at least 1, got {max_new_tokens}.")
     plan = read_plan(kv_plan) if kv_plan is not None else None  # before the model is loaded
@@ -103,6 +112,12 @@ def generate_cli(
             "(a causal language model)."
         )
     ids, tokenizer = _prompt_ids(ckpt, prompt, tokens)
+    vocab = ckpt.model_cfg.vocab_size
+    if not all(0 <= i < vocab for i in ids):
+        raise ProbeError(
+            f"prompt token ids must lie in 0..{vocab - 1} (the model's vocabulary); got "
+            f"{min(ids)}..{max(ids)}."
+        )
     _run(ckpt, ids, tokenizer, max_new_tokens, temperature, seed, check, plan)
 
 
@@ -128,9 +143,11 @@ def _run(ckpt, ids, tokenizer, max_new_tokens, temperature, seed, check, plan) -
     checked = ", every step checked against the full forward" if check else ""
     if plan is not None:
         checked += f", {plan.method} plan: sink {plan.sink}, window {plan.window}"
+    timed = f"prefill of {counted(len(ids), 'token')}"
+    timed += " and the full-forward checks" if check else ""
     console.print(
         f"{counted(len(new), 'token')} ({how}{checked}) in {seconds:.2f} s: "
-        f"{len(new) / seconds:.1f} tokens/s (prefill of {counted(len(ids), 'token')} included); "
+        f"{len(new) / seconds:.1f} tokens/s ({timed} included); "
         f"key/value cache {cache.nbytes:,} bytes for {counted(cache.length, 'token')}",
         highlight=False,
     )

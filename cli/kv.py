@@ -17,6 +17,7 @@ from probe_cli.common import (
     TextOpt,
     WholeOpt,
     check_positive,
+    check_seed,
     console,
     inputs_of,
     load_model,
@@ -95,9 +96,17 @@ def kv_plan_cli(
     if not lr > 0 or not l1 >= 0:
         raise ProbeError(f"--lr must be above 0 and --l1 at least 0, got {lr} and {l1}.")
     duo = DuoSettings(steps=steps, lr=lr, l1=l1)
+    check_seed(seed)
     earlier = claim_output(out, WRITES, overwrite, inputs=inputs_of(checkpoint, text))
     ckpt = load_model(checkpoint, device, dtype, allow_pickle)
     check_plannable(ckpt.model_cfg)
+    limit = ckpt.model_cfg.max_positions
+    if method == "razor" and limit is not None and 2 * period + 1 > limit:
+        raise ProbeError(
+            f"--period {period} makes sequences of {2 * period + 1} tokens (two copies and a "
+            f"start), past the model's {limit} learned positions; use --period "
+            f"{(limit - 1) // 2} or less."
+        )
     prompts = None
     if method == "retrieval":
         prompts = _needle_prompts(ckpt, text, whole, needles, context, seed)
@@ -111,7 +120,8 @@ def kv_plan_cli(
     result.plan.write(out / "plan.json")
     result.scores.to_csv(out / "scores.csv", index=False)
     result.heads.to_csv(out / "heads.csv", index=False)
-    write_manifest(out, ckpt, command="kv-plan", method=method, full_share=full_heads,
+    write_manifest(out, ckpt, command="kv-plan", method=method,
+                   full_share=result.plan.full_share, full_heads_asked=full_heads,
                    sink=sink, window=window, seed=seed, aggregate="max over query heads",
                    seconds=round(seconds, 2), **result.notes,
                    **({"needles": needles, "context": context,

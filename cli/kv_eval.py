@@ -52,6 +52,12 @@ def eval_kv_plan(ckpt, plan, out, earlier, lengths, text, whole, batch_size, bat
     if needles < 1 or needle_tokens < 1:
         raise ProbeError(f"--needles and --needle-tokens must be >= 1, got {needles} and "
                          f"{needle_tokens}.")  # fmt: skip
+    limit = ckpt.model_cfg.max_positions
+    if limit is not None and needle_tokens > limit:
+        raise ProbeError(
+            f"--needle-tokens {needle_tokens} is longer than the model's {limit} learned "
+            f"positions; use --needle-tokens {limit} or less."
+        )
     widths = parse_lengths(lengths or "128")
     check_data_fits(ckpt, widths, batch_size, batches, max_batch_tokens=max_batch_tokens)
     note_text(text)

@@ -16,6 +16,7 @@ from probe.fields import shown
 from probe.files import atomic_write_text
 
 FORMAT = 1
+FIELDS = ("format", "method", "full_share", "sink", "window", "full")
 METHODS = ("retrieval", "razor", "duo", "random", "streaming", "full")
 
 
@@ -84,13 +85,33 @@ class KVPlan:
             raise ProbeError(f"{path} is not a readable plan.json: {e}") from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ProbeError(f"{path} is not a plan.json of format {FORMAT}.")
+        extra = sorted(set(data) - set(FIELDS))
+        if extra:
+            raise ProbeError(f"{path}: unknown fields {extra}; a plan.json has {list(FIELDS)}.")
         try:
-            full = tuple(tuple(int(g) for g in site) for site in data["full"])
-            return cls(str(data["method"]), float(data["full_share"]), int(data["sink"]),
-                       int(data["window"]), full)  # fmt: skip
+            full = data["full"]
+            if not isinstance(full, list) or not all(isinstance(s, list) for s in full):
+                raise TypeError("full must be a list of lists of key/value head ids")
+            full = tuple(tuple(_whole(g, "a key/value head id") for g in site) for site in full)
+            for i, site in enumerate(full):
+                if min(site, default=0) < 0 or len(set(site)) != len(site):
+                    raise ProbeError(f"site {i} lists {list(site)}: key/value head ids must be "
+                                     "distinct and >= 0.")  # fmt: skip
+            share = data["full_share"]
+            if isinstance(share, bool) or not isinstance(share, int | float):
+                raise TypeError(f"full_share must be a number, got {share!r}")
+            return cls(str(data["method"]), float(share), _whole(data["sink"], "sink"),
+                       _whole(data["window"], "window"), full)  # fmt: skip
         except ProbeError as e:  # a field out of range (a ValueError too): its own line
             raise ProbeError(f"{path}: {e}") from None
         except (KeyError, TypeError, ValueError) as e:
             raise ProbeError(
                 f"{path}: a field is missing or of the wrong type ({shown(e)})."
             ) from None
+
+
+def _whole(value: Any, what: str) -> int:
+    """A JSON whole number (not a bool, a float or a string), else a TypeError naming `what`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be a whole number, got {value!r}")
+    return value

@@ -61,11 +61,12 @@ def check_request(
         )
 
 
-def _compare(model: Transformer, seq: torch.Tensor, cached: torch.Tensor, step: int,
-             plan: Any = None) -> None:  # fmt: skip
-    """The full forward over seq [batch, len] (with `plan`, its streaming heads masked as the
-    evicting cache cuts them) must give the cached logits [batch, new, vocab] at its last `new`
-    positions; otherwise a ProbeError naming the step."""
+def _compare(
+    model: Transformer, seq: torch.Tensor, cached: torch.Tensor, step: int, plan=None
+) -> None:
+    """The full forward over seq [batch, len] (with the cache's `plan` masked) must give the
+    cached logits [batch, new, vocab] at its last `new` positions; otherwise a ProbeError naming
+    the step."""
     full = model(seq, plan=plan)[:, -cached.shape[1] :].float()  # [batch, new, vocab]
     gap = float((cached.float() - full).abs().max())
     scale = max(1.0, float(full.abs().max()))
@@ -128,7 +129,7 @@ def generate(
     hidden = model.features(tokens, cache=cache)  # [batch, prompt, d_model]
     if check:  # every prompt position's logits
         logits = model.logits(hidden)  # [batch, prompt, vocab]
-        _compare(model, seq, logits, 0, plan)
+        _compare(model, seq, logits, 0, cache.plan)
     else:  # only the last one chooses a token
         logits = model.logits(hidden[:, -1:])  # [batch, 1, vocab]
     done = torch.zeros(tokens.shape[0], 1, dtype=torch.bool, device=device)  # [batch, 1]
@@ -144,5 +145,5 @@ def generate(
             break
         logits = model(nxt, cache=cache)  # [batch, 1, vocab]
         if check:
-            _compare(model, seq, logits, step, plan)
+            _compare(model, seq, logits, step, cache.plan)
     return seq

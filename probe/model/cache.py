@@ -18,6 +18,7 @@ attention caches keys before rotary), which probe does not do.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -55,8 +56,9 @@ class SiteCache:
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Add the new tokens' k and v [batch, kv_head, new, d_head]; returns every key and
         value so far."""
-        if self.k is None:
-            self.k, self.v = k, v
+        if self.k is None:  # a copy: k and v may be views into the q/k/v projection's output
+            self.k = k.clone(memory_format=torch.contiguous_format)
+            self.v = v.clone(memory_format=torch.contiguous_format)
         else:
             self.k = torch.cat([self.k, k], dim=2)  # [batch, kv_head, len + new, d_head]
             self.v = torch.cat([self.v, v], dim=2)
@@ -89,13 +91,9 @@ class SiteCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the cached keys and values (with a rule: of the storage allocated)."""
-        if self.rule is not None:
-            parts = (self.k, self.v, self.ks, self.vs)
-            return sum(t.untyped_storage().nbytes() for t in parts if t is not None)
-        if self.k is None:
-            return 0
-        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+        """Bytes of the storage the cached keys and values hold (what is really allocated)."""
+        parts = (self.k, self.v, self.ks, self.vs)
+        return sum(t.untyped_storage().nbytes() for t in parts if t is not None)
 
 
 @dataclass
@@ -104,15 +102,18 @@ class KVCache:
     padding mask [batch, len] (None: no padding)."""
 
     sites: list[SiteCache]
+    plan: Any = None  # the KVPlan the sites' rules come from (None: every head full)
     positions: torch.Tensor | None = None
     key_mask: torch.Tensor | None = None
     _masked: bool = field(default=False, repr=False)
 
     @classmethod
-    def empty(cls, n_sites: int, rules: list[StreamRule | None] | None = None) -> KVCache:
-        """No tokens yet; `rules` (per site, None: every head full) split heads by a plan."""
+    def empty(
+        cls, n_sites: int, rules: list[StreamRule | None] | None = None, plan: Any = None
+    ) -> KVCache:
+        """No tokens yet; `rules` (per site, None: every head full) split heads by `plan`."""
         rules = rules or [None] * n_sites
-        return cls([SiteCache(rule=rule) for rule in rules])
+        return cls([SiteCache(rule=rule) for rule in rules], plan)
 
     @property
     def length(self) -> int:

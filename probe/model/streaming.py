@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from probe.errors import ProbeError
 from probe.model import mask
 from probe.model.cache import SiteCache, StreamRule
 from probe.site import Site
@@ -40,6 +41,16 @@ def rule_for(site: Site, full: tuple[int, ...], sink: int, window: int) -> Strea
 def rules(plan: Any, sites: list[Site]) -> list[StreamRule | None]:
     """Per site, the rule a `KVPlan` sets (plan.full in site order)."""
     return [rule_for(s, plan.full[s.index], plan.sink, plan.window) for s in sites]
+
+
+def check_right_padded(key_mask: torch.Tensor | None) -> None:
+    """A plan counts sink and window by column (arrival index), so padding must come after
+    every real token of its row (right padding); left padding would make the pads the sink."""
+    if key_mask is not None and bool((~key_mask[:, :-1] & key_mask[:, 1:]).any()):
+        raise ProbeError(
+            "a key/value plan needs right-padded rows (padding after the real tokens): it "
+            "counts sink and window by column, so left padding would make the pads the sink."
+        )
 
 
 def per_head_visible(

@@ -248,6 +248,8 @@ class Transformer(nn.Module):
             if self.cfg.arch != Arch.DECODER:
                 raise ValueError("a key/value cache needs a decoder (causal self-attention)")
             key_positions, key_mask = cache.extend(positions, key_mask)
+        if plan is not None or (cache is not None and cache.plan is not None):
+            streaming.check_right_padded(key_mask)
         x = self._embed(tokens, positions, token_types)  # [batch, seq, d_model]
         for i, block in enumerate(self.blocks):
             site = cache.sites[i] if cache is not None else None
@@ -302,7 +304,7 @@ class Transformer(nn.Module):
         `KVPlan`, its streaming heads keep only the plan's sink and window."""
         if plan is None:
             return KVCache.empty(len(self.blocks))
-        return KVCache.empty(len(self.blocks), self.stream_rules(plan))
+        return KVCache.empty(len(self.blocks), self.stream_rules(plan), plan)
 
     def stream_rules(self, plan: Any) -> list[StreamRule | None]:
         """Per block, how `plan` (checked against this model first) splits its heads."""
