@@ -168,13 +168,14 @@ class OffsetProfile:
         return pd.DataFrame(records, columns=ROLE_COLUMNS)
 
 
-class InductionProbe:
-    """Observer for [BOS] x_1..x_T x_1..x_T: mean p(i -> i - T + 1) over the second copy."""
+class RepeatProbe:
+    """Observer for [BOS] x_1..x_T x_1..x_T: mean p(i -> i - back) over the second copy's
+    queries (positions T+1 .. 2T), reported as `statistic`."""
 
     needs_weights = True
 
-    def __init__(self, period: int) -> None:
-        self.period = period
+    def __init__(self, period: int, back: int, statistic: str) -> None:
+        self.period, self.back, self.statistic = period, back, statistic
         self.sites: dict[int, dict] = {}
 
     def record(self, call: AttentionCall) -> None:
@@ -182,10 +183,9 @@ class InductionProbe:
         if call.site.cross:
             return
         probs = call.probs.float()  # [batch, head, q, k]
-        t = self.period
-        diag = torch.diagonal(probs, offset=-(t - 1), dim1=-2, dim2=-1)  # p(i, i-T+1), i >= T-1
-        second = diag[..., 2:]  # queries T+1 .. 2T: the second copy
-        site["sum"] = site["sum"] + second.sum((0, 2))
+        diag = torch.diagonal(probs, offset=-self.back, dim1=-2, dim2=-1)  # p(i, i - back)
+        second = diag[..., self.period + 1 - self.back :]  # queries T+1 .. 2T: the second copy
+        site["sum"] = site["sum"] + second.sum((0, 2))  # [head]
         site["rows"] += second.shape[0] * second.shape[2]
 
     def table(self) -> pd.DataFrame:
@@ -199,12 +199,20 @@ class InductionProbe:
                         "layer": layer,
                         "site": site["site"].name,
                         "head": head,
-                        "statistic": "induction",
+                        "statistic": self.statistic,
                         "value": score,
                         "offset": None,
                     }
                 )
         return pd.DataFrame(records, columns=ROLE_COLUMNS)
+
+
+class InductionProbe(RepeatProbe):
+    """Mean p(i -> i - T + 1) over the second copy: attention to the token after the current
+    token's earlier occurrence (Olsson et al. 2022)."""
+
+    def __init__(self, period: int) -> None:
+        super().__init__(period, period - 1, "induction")
 
 
 def repeated_tokens(vocab_size: int, period: int, batch_size: int, seed: int) -> torch.Tensor:

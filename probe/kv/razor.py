@@ -19,40 +19,9 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from probe.analysis.roles import InductionProbe, repeated_tokens
-from probe.model import AttentionCall, Transformer
-
-
-class EchoProbe:
-    """Observer for [BOS] x_1..x_T x_1..x_T: mean p(i -> i - T) over the second copy."""
-
-    needs_weights = True
-
-    def __init__(self, period: int) -> None:
-        self.period = period
-        self.sites: dict[int, dict] = {}
-
-    def record(self, call: AttentionCall) -> None:
-        site = self.sites.setdefault(call.layer, {"site": call.site, "sum": 0.0, "rows": 0})
-        if call.site.cross:
-            return
-        probs = call.probs.float()  # [batch, head, q, k]
-        t = self.period
-        diag = torch.diagonal(probs, offset=-t, dim1=-2, dim2=-1)  # p(i, i - T), i >= T
-        second = diag[..., 1:]  # queries T+1 .. 2T: the second copy
-        site["sum"] = site["sum"] + second.sum((0, 2))  # [head]
-        site["rows"] += second.shape[0] * second.shape[2]
-
-    def table(self) -> pd.DataFrame:
-        """layer, site, head, statistic ("echo"), value."""
-        rows = []
-        for layer in sorted(self.sites):
-            site = self.sites[layer]
-            for h, head in enumerate(site["site"].kept_heads):
-                value = float(site["sum"][h]) / site["rows"] if site["rows"] else float("nan")
-                rows.append({"layer": layer, "site": site["site"].name, "head": head,
-                             "statistic": "echo", "value": value})  # fmt: skip
-        return pd.DataFrame(rows, columns=["layer", "site", "head", "statistic", "value"])
+from probe.analysis.roles import InductionProbe, RepeatProbe, repeated_tokens
+from probe.measure.observe import Fanout
+from probe.model import Transformer
 
 
 @torch.no_grad()
@@ -63,22 +32,16 @@ def razor_scores(model: Transformer, period: int = 64, rows: int = 8, seed: int 
     `max_rows` sequences per forward pass."""
     device = next(model.parameters()).device
     tokens = repeated_tokens(model.cfg.vocab_size, period, rows, seed).to(device)
-    echo, induction = EchoProbe(period), InductionProbe(period)
-
-    class Both:
-        needs_weights = True
-
-        def record(self, call: AttentionCall) -> None:
-            echo.record(call)
-            induction.record(call)
+    # echo: the same token one period back; induction: the token after it
+    echo, induction = RepeatProbe(period, period, "echo"), InductionProbe(period)
 
     was_training = model.training
     model.eval()
     try:
-        with model.observe(Both()):
+        with model.observe(Fanout(echo, induction)):
             for part in tokens.split(max_rows):  # [rows, 2 * period + 1]
                 model.features(part)
     finally:
         model.train(was_training)
-    ind = induction.table()[["layer", "site", "head", "statistic", "value"]]
-    return pd.concat([echo.table(), ind], ignore_index=True)
+    columns = ["layer", "site", "head", "statistic", "value"]
+    return pd.concat([echo.table()[columns], induction.table()[columns]], ignore_index=True)
