@@ -173,6 +173,39 @@ def refuse_unimplemented(hf: Fields, family_name: str, implemented: tuple[str, .
             hf.refuse(key, value, f"{feature} is not implemented in probe's {family_name}.")
 
 
+LLAMA_NORMS = {"input_layernorm": "ln_attn", "post_attention_layernorm": "ln_ffn"}
+
+
+def llama_names(
+    cfg,
+    norms: dict[str, str] = LLAMA_NORMS,
+    *,
+    body: str = "model.",
+    head: str = "lm_head.weight",
+    fused: tuple[str, ...] = (),
+) -> dict[str, str]:
+    """Hugging Face name -> probe name in the layout the Llama-derived families share
+    (`{body}layers.i.self_attn.{q,k,v,o}_proj`, `mlp.{gate,up,down}_proj`, the layer norms
+    `norms` (Hugging Face name -> probe name), q_norm/k_norm with QK-norm, q/k/v biases with
+    `qkv_bias`, an untied `head`). `fused`: the projections the family stores fused and splits
+    itself (Phi-3: q, k, v, gate, up)."""
+    names = {f"{body}embed_tokens.weight": "embed.weight", f"{body}norm.weight": "ln_final.weight"}
+    for i in range(cfg.n_layer):
+        h, b = f"{body}layers.{i}.", f"blocks.{i}."
+        names |= {f"{h}{hf}.weight": f"{b}{p}.weight" for hf, p in norms.items()}
+        for x in (x for x in "qkvo" if x not in fused):
+            names[f"{h}self_attn.{x}_proj.weight"] = f"{b}attn.{x}.weight"
+            if cfg.qkv_bias and x != "o":
+                names[f"{h}self_attn.{x}_proj.bias"] = f"{b}attn.{x}.bias"
+        for x in (x for x in ("gate", "up", "down") if x not in fused):
+            names[f"{h}mlp.{x}_proj.weight"] = f"{b}ffn.{x}.weight"
+        if cfg.qk_norm:
+            names |= {f"{h}self_attn.{x}_norm.weight": f"{b}attn.{x}_norm.weight" for x in "qk"}
+    if not cfg.tie_embeddings:
+        names[head] = "head.weight"
+    return names
+
+
 def uniform_shape(cfg) -> tuple[int, int] | str:
     """(query heads, key/value heads) shared by every layer, or why there is none."""
     shapes = set()

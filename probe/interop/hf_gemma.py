@@ -27,7 +27,14 @@ import torch
 
 from probe.config import FFN, PE, Arch, ModelConfig, Norm, NormType
 from probe.errors import ProbeError
-from probe.interop.families import renamed, same_tied_head, tied_output, uniform_shape
+from probe.interop.families import (
+    LLAMA_NORMS,
+    llama_names,
+    renamed,
+    same_tied_head,
+    tied_output,
+    uniform_shape,
+)
 from probe.interop.fields import Fields
 
 MODEL_TYPES = ("gemma", "gemma2", "gemma3_text", "gemma3")
@@ -215,8 +222,7 @@ def _plain_name(name: str) -> str:
 
 def _names(cfg: ModelConfig, body: str = "model.", head: str = "lm_head.weight") -> dict:
     """Hugging Face name -> probe name (`body`, `head`: where the text model's tensors are)."""
-    names = {f"{body}embed_tokens.weight": "embed.weight", f"{body}norm.weight": "ln_final.weight"}
-    norms = {"input_layernorm": "ln_attn", "post_attention_layernorm": "ln_ffn"}
+    norms = LLAMA_NORMS
     if cfg.norm == Norm.SANDWICH:  # Gemma 2 and 3: a norm before and after each sub-layer
         norms = {
             "input_layernorm": "ln_attn",
@@ -224,16 +230,7 @@ def _names(cfg: ModelConfig, body: str = "model.", head: str = "lm_head.weight")
             "pre_feedforward_layernorm": "ln_ffn",
             "post_feedforward_layernorm": "ln_ffn_out",
         }
-    for i in range(cfg.n_layer):
-        h, b = f"{body}layers.{i}.", f"blocks.{i}."
-        names |= {f"{h}{hf}.weight": f"{b}{p}.weight" for hf, p in norms.items()}
-        names |= {f"{h}self_attn.{x}_proj.weight": f"{b}attn.{x}.weight" for x in "qkvo"}
-        names |= {f"{h}mlp.{x}_proj.weight": f"{b}ffn.{x}.weight" for x in ("gate", "up", "down")}
-        if cfg.qk_norm:
-            names |= {f"{h}self_attn.{x}_norm.weight": f"{b}attn.{x}_norm.weight" for x in "qk"}
-    if not cfg.tie_embeddings:
-        names[head] = "head.weight"
-    return names
+    return llama_names(cfg, norms, body=body, head=head)
 
 
 def to_probe(state: Mapping, cfg: ModelConfig, where: str) -> Iterator[tuple[str, torch.Tensor]]:

@@ -13,6 +13,7 @@ import torch
 from probe.config import FFN, PE, Arch, ModelConfig, Norm, NormType
 from probe.errors import ProbeError
 from probe.interop.families import (
+    llama_names,
     refuse_unimplemented,
     renamed,
     same_tied_head,
@@ -136,31 +137,6 @@ def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> Mode
     )
 
 
-def _names(cfg: ModelConfig) -> dict[str, str]:
-    """Hugging Face name -> probe name."""
-    names = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "ln_final.weight"}
-    for i in range(cfg.n_layer):
-        h, b = f"model.layers.{i}.", f"blocks.{i}."
-        names |= {
-            f"{h}input_layernorm.weight": f"{b}ln_attn.weight",
-            f"{h}post_attention_layernorm.weight": f"{b}ln_ffn.weight",
-            f"{h}self_attn.o_proj.weight": f"{b}attn.o.weight",
-            f"{h}mlp.gate_proj.weight": f"{b}ffn.gate.weight",
-            f"{h}mlp.up_proj.weight": f"{b}ffn.up.weight",
-            f"{h}mlp.down_proj.weight": f"{b}ffn.down.weight",
-        }
-        for x in "qkv":
-            names[f"{h}self_attn.{x}_proj.weight"] = f"{b}attn.{x}.weight"
-            if cfg.qkv_bias:
-                names[f"{h}self_attn.{x}_proj.bias"] = f"{b}attn.{x}.bias"
-        if cfg.qk_norm:  # Qwen3
-            names[f"{h}self_attn.q_norm.weight"] = f"{b}attn.q_norm.weight"
-            names[f"{h}self_attn.k_norm.weight"] = f"{b}attn.k_norm.weight"
-    if not cfg.tie_embeddings:
-        names["lm_head.weight"] = "head.weight"
-    return names
-
-
 def to_probe(state: Mapping, cfg: ModelConfig, where: str) -> Iterator[tuple[str, torch.Tensor]]:
     if cfg.tie_embeddings:
         same_tied_head(state, "model.embed_tokens.weight", "lm_head.weight", where)
@@ -174,7 +150,7 @@ def to_probe(state: Mapping, cfg: ModelConfig, where: str) -> Iterator[tuple[str
                 f"(model.layers.{i}.self_attn.o_proj.bias); a bias there is not implemented in "
                 "probe's Llama (q, k and v biases are)."
             )
-    yield from renamed(state, _names(cfg), where)
+    yield from renamed(state, llama_names(cfg), where)
 
 
 def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]:
@@ -186,7 +162,7 @@ def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]
             "(the same number of heads, or groups, in every layer) to make it exportable."
         )
     n_q, n_kv = shape
-    weights = {hf: state[p] for hf, p in _names(cfg).items()}
+    weights = {hf: state[p] for hf, p in llama_names(cfg).items()}
     hf = {
         "model_type": "llama",
         "architectures": ["LlamaForCausalLM"],

@@ -14,10 +14,19 @@ from collections.abc import Iterator, Mapping
 import torch
 
 from probe.config import FFN, PE, Arch, ModelConfig, Norm, NormType
-from probe.interop.families import refuse_unimplemented, renamed, same_tied_head, tied_output
+from probe.interop.families import (
+    llama_names,
+    refuse_unimplemented,
+    renamed,
+    same_tied_head,
+    tied_output,
+)
 from probe.interop.fields import Fields
 from probe.interop.hf_neox import padded, rope_parameters
 
+# OLMo-2's norms sit on each sub-layer's output (norm "branch")
+OLMO2_NORMS = {"post_attention_layernorm": "ln_attn_out",
+               "post_feedforward_layernorm": "ln_ffn_out"}  # fmt: skip
 MODEL_TYPES = ("olmo2",)
 # source tensors probe may leave unused: the rotary frequencies of older files, a tied lm_head
 IGNORED = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq", r"lm_head\.weight")
@@ -74,32 +83,10 @@ def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> Mode
     )
 
 
-def _names(cfg: ModelConfig) -> dict[str, str]:
-    """Hugging Face name -> probe name."""
-    names = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "ln_final.weight"}
-    for i in range(cfg.n_layer):
-        h, b = f"model.layers.{i}.", f"blocks.{i}."
-        names |= {
-            f"{h}post_attention_layernorm.weight": f"{b}ln_attn_out.weight",
-            f"{h}post_feedforward_layernorm.weight": f"{b}ln_ffn_out.weight",
-            f"{h}self_attn.q_norm.weight": f"{b}attn.q_norm.weight",
-            f"{h}self_attn.k_norm.weight": f"{b}attn.k_norm.weight",
-            f"{h}self_attn.o_proj.weight": f"{b}attn.o.weight",
-            f"{h}mlp.gate_proj.weight": f"{b}ffn.gate.weight",
-            f"{h}mlp.up_proj.weight": f"{b}ffn.up.weight",
-            f"{h}mlp.down_proj.weight": f"{b}ffn.down.weight",
-        }
-        for x in "qkv":
-            names[f"{h}self_attn.{x}_proj.weight"] = f"{b}attn.{x}.weight"
-    if not cfg.tie_embeddings:
-        names["lm_head.weight"] = "head.weight"
-    return names
-
-
 def to_probe(state: Mapping, cfg: ModelConfig, where: str) -> Iterator[tuple[str, torch.Tensor]]:
     if cfg.tie_embeddings:
         same_tied_head(state, "model.embed_tokens.weight", "lm_head.weight", where)
-    yield from renamed(state, _names(cfg), where)
+    yield from renamed(state, llama_names(cfg, OLMO2_NORMS), where)
 
 
 def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]:
@@ -124,7 +111,7 @@ def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]
     }
     if cfg.d_head * cfg.n_head != cfg.d_model:  # transformers reads head_dim when it is there
         hf["head_dim"] = cfg.d_head
-    weights = {hf_name: state[p] for hf_name, p in _names(cfg).items()}
+    weights = {hf_name: state[p] for hf_name, p in llama_names(cfg, OLMO2_NORMS).items()}
     for site in cfg.sites():
         h, b = f"model.layers.{site.index}.self_attn.", f"{site.name}."
         weights[f"{h}v_proj.weight"] = padded(

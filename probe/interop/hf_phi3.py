@@ -16,6 +16,7 @@ import torch
 from probe.config import FFN, PE, Arch, ModelConfig, Norm, NormType
 from probe.errors import ProbeError
 from probe.interop.families import (
+    llama_names,
     refuse_unimplemented,
     renamed,
     require,
@@ -26,6 +27,7 @@ from probe.interop.families import (
 from probe.interop.fields import Fields
 from probe.interop.hf_llama import rope
 
+FUSED = ("q", "k", "v", "gate", "up")  # Phi-3 stores these as qkv_proj and gate_up_proj
 MODEL_TYPES = ("phi3",)
 # source tensors probe may leave unused: the rotary frequencies of older files, a tied lm_head
 IGNORED = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq", r"lm_head\.weight")
@@ -72,22 +74,6 @@ def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> Mode
     )
 
 
-def _names(cfg: ModelConfig) -> dict[str, str]:
-    """Hugging Face name -> probe name, for every tensor that is not fused."""
-    names = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "ln_final.weight"}
-    for i in range(cfg.n_layer):
-        h, b = f"model.layers.{i}.", f"blocks.{i}."
-        names |= {
-            f"{h}input_layernorm.weight": f"{b}ln_attn.weight",
-            f"{h}post_attention_layernorm.weight": f"{b}ln_ffn.weight",
-            f"{h}self_attn.o_proj.weight": f"{b}attn.o.weight",
-            f"{h}mlp.down_proj.weight": f"{b}ffn.down.weight",
-        }
-    if not cfg.tie_embeddings:
-        names["lm_head.weight"] = "head.weight"
-    return names
-
-
 def _fused(cfg: ModelConfig) -> dict[str, list[tuple[str, int]]]:
     """Fused Hugging Face name -> its parts in row order: (probe name, rows)."""
     q, kv, ff = cfg.n_head * cfg.d_head, cfg.kv_heads * cfg.d_head, cfg.d_ff
@@ -116,7 +102,7 @@ def to_probe(state: Mapping, cfg: ModelConfig, where: str) -> Iterator[tuple[str
                 f"{rows} rows; weights and config do not belong together."
             )
         yield from zip((p for p, _ in parts), tensor.split([n for _, n in parts]), strict=True)
-    yield from renamed(state, _names(cfg), where)
+    yield from renamed(state, llama_names(cfg, fused=FUSED), where)
 
 
 def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]:
@@ -133,7 +119,7 @@ def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]
             f"{list(cfg.window_layers)}, which a Phi-3 config cannot hold."
         )
     n_q, n_kv = shape
-    weights = {hf: state[p] for hf, p in _names(cfg).items()}
+    weights = {hf: state[p] for hf, p in llama_names(cfg, fused=FUSED).items()}
     for name, parts in _fused(cfg).items():
         weights[name] = torch.cat([state[p] for p, _ in parts])  # [rows of every part, d_model]
     hf = {
