@@ -163,10 +163,6 @@ class Transformer(nn.Module):
         return model.eval()
 
     @property
-    def pre(self) -> bool:
-        return self.cfg.norm == Norm.PRE
-
-    @property
     def final_norm(self) -> bool:
         """Every placement but post ends with a norm before the output layer."""
         return self.cfg.norm != Norm.POST
