@@ -8,6 +8,7 @@ import pandas as pd
 
 from probe.study.heads import evidence as ev
 from probe.study.heads.findings import Findings
+from probe.study.heads.steps.kv import kv_answer
 from probe.words import counted
 
 
@@ -29,9 +30,18 @@ def _speed_at(r: Findings, method: str, unit: str, n: int) -> str:
 
 
 def answer(r: Findings) -> str:
+    """The pruning sentence, and the key/value plans' when the study measured them."""
+    kv = kv_answer(r)
+    pruning = _pruning(r)
+    if pruning is None:
+        return kv or "No pruning curves were run."
+    return pruning if kv is None else f"{pruning} {kv}"
+
+
+def _pruning(r: Findings) -> str | None:
     best = r.best()
     if best is None:
-        return "No pruning curves were run."
+        return None
     rand = r.ops[(r.ops.method == "random") & (r.ops.unit == "head")]
     seeds = int(best.seeds)
     n = int(best.min_heads)

@@ -52,6 +52,23 @@ LIMITS: dict[str, dict[str, tuple[float, Any, str]]] = {
         "draws": (1, None, "random draws per k"),
         "prompts": (1, None, "fresh needle prompts"),
     },
+    "kv": {
+        "full_shares": (0, 1, "shares of key/value heads keeping the full cache"),
+        "sink": (0, None, "first tokens a streaming head keeps"),
+        "window": (1, None, "recent tokens a streaming head keeps"),
+        "lengths": (64, None, "tokens per passkey prompt"),
+        "needles": (1, None, "passkey prompts per length and seed"),
+        "seeds": (1, None, "seeds of prompts, text rows and random plans"),
+        "loss_tokens": (16, None, "tokens per text row scored by loss"),
+        "loss_rows": (1, None, "text rows per seed"),
+        "score_needles": (1, None, "needle prompts for retrieval scores"),
+        "score_context": (64, None, "tokens per retrieval needle prompt"),
+        "razor_period": (2, None, "tokens repeated for echo and induction"),
+        "razor_rows": (1, None, "repeated sequences for echo and induction"),
+        "duo_steps": (1, None, "duo's gate training steps"),
+        "duo_lr": (1e-9, None, "duo's learning rate"),
+        "duo_l1": (0, None, "duo's L1 weight"),
+    },
     "timing": {
         "batch_sizes": (1, None, "rows per timed batch"),
         "repeats": (1, None, "timed repeats"),
@@ -78,7 +95,7 @@ def check_values(study: HeadStudy) -> None:
             if isinstance(value, tuple) and len(set(value)) < len(value):
                 raise ProbeError(f"{where} [{section}] {name} lists a value twice: {list(value)}.")
     for section, name in (("importance", "methods"), ("curves", "methods"),
-                          ("curves", "group_methods")):  # fmt: skip
+                          ("curves", "group_methods"), ("kv", "methods")):  # fmt: skip
         methods = getattr(getattr(study, section), name)
         if len(set(methods)) < len(methods):
             raise ProbeError(f"{where} [{section}] {name} lists a method twice: {list(methods)}.")
@@ -283,6 +300,7 @@ def check_model_fit(subject: Any) -> None:
                 f"{where} [roles] needles = {roles.needles}, context = {roles.context}: "
                 f"{str(exc).rstrip('.')}; {off}."
             ) from None
+    _check_kv_fit(subject)
     n_heads = sum(len(h) for h in present_heads(subject.model))
     for k in study.knockout.heads:
         if 2 * k > n_heads:
@@ -291,3 +309,32 @@ def check_model_fit(subject: Any) -> None:
                 f"{counted(n_heads, 'head')} to draw the random ones from; use at most "
                 f"{n_heads // 2}."
             )
+
+
+def _check_kv_fit(subject: Any) -> None:
+    """Key/value plans need a decoder, prompts within its positions and text for the rows."""
+    study = subject.study
+    kv, where = study.kv, study.where
+    if not kv.lengths:
+        return
+    if subject.objective != "causal-lm":
+        raise ProbeError(
+            f"{where} [kv]: key/value-cache plans are measured on a causal language model, and "
+            f"this one is scored by {subject.objective}; remove the [kv] section."
+        )
+    limit = subject.model.cfg.max_positions
+    longest = max(*kv.lengths, kv.loss_tokens, kv.score_context if "retrieval" in kv.methods
+                  else 0)  # fmt: skip
+    if limit is not None and longest > limit:
+        raise ProbeError(
+            f"{where} [kv] makes inputs of {counted(longest, 'token')}, longer than this "
+            f"model's position table ({counted(limit, 'position')})."
+        )
+    need = kv.loss_rows * kv.seeds
+    rows = stream_rows(subject.docs, subject.imported.tokenizer, kv.loss_tokens, need)[0]
+    if rows.shape[0] < need:
+        raise ProbeError(
+            f"{where} [kv]: the text gives {counted(rows.shape[0], 'row')} of "
+            f"{counted(kv.loss_tokens, 'token')} but loss_rows x seeds = {need} are needed; "
+            "lower loss_rows, seeds or loss_tokens, or give a longer [text] file."
+        )

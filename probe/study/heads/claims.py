@@ -14,6 +14,7 @@ from probe.analysis.roles import ROLE_THRESHOLDS, has_role
 from probe.references import published
 from probe.report.report import MarkdownReport
 from probe.study.heads import evidence as ev
+from probe.study.heads import kv_claims
 from probe.study.heads.findings import Findings
 from probe.study.verdicts.contrast import smallest_p
 from probe.study.verdicts.stats import fmt_vs
@@ -188,14 +189,31 @@ def xiao(report: Findings) -> str | None:
 
 def comparison(report: Findings, rep: MarkdownReport) -> None:
     """The section comparing the study with the published direction of each claim."""
-    items = [michel(report), kwon(report), he(report), *wu(report), xiao(report)]
+    items = [
+        michel(report),
+        kwon(report),
+        he(report),
+        *wu(report),
+        xiao(report),
+        kv_claims.duo(report),
+        kv_claims.razor(report),
+        kv_claims.streaming(report),
+    ]
     items = [i for i in items if i]
     if not items:
         return
     rep.heading("Against published work")
     rep.bullets(items)
     cited = []
-    for key in ("michel2019", "kwon2022", "he2024", "wu2024", "xiao2023"):
+    for key in (
+        "michel2019",
+        "kwon2022",
+        "he2024",
+        "wu2024",
+        "xiao2023",
+        "xiao2025-duo",
+        "tang2024-razor",
+    ):
         ref = published(key)
         if any(ref.short in i for i in items):
             cited.append(f"{ref.cite}.")

@@ -45,6 +45,8 @@ class Findings:
         return base - self.tolerance if self.higher else base + self.tolerance
 
     def best(self) -> pd.Series | None:
+        if self.ops.empty:
+            return None
         mine = self.ops[(self.ops.method != "random") & (self.ops.unit == "head")]
         if mine.empty:
             return None

@@ -26,6 +26,7 @@ from probe.study.heads.study import (
     HeadStudy,
     ImportanceOptions,
     KnockoutOptions,
+    KVOptions,
     OperatingOptions,
     RoleOptions,
     TextOptions,
@@ -34,10 +35,12 @@ from probe.study.heads.study import (
 from probe.study.settings import heading_dict, study_heading
 from probe.study.verdicts.checks import parse_verdicts, verdicts_dict
 
-TOP_LEVEL = ("study", "model", "text", "importance", "curves", "roles", "knockout", "timing",
-             "operating", "expect", "contrast", "smoke")  # fmt: skip
+TOP_LEVEL = ("study", "model", "text", "importance", "curves", "roles", "knockout", "kv",
+             "timing", "operating", "expect", "contrast", "smoke")  # fmt: skip
 STUDY_KEYS = ("name", "question", "description", "title")
 CURVE_METHODS = (*(str(m) for m in Method), *CURVE_EXTRAS)
+KV_METHODS = ("retrieval", "razor", "duo", "random")
+KV_BASELINES = ("full", "streaming", "window")  # measured beside every [kv] section's methods
 HEAD_TABLES = "(a head study's tables; those its sections ask for are written)"
 
 
@@ -47,6 +50,7 @@ SECTIONS = {
     "curves": CurveOptions,
     "roles": RoleOptions,
     "knockout": KnockoutOptions,
+    "kv": KVOptions,
     "timing": TimingOptions,
     "operating": OperatingOptions,
 }
@@ -60,6 +64,7 @@ def _check(study: HeadStudy) -> HeadStudy:
         ("importance", "methods", study.importance.methods, [str(m) for m in Method]),
         ("curves", "methods", study.curves.methods, list(CURVE_METHODS)),
         ("curves", "group_methods", study.curves.group_methods, list(CURVE_METHODS)),
+        ("kv", "methods", study.kv.methods, list(KV_METHODS)),
     ):
         for m in methods:
             if m not in valid:
@@ -74,6 +79,13 @@ def _check(study: HeadStudy) -> HeadStudy:
             "by key/value group; list them under methods."
         )
     check_values(study)
+    kv = study.kv
+    if (kv.methods or kv.full_shares) and not kv.lengths:
+        raise ProbeError(f"{where} [kv] needs lengths (passkey prompt lengths in tokens) to "
+                         "measure its plans.")  # fmt: skip
+    if kv.methods and not kv.full_shares:
+        raise ProbeError(f"{where} [kv] methods need full_shares (the shares of key/value heads "
+                         "that keep the full cache, e.g. [0.1, 0.25]).")  # fmt: skip
     if study.knockout.heads and not study.roles.needles:
         raise ProbeError(
             f"{where} [knockout] heads needs retrieval scores: set [roles] needles to 1 or more "
@@ -91,11 +103,13 @@ def _sections(data: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def _methods(sections: dict[str, Any]) -> dict[str, tuple[str, ...]]:
-    """The methods the importance and curves tables hold, for a contrast's a and b."""
+    """The methods the importance, curves and kv tables hold, for a contrast's a and b."""
     importance = sections.get("importance", ImportanceOptions())
     curves = sections.get("curves", CurveOptions())
+    kv = sections.get("kv", KVOptions())
     return {"importance": importance.methods,
-            "curves": tuple(dict.fromkeys((*curves.methods, *curves.group_methods)))}  # fmt: skip
+            "curves": tuple(dict.fromkeys((*curves.methods, *curves.group_methods))),
+            "kv": (*kv.methods, *KV_BASELINES) if kv.lengths else ()}  # fmt: skip
 
 
 def parse_head_study(data: dict[str, Any], path: Path | None = None) -> HeadStudy:

@@ -49,6 +49,28 @@ class KnockoutOptions:
 
 
 @dataclass(frozen=True)
+class KVOptions:
+    # key/value-cache plans (probe.kv): heads chosen by each method keep the full cache, the rest
+    # stream (sink + window); "full" and "streaming" are measured beside them. No lengths: off.
+    methods: tuple[str, ...] = ()  # retrieval, razor, duo, random
+    full_shares: tuple[float, ...] = ()  # shares of key/value heads keeping the full cache
+    sink: int = 4
+    window: int = 64
+    lengths: tuple[int, ...] = ()  # passkey prompt lengths (tokens)
+    needles: int = 3  # passkey prompts per length and seed (depths spread over the haystack)
+    seeds: int = 3  # seeds of passkeys, haystacks and text rows (and of the random plans)
+    loss_tokens: int = 1024  # tokens per text row scored by loss
+    loss_rows: int = 2  # text rows per seed
+    score_needles: int = 20  # retrieval: needle prompts Wu et al.'s score is computed on
+    score_context: int = 256  # retrieval: tokens per needle prompt
+    razor_period: int = 64  # razor: repeated random sequences (echo and induction)
+    razor_rows: int = 8
+    duo_steps: int = 40  # duo: gate training (probe.kv.duo)
+    duo_lr: float = 0.05
+    duo_l1: float = 0.05
+
+
+@dataclass(frozen=True)
 class TimingOptions:
     fractions: tuple[float, ...] = ()  # pruned models timed at these fractions (and the
     # operating point of every curve method)
@@ -76,6 +98,7 @@ class HeadStudy:
     curves: CurveOptions = CurveOptions()
     roles: RoleOptions = RoleOptions()
     knockout: KnockoutOptions = KnockoutOptions()
+    kv: KVOptions = KVOptions()
     timing: TimingOptions = TimingOptions()
     operating: OperatingOptions = OperatingOptions()
     expectations: tuple[Expectation, ...] = ()  # checked on the tables after a run

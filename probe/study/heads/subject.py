@@ -43,6 +43,7 @@ class Subject:
         self.runtime = runtime or Runtime.cpu()
         self.path = path or check_source(study.source, study.where)
         self._checked = False
+        self.memo: dict = {}  # what steps share within a process (a method's head scores)
 
     def check(self) -> None:
         """What the study asks of its model, checked once the model is loaded (ProbeError)."""

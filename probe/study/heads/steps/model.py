@@ -51,8 +51,10 @@ def runtime_note(manifest: dict) -> str:
 def setup(r: Findings, rep: MarkdownReport) -> None:
     f, s = r.facts, r.study
     t = s["text"]
-    rep.heading("Set-up")
-    rep.bullets([
+    pruning = any(name in r.tables for name in ("importance", "curves", "timing"))
+    splits = (f"{counted(int(t['seeds']), 'disjoint importance split')} (one per seed) and one "
+              "scoring split" if pruning else "a scoring split")  # fmt: skip
+    bullets = [
         f"Model: `{s['source']}` ({f.model_type}), {counted(int(f.n_layer), 'layer')} x "
         f"{int(f.n_head)} query heads ({counted(int(f.n_kv_head), 'key/value head')} "
         f"per layer), d_model {f.d_model}, "
@@ -60,20 +62,24 @@ def setup(r: Findings, rep: MarkdownReport) -> None:
         f"Weights sha256 `{r.manifest['source_sha256'][:16]}`.{runtime_note(r.manifest)}",
         f"Text: {'`' + t['file'] + '`' if t['file'] else 'the shipped corpus'} "
         f"({counted(int(f.documents), 'document')}), rows of "
-        f"{counted(int(f.tokens_per_row), 'token')}; "
-        f"{counted(int(t['seeds']), 'disjoint importance split')} (one per seed) and one "
-        "scoring split of "
+        f"{counted(int(f.tokens_per_row), 'token')}; {splits} of "
         f"{counted(int(f.rows_per_split), 'row')} ({t['batches']} x {t['batch_size']}).",
-        f"Objective: {r.objective}; curves are read by {r.metric}. Unpruned model on "
-        f"the scoring split: " + ", ".join(
+        f"Objective: {r.objective}"
+        + (f"; curves are read by {r.metric}" if pruning else "")
+        + ". Unpruned model on the scoring split: " + ", ".join(
             f"{k} {f[k]:.4g}" for k in ("similarity", "neighbours", "loss", "perplexity",
                                         "token_accuracy") if k in f and pd.notna(f[k])
         ) + ".",
-        f"Seed r estimates importance on split r and seeds the random ranking; heads are "
-        "removed one-shot by the ranking (masked, which gives the same outputs as physical "
-        "pruning); speed is measured on physically pruned copies, one thread, "
-        f"{counted(int(s['timing']['repeats']), 'repeat')}, median.",
-    ])  # fmt: skip
+    ]  # fmt: skip
+    if pruning:
+        bullets.append(
+            "Seed r estimates importance on split r and seeds the random ranking; heads are "
+            "removed one-shot by the ranking (masked, which gives the same outputs as physical "
+            "pruning); speed is measured on physically pruned copies, one thread, "
+            f"{counted(int(s['timing']['repeats']), 'repeat')}, median."
+        )
+    rep.heading("Set-up")
+    rep.bullets(bullets)
 
 
 KINDS = (StepKind("model", 0, model_facts, _plan),)

@@ -1,0 +1,105 @@
+"""One key/value plan measured as the KV-cache study measures it: passkey accuracy at several
+lengths (greedy decoding through the evicting cache, `probe.kv.evaluate.decode_needle`) and
+next-token loss on long text rows (each row prefilled through the same kind of cache), each with
+the bytes that cache really held, for every seed.
+
+Rows (`COLUMNS`): method, full_share, length, seed, metric (`needle_accuracy`: the share of the
+key's tokens the greedy output has at their place, `needle_exact`: the share of prompts whose
+whole key came out right, `loss`: mean next-token loss in nats), value, kv_bytes (the cache's
+bytes after the prompt and the decoded key, or after the text row; the mean over the seed's
+prompts or rows), n (prompts or scored tokens), full_heads (how many key/value heads kept the
+full cache) and full (which: `L<layer>K<kv head>`, space-separated).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from probe.kv.evaluate import decode_needle
+from probe.kv.needles import passkey_prompts
+from probe.model import Transformer
+
+COLUMNS = ["method", "full_share", "length", "seed", "metric", "value", "kv_bytes", "n",
+           "full_heads", "full"]  # fmt: skip
+
+
+def full_names(plan: Any, cfg: Any) -> str:
+    """The full key/value heads of `plan`, as L<layer>K<kv head> ("all" when every head is)."""
+    if all(set(s.kept_groups) <= set(f) for s, f in zip(cfg.sites(), plan.full, strict=True)):
+        return "all"
+    return " ".join(f"L{i}K{g}" for i, groups in enumerate(plan.full) for g in groups)
+
+
+def _heads(plan: Any, cfg: Any) -> dict:
+    return {"full_heads": sum(len(f) for f in plan.full), "full": full_names(plan, cfg)}
+
+
+@torch.no_grad()
+def row_loss(model: Transformer, inputs: torch.Tensor, targets: torch.Tensor,
+             scored: torch.Tensor, plan: Any) -> tuple[float, int, int]:  # fmt: skip
+    """(summed next-token loss, scored tokens, cache bytes) of one text row inputs [seq] prefilled
+    through a cache made with `plan` (the plan's full forward, its bytes measured)."""
+    device = model.embed.weight.device
+    cache = model.new_cache(plan)
+    logits = model(inputs.to(device).unsqueeze(0), cache=cache)[0]  # [seq, vocab]
+    mask = scored.to(device)
+    losses = F.cross_entropy(logits[mask].float(), targets.to(device)[mask], reduction="sum")
+    return float(losses), int(mask.sum()), cache.nbytes
+
+
+def measure_plan(
+    model: Transformer,
+    tokenizer,
+    method: str,
+    full_share: float,
+    plans: Callable[[int, int], Any],
+    lengths: Sequence[int],
+    seeds: int,
+    needles: int,
+    text_rows: Sequence[Any],
+    progress: Callable[[int, int], None] | None = None,
+) -> pd.DataFrame:
+    """The rows of one `method` and `full_share`: `plans(seed, length)` gives the plan for that
+    seed and input length (a random plan is drawn per seed; a memory-matched streaming plan's
+    window follows the length); `text_rows[seed]` is that seed's batch of causal-LM rows."""
+    rows: list[dict] = []
+    total, done = seeds * (len(lengths) * needles + text_rows[0].inputs.shape[0]), 0
+    for seed in range(seeds):
+        head = {"method": method, "full_share": full_share, "seed": seed}
+        for length in lengths:
+            plan = plans(seed, length)
+            exact, share, held = [], [], []
+            for prompt in passkey_prompts(tokenizer, needles, length, seed):
+                generated, nbytes = decode_needle(model, prompt, plan)
+                right = generated == prompt.answer  # [k]
+                share.append(float(right.double().mean()))
+                exact.append(float(right.all()))
+                held.append(nbytes)
+                done += 1
+                if progress:
+                    progress(done, total)
+            kv = sum(held) / len(held)
+            for metric, values in (("needle_accuracy", share), ("needle_exact", exact)):
+                rows.append({**head, **_heads(plan, model.cfg), "length": length,
+                             "metric": metric, "value": sum(values) / len(values),
+                             "kv_bytes": kv, "n": len(values)})  # fmt: skip
+        batch = text_rows[seed]
+        plan = plans(seed, int(batch.inputs.shape[1]))
+        total_loss, count, held = 0.0, 0, []
+        for r in range(batch.inputs.shape[0]):
+            loss, n, nbytes = row_loss(model, batch.inputs[r], batch.targets[r],
+                                       batch.loss_mask[r], plan)  # fmt: skip
+            total_loss, count = total_loss + loss, count + n
+            held.append(nbytes)
+            done += 1
+            if progress:
+                progress(done, total)
+        rows.append({**head, **_heads(plan, model.cfg), "length": int(batch.inputs.shape[1]),
+                     "metric": "loss", "value": total_loss / max(count, 1),
+                     "kv_bytes": sum(held) / len(held), "n": count})  # fmt: skip
+    return pd.DataFrame(rows, columns=COLUMNS)

@@ -1,0 +1,122 @@
+"""A KV-cache study against published work: DuoAttention's and RazorAttention's memory savings
+at (near) full accuracy, and StreamingLLM's attention sinks, each checked in its published
+direction from the study's `kv` table (`probe.kv.summary`), with the verdict "agrees",
+"disagrees" or "inconclusive" and the numbers that decide it.
+
+The savings rule is the study's target rule: a plan "keeps the accuracy" when its needle accuracy
+is at least `KEPT` of the full cache's at every length (point estimates over the seeds' prompts,
+shown beside their exact counts); a paper's saving is reached when such a plan saves at least as
+much of the cache at every length.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+from scipy import stats
+
+from probe.kv.summary import KEPT, targets
+from probe.references import published
+from probe.study.heads.findings import Findings
+
+ALPHA = 0.05
+
+
+def _kv(report: Findings) -> pd.DataFrame | None:
+    kv = report.tables.get("kv")
+    return None if kv is None or kv.empty else kv
+
+
+def _saving(report: Findings, method: str, ref_id: str, need: float, what: str,
+            differences: str) -> str | None:  # fmt: skip
+    kv = _kv(report)
+    if kv is None or method not in set(kv.method):
+        return None
+    ref = published(ref_id)
+    rows = targets(kv)
+    rows = rows[rows.method == method]
+    kept = rows[rows.kept_min >= KEPT]
+    enough = rows[rows.saved_min >= need]
+    if not kept.empty and float(kept.saved_min.max()) >= need:
+        verdict = "agrees"
+    elif not enough.empty and (enough.kept_min < KEPT).all():
+        verdict = "disagrees"
+    else:
+        verdict = "inconclusive"
+    if kept.empty:
+        best = "no share keeps it"
+    else:
+        top = kept.sort_values("saved_min").iloc[-1]
+        best = (f"the most any share saves while keeping it is {top.saved_min:.0%} "
+                f"({1 / (1 - top.saved_min):.2f}x less memory; {int(top.full_heads)} key/value "
+                f"heads full)")  # fmt: skip
+    at_need = ""
+    if not enough.empty:
+        top = enough.sort_values("kept_min").iloc[-1]
+        at_need = (f"; at {need:.0%} saved or more the best share keeps {top.kept_min:.0%} of "
+                   "the full cache's needle accuracy at its worst length")  # fmt: skip
+    return (f"**{ref.short}** ({ref.claim_source}): {what}. Here, with at least {KEPT:.0%} of "
+            f"the full cache's needle accuracy at every length, {best}{at_need}: **{verdict}**. "
+            f"Differences: {differences}")  # fmt: skip
+
+
+def duo(report: Findings) -> str | None:
+    gqa = int(report.facts.n_kv_head) < int(report.facts.n_head)
+    ref = published("xiao2025-duo")
+    factor = next(v.value for v in ref.values if ("GQA" if gqa else "MHA") in v.what)
+    o = report.study.get("kv", {})
+    return _saving(
+        report, "duo", "xiao2025-duo", 1 - 1 / factor,
+        f"keeping the full cache only for the heads its trained gates pick reduces memory by up "
+        f"to {factor:g}x for {'GQA' if gqa else 'MHA'} models ({1 - 1 / factor:.0%} saved) with "
+        "minimal accuracy loss",
+        f"a {int(report.facts.parameters) / 1e6:.0f}M-parameter model at "
+        f"{_lengths(report)} tokens, gates trained for {o.get('duo_steps')} steps on a CPU "
+        "with random-token passkeys (the paper trains longer on passkeys in text), and "
+        "memory counted as the KV cache alone.",
+    )  # fmt: skip
+
+
+def razor(report: Findings) -> str | None:
+    ref = published("tang2024-razor")
+    need = ref.values[0].value
+    return _saving(
+        report, "razor", "tang2024-razor", need,
+        f"keeping the full cache only for echo and induction heads removes over {need:.0%} of "
+        "it without noticeable impact",
+        f"no compensation token for the dropped keys, a "
+        f"{int(report.facts.parameters) / 1e6:.0f}M-parameter model at {_lengths(report)} "
+        "tokens.",
+    )  # fmt: skip
+
+
+def _lengths(report: Findings) -> str:
+    kv = _kv(report)
+    lengths = sorted(kv[kv.metric != "loss"].length.unique()) if kv is not None else []
+    return ", ".join(f"{n:,}" for n in lengths)
+
+
+def streaming(report: Findings) -> str | None:
+    kv = _kv(report)
+    if kv is None or not {"streaming", "window"} <= set(kv.method):
+        return None
+    ref = published("xiao2023")
+    loss = kv[(kv.metric == "loss") & (kv.full_share == 0)]
+    sink = loss[loss.method == "streaming"].sort_values("seed").value
+    window = loss[loss.method == "window"].sort_values("seed").value
+    full = kv[(kv.metric == "loss") & (kv.method == "full")].value.mean()
+    if sink.empty or window.empty:
+        return None
+    lower = stats.mannwhitneyu(sink, window, alternative="less", method="exact").pvalue
+    higher = stats.mannwhitneyu(sink, window, alternative="greater", method="exact").pvalue
+    verdict = "agrees" if lower <= ALPHA else ("disagrees" if higher <= ALPHA else "inconclusive")
+    o = report.study.get("kv", {})
+    return (
+        f"**{ref.short}** ({ref.claim_source}): keeping {o.get('sink')} initial tokens beside "
+        "the recent window restores window attention's perplexity. Here, on text rows of "
+        f"{int(loss.length.iloc[0]):,} tokens with a {o.get('window')}-token window, the loss is "
+        f"{sink.mean():.3f} nats with the sink tokens against {window.mean():.3f} without "
+        f"(full cache {full:.3f}; one-sided Mann-Whitney over {len(sink)} against "
+        f"{len(window)} seeds, p = {lower:.2g}): **{verdict}** in direction; the sink tokens "
+        f"close {(window.mean() - sink.mean()) / max(window.mean() - full, 1e-12):.0%} of "
+        "the gap to the full cache."
+    )

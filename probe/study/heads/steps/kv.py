@@ -1,0 +1,261 @@
+"""The key/value-cache steps: each method's plans (which key/value heads keep the full cache,
+`probe.kv.methods`) at each full-head share, measured by passkey accuracy at several lengths and
+by loss on long text rows, with the cache's bytes (`probe.kv.sweep`); the report's section on
+what the plans save (`probe.study.heads.kv_report`).
+
+Beside the methods, every run measures the baselines: `full` (every head keeps the whole cache),
+`streaming` (every head keeps sink + window: StreamingLLM), `window` (every head keeps only the
+window, no sink: the window attention StreamingLLM starts from) and `streaming` at the memory of
+each share (every head's window widened until the cache holds as many bytes as the share's plan at
+that length: the baseline "at the same memory").
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from probe.data.text import text_batches
+from probe.errors import ProbeError
+from probe.kv.duo import DuoSettings
+from probe.kv.methods import choose_full, make_plan
+from probe.kv.plan import KVPlan
+from probe.kv.summary import KEPT, SAVED, by_length, targets
+from probe.kv.sweep import measure_plan
+from probe.report.kv_plots import kv_accuracy_plot, kv_loss_plot
+from probe.report.report import MarkdownReport
+from probe.study.heads.findings import Findings
+from probe.study.heads.step import Options, Section, StepKind
+from probe.study.heads.study import HeadStudy
+from probe.study.heads.subject import Subject
+
+
+def matched_window(share: float, length: int, sink: int, window: int) -> int:
+    """The window a streaming head needs so that every head streaming holds as many tokens of a
+    `length`-token input as a plan with `share` full heads (the rest sink + window)."""
+    held = share * length + (1 - share) * min(length, sink + window)
+    return max(window, round(held) - sink)
+
+
+def _scoring(study: HeadStudy, method: str) -> Options:
+    """The options a method's head scores depend on (hashed with each of its steps)."""
+    kv = study.kv
+    if method == "retrieval":
+        return {"score_needles": kv.score_needles, "score_context": kv.score_context}
+    if method == "razor":
+        return {"razor_period": kv.razor_period, "razor_rows": kv.razor_rows}
+    if method == "duo":
+        return {"duo_steps": kv.duo_steps, "duo_lr": kv.duo_lr, "duo_l1": kv.duo_l1}
+    return {}
+
+
+def _plan(study: HeadStudy) -> list[tuple[str, Options]]:
+    kv = study.kv
+    if not kv.lengths:
+        return []
+    common = {"sink": kv.sink, "window": kv.window, "lengths": list(kv.lengths),
+              "needles": kv.needles, "seeds": kv.seeds, "loss_tokens": kv.loss_tokens,
+              "loss_rows": kv.loss_rows}  # fmt: skip
+    steps = [("kv-full", {**common, "method": "full", "full_share": 1.0}),
+             ("kv-streaming", {**common, "method": "streaming", "full_share": 0.0}),
+             ("kv-window", {**common, "method": "window", "full_share": 0.0})]  # fmt: skip
+    for share in kv.full_shares:
+        for method in kv.methods:
+            steps.append((f"kv-{method}-{share:g}", {**common, "method": method,
+                                                      "full_share": share,
+                                                      **_scoring(study, method)}))  # fmt: skip
+        matched = {**common, "method": "streaming", "full_share": share, "matched": True}
+        steps.append((f"kv-streaming-{share:g}", matched))
+    return steps
+
+
+def _scores(subject: Subject, options: Options) -> pd.DataFrame:
+    """A method's key/value-head scores, computed once per process (every share reuses them)."""
+    method = options["method"]
+    key = ("kv-scores", method, json.dumps(_scoring(subject.study, method), sort_keys=True))
+    if key not in subject.memo:
+        from probe.analysis.retrieval import needle_prompts
+
+        kv = subject.study.kv
+        prompts = None
+        if method == "retrieval":
+            prompts = needle_prompts(subject.docs, subject.imported.tokenizer, kv.score_needles,
+                                     kv.score_context, seed=0)  # fmt: skip
+        try:
+            result = make_plan(subject.model, method, 1.0, kv.sink, kv.window, seed=0,
+                               prompts=prompts, period=kv.razor_period, rows=kv.razor_rows,
+                               duo=DuoSettings(kv.duo_steps, kv.duo_lr, kv.duo_l1))  # fmt: skip
+        except ProbeError as exc:
+            if method != "retrieval":
+                raise
+            raise ProbeError(
+                f"{subject.study.where} [kv] retrieval: {str(exc).split(', so')[0]}, so its "
+                "scores are undefined; give more or shorter needle prompts (score_needles, "
+                "score_context) or remove retrieval from methods."
+            ) from None
+        subject.memo[key] = result.scores
+    return subject.memo[key]
+
+
+def kv(subject: Subject, options: Options, given, progress) -> pd.DataFrame:
+    """One method at one full-head share (or a baseline): rows of `probe.kv.sweep.COLUMNS`."""
+    model, tokenizer = subject.model, subject.imported.tokenizer
+    method, share = options["method"], float(options["full_share"])
+    sink, window = int(options["sink"]), int(options["window"])
+    seeds, rows = int(options["seeds"]), int(options["loss_rows"])
+    text = text_batches(subject.docs, tokenizer, "causal-lm", int(options["loss_tokens"]), rows,
+                        seeds)  # fmt: skip
+
+    def plans(seed: int, length: int) -> KVPlan:
+        if method in ("full", "streaming", "window"):
+            kind = "full" if method == "full" else "streaming"
+            s = 0 if method == "window" else sink
+            w = matched_window(share, length, sink, window) if options.get("matched") else window
+            return make_plan(model, kind, 0.0, s, w).plan
+        if method == "random":
+            return make_plan(model, "random", share, sink, window, seed=seed).plan
+        full = choose_full(_scores(subject, options), model.cfg, share)
+        return KVPlan(method, share, sink, window, full)
+
+    return measure_plan(model, tokenizer, method, share, plans, options["lengths"], seeds,
+                        int(options["needles"]), text, progress)  # fmt: skip
+
+
+def _range(mean: float, low: float, high: float) -> str:
+    return f"{mean:.2f}" if low == high else f"{mean:.2f} ({low:.2f}-{high:.2f})"
+
+
+def _plans_display(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per plan: cache saved and needle accuracy at each length, loss change."""
+    rows = []
+    for (method, share), part in table.groupby(["method", "full_share"], sort=False):
+        needles = part[part.prompts.notna()].sort_values("length")
+        loss = part[part.loss.notna()]
+        row = {"method": method, "full share": f"{share:g}",
+               "full heads": int(part.full_heads.iloc[0])}  # fmt: skip
+        for r in needles.itertuples():
+            row[f"saved {r.length}"] = f"{100 * r.saved:.1f}%"
+            row[f"accuracy {r.length}"] = _range(r.needle_accuracy, r.accuracy_min,
+                                                 r.accuracy_max)  # fmt: skip
+            row[f"exact {r.length}"] = f"{int(r.exact)}/{int(r.prompts)}"
+        if not loss.empty:
+            row["loss change"] = f"{float(loss.loss_change.iloc[0]):+.3f}"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _targets_display(t: pd.DataFrame) -> pd.DataFrame:
+    out = pd.DataFrame({
+        "method": t.method, "full share": t.full_share.map("{:g}".format),
+        "least saved": t.saved_min.map("{:.1%}".format),
+        "least accuracy kept": t.kept_min.map("{:.1%}".format),
+        "target met": t.meets.map({True: "yes", False: "no"}),
+    })  # fmt: skip
+    if "p_vs_streaming" in t:
+        out["exact keys, plan / streaming"] = [
+            f"{int(r.exact)}/{int(r.prompts)} / {int(r.streaming_exact)}/{int(r.streaming_prompts)}"
+            for r in t.itertuples()
+        ]
+        out["p (plan > streaming)"] = t.p_vs_streaming.map("{:.2g}".format)
+    return out
+
+
+def plans_section(r: Findings, rep: MarkdownReport) -> None:
+    kv_table = r.tables.get("kv")
+    if kv_table is None or kv_table.empty:
+        return
+    o = r.study.get("kv", {})
+    table = by_length(kv_table)
+    t = targets(kv_table)
+    rep.heading("What the key/value plans save")
+    rep.paragraph(
+        f"Every streaming head keeps the first {o.get('sink')} tokens and the last "
+        f"{o.get('window')}; the others keep the whole cache. Passkey prompts of "
+        f"{', '.join(f'{n:,}' for n in sorted(o.get('lengths', [])))} tokens, "
+        f"{o.get('needles')} per length and seed (depths spread over the haystack), "
+        f"{o.get('seeds')} seeds of keys, haystacks and text rows (and of the random plans); "
+        "the key is decoded greedily through the evicting cache. Needle accuracy is the share "
+        "of the key's tokens the output has at their place (mean over seeds, their range in "
+        "brackets); exact counts whole keys right, pooled over seeds. Cache saved is 1 - the "
+        "bytes the cache held / the full cache's on the same prompt. Loss is on "
+        f"{o.get('loss_rows')} text rows of {o.get('loss_tokens'):,} tokens per seed, prefilled "
+        "through the same cache; its change is against the full cache. `streaming` at a "
+        "share is every head streaming with its window widened to the share's memory."
+    )
+    rep.table(_plans_display(table), "kv_plans.csv", data=table, digits=3)
+    rep.figure(kv_accuracy_plot(table, target=(SAVED, KEPT)), "kv_accuracy.png",
+               f"Passkey accuracy against the key/value cache saved (shaded: the target, at "
+               f"least {SAVED:.0%} saved at {KEPT:.0%} of the full cache's accuracy)")  # fmt: skip
+    rep.figure(kv_loss_plot(table), "kv_loss.png", "Loss change against the cache saved")
+    if t.empty:
+        return
+    rep.heading("The target", 3)
+    rep.paragraph(
+        f"A plan meets the target when it saves at least {SAVED:.0%} of the cache and keeps at "
+        f"least {KEPT:.0%} of the full cache's needle accuracy at every length (point "
+        "estimates over the seeds' prompts); against streaming at the same memory, the exact "
+        "keys pooled over seeds and lengths are compared by a one-sided Fisher exact test."
+    )
+    rep.table(_targets_display(t), "kv_targets.csv", data=t, digits=3)
+
+
+def _versus_streaming(row: pd.Series) -> str:
+    if "p_vs_streaming" not in row or pd.isna(row.p_vs_streaming):
+        return ""
+    return (f" ({int(row.exact)}/{int(row.prompts)} keys exact against "
+            f"{int(row.streaming_exact)}/{int(row.streaming_prompts)} for a streaming-only cache "
+            f"of the same size, one-sided Fisher p = {row.p_vs_streaming:.2g})")  # fmt: skip
+
+
+def kv_answer(r: Findings) -> str | None:
+    """The key/value plans' sentence of the answer (None when the study measured none)."""
+    kv_table = r.tables.get("kv")
+    if kv_table is None or kv_table.empty:
+        return None
+    o = r.study.get("kv", {})
+    table, t = by_length(kv_table), targets(kv_table)
+    lengths = sorted(table[table.prompts.notna()].length.unique())
+    span = f"{lengths[0]:,}" if len(lengths) == 1 else f"{lengths[0]:,} to {lengths[-1]:,}"
+    total = int(table[table.method == "full"].full_heads.iloc[0])
+    text = (f"With the other heads keeping {o.get('sink')} sink tokens and a "
+            f"{o.get('window')}-token window, at passkey lengths {span} tokens: ")  # fmt: skip
+    met = t[t.meets] if not t.empty else t
+    if not met.empty:
+        best = met.sort_values(["saved_min", "kept_min"], ascending=False).iloc[0]
+        text += (f"{best.method} plans meet the target, keeping the full cache for "
+                 f"{int(best.full_heads)} of {total} key/value heads saves at least "
+                 f"{best.saved_min:.0%} of the cache at every length and keeps at least "
+                 f"{best.kept_min:.0%} of the full cache's needle accuracy"
+                 f"{_versus_streaming(best)}")  # fmt: skip
+    elif not t.empty:
+        enough = t[t.saved_min >= SAVED]
+        pool = enough if not enough.empty else t
+        best = pool.sort_values(["kept_min", "saved_min"], ascending=False).iloc[0]
+        text += (f"no head-role plan meets the target ({SAVED:.0%} saved at {KEPT:.0%} of the "
+                 f"full cache's needle accuracy at every length); the closest, {best.method} "
+                 f"with {int(best.full_heads)} of {total} key/value heads full, saves at least "
+                 f"{best.saved_min:.0%} and keeps {best.kept_min:.0%} of the accuracy at its "
+                 f"worst length{_versus_streaming(best)}")  # fmt: skip
+    else:
+        text += "no head-role plans were measured"
+    stream = table[(table.method == "streaming") & (table.full_share == 0)]
+    full = table[table.method == "full"]
+    needles = stream[stream.prompts.notna()]
+    if not needles.empty:
+        text += (f"; streaming every head saves {needles.saved.min():.0%} or more with needle "
+                 f"accuracy {needles.needle_accuracy.mean():.2f} (full cache "
+                 f"{full[full.prompts.notna()].needle_accuracy.mean():.2f})")  # fmt: skip
+    window = table[(table.method == "window") & table.loss.notna()]
+    streamed = stream[stream.loss.notna()]
+    if not window.empty and not streamed.empty:
+        sink_change = float(streamed.loss_change.iloc[0])
+        window_change = float(window.loss_change.iloc[0])
+        text += (f", and its {o.get('sink')} sink tokens hold the loss at {sink_change:+.3f} "
+                 "nats against the full cache where window attention alone is at "
+                 f"{window_change:+.3f}")  # fmt: skip
+    return text + "."
+
+
+KINDS = (StepKind("kv", 8, kv, _plan),)
+SECTIONS = (Section("kv", 75, plans_section),)
