@@ -44,7 +44,11 @@ def test_study_validates_with_a_small_smoke_version(path):
         smoke = smoke_head_study(study)
         assert smoke.text.seeds <= study.text.seeds
         assert smoke.text.batches * smoke.text.batch_size <= 8
-        assert len(smoke.curves.fractions) <= 3
+        curves = smoke.curves
+        assert not (curves.methods or curves.group_methods) or len(curves.fractions) <= 3
+        kv = smoke.kv
+        assert max(kv.lengths, default=0) <= 256 and kv.needles * kv.seeds <= 2
+        assert len(kv.full_shares) <= 1
         return
     full, smoke = expand(study), expand(smoke_version(study))
     assert len(smoke) <= len(full)
