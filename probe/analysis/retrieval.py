@@ -79,16 +79,15 @@ def needle_prompts(docs: Sequence[str], tokenizer, n_prompts: int, context: int,
         depth = int(torch.randint(room + 1, (1,), generator=gen))
         before, after = hay[:depth], hay[depth:]
         ids = before + needle + secret_ids + after + question + secret_ids
-        source_at = len(before) + len(needle)  # first needle-answer token
-        answer_at = len(ids) - len(secret_ids)  # first answer token
-        k = len(secret_ids)
-        prompts.append(NeedlePrompt(
-            torch.tensor(ids),
-            torch.arange(answer_at - 1, answer_at - 1 + k),
-            torch.tensor(secret_ids),
-            torch.arange(source_at, source_at + k),
-        ))  # fmt: skip
+        prompts.append(ending_in_answer(ids, secret_ids, len(before) + len(needle)))
     return prompts
+
+
+def ending_in_answer(ids: list[int], answer: list[int], source_at: int) -> NeedlePrompt:
+    """The prompt `ids`, which ends with the `answer` tokens, copied from `source_at` on."""
+    k, answer_at = len(answer), len(ids) - len(answer)  # answer_at: the first answer token
+    return NeedlePrompt(torch.tensor(ids), torch.arange(answer_at - 1, answer_at - 1 + k),
+                        torch.tensor(answer), torch.arange(source_at, source_at + k))  # fmt: skip
 
 
 class _TopKey:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from probe.analysis.retrieval import NeedlePrompt
+from probe.analysis.retrieval import NeedlePrompt, ending_in_answer
 from probe.errors import ProbeError
 
 INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and "
@@ -60,13 +60,5 @@ def passkey_prompts(tokenizer, n: int, length: int, seed: int = 0) -> list[Needl
         hay = hay[:room]
         depth = int((i + float(torch.rand((), generator=gen))) / n * room)
         tokens = intro + hay[:depth] + needle + hay[depth:] + question + answer
-        at = len(tokens) - len(answer)  # the first answer token
-        source = len(intro) + depth + len(before)  # the key's first token in the needle
-        k = len(answer)
-        prompts.append(NeedlePrompt(
-            torch.tensor(tokens),
-            torch.arange(at - 1, at - 1 + k),
-            torch.tensor(answer),
-            torch.arange(source, source + k),
-        ))  # fmt: skip
+        prompts.append(ending_in_answer(tokens, answer, len(intro) + depth + len(before)))
     return prompts
