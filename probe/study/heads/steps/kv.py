@@ -29,6 +29,7 @@ from probe.study.heads.findings import Findings
 from probe.study.heads.step import Options, Section, StepKind
 from probe.study.heads.study import HeadStudy
 from probe.study.heads.subject import Subject
+from probe.words import counted
 
 
 def matched_window(share: float, length: int, sink: int, window: int) -> int:
@@ -138,7 +139,6 @@ def _plans_display(table: pd.DataFrame) -> pd.DataFrame:
             row[f"saved {r.length}"] = f"{100 * r.saved:.1f}%"
             row[f"accuracy {r.length}"] = _range(r.needle_accuracy, r.accuracy_min,
                                                  r.accuracy_max)  # fmt: skip
-            row[f"exact {r.length}"] = f"{int(r.exact)}/{int(r.prompts)}"
         if not loss.empty:
             row["loss change"] = f"{float(loss.loss_change.iloc[0]):+.3f}"
         rows.append(row)
@@ -174,12 +174,15 @@ def plans_section(r: Findings, rep: MarkdownReport) -> None:
         f"{o.get('window')}; the others keep the whole cache. Passkey prompts of "
         f"{', '.join(f'{n:,}' for n in sorted(o.get('lengths', [])))} tokens, "
         f"{o.get('needles')} per length and seed (depths spread over the haystack), "
-        f"{o.get('seeds')} seeds of keys, haystacks and text rows (and of the random plans); "
+        f"{counted(int(o.get('seeds', 0)), 'seed')} of keys, haystacks and text rows (and of "
+        "the random plans); "
         "the key is decoded greedily through the evicting cache. Needle accuracy is the share "
         "of the key's tokens the output has at their place (mean over seeds, their range in "
-        "brackets); exact counts whole keys right, pooled over seeds. Cache saved is 1 - the "
+        "brackets; the whole keys decoded right, pooled over seeds, are counted in "
+        "kv_plans.csv). Cache saved is 1 - the "
         "bytes the cache held / the full cache's on the same prompt. Loss is on "
-        f"{o.get('loss_rows')} text rows of {o.get('loss_tokens'):,} tokens per seed, prefilled "
+        f"{counted(int(o.get('loss_rows', 0)), 'text row')} of {o.get('loss_tokens'):,} tokens "
+        "per seed, prefilled "
         "through the same cache; its change is against the full cache. `streaming` at a "
         "share is every head streaming with its window widened to the share's memory."
     )
