@@ -22,9 +22,20 @@ KVPlanOpt = Annotated[
     ),
 ]
 NeedleTokensOpt = Annotated[
-    int, typer.Option("--needle-tokens", help="With --kv-plan: tokens per needle prompt.")
+    int | None,
+    typer.Option("--needle-tokens", help="With --kv-plan: tokens per needle prompt (1024)."),
 ]
-NeedlesOpt = Annotated[int, typer.Option("--needles", help="With --kv-plan: needle prompts.")]
+NeedlesOpt = Annotated[
+    int | None, typer.Option("--needles", help="With --kv-plan: needle prompts (3).")
+]
+NEEDLE_TOKENS, NEEDLES = 1024, 3
+
+
+def check_needle_options(plan: Path | None, needle_tokens: int | None, needles: int | None) -> None:
+    """--needles and --needle-tokens only mean something with --kv-plan (one line otherwise)."""
+    if plan is None and (needle_tokens is not None or needles is not None):
+        raise ProbeError("--needles and --needle-tokens set the needle prompts of --kv-plan; "
+                         "give a plan with --kv-plan DIR or leave them out.")  # fmt: skip
 
 
 def read_plan(path: Path):
@@ -43,6 +54,8 @@ def eval_kv_plan(ckpt, plan, out, earlier, lengths, text, whole, batch_size, bat
     from probe.kv.evaluate import evaluate_plan, saved
     from probe.report.files import atomic_write_csv
 
+    needle_tokens = NEEDLE_TOKENS if needle_tokens is None else needle_tokens
+    needles = NEEDLES if needles is None else needles
     ckpt.model.stream_rules(plan)  # one line when the plan is not this model's
     if not ckpt.imported or ckpt.objective != "causal-lm":
         raise ProbeError(

@@ -32,7 +32,14 @@ from probe_cli.common import (
     shown,
     write_manifest,
 )
-from probe_cli.kv_eval import KVPlanOpt, NeedlesOpt, NeedleTokensOpt, eval_kv_plan, read_plan
+from probe_cli.kv_eval import (
+    KVPlanOpt,
+    NeedlesOpt,
+    NeedleTokensOpt,
+    check_needle_options,
+    eval_kv_plan,
+    read_plan,
+)
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -228,8 +235,8 @@ def eval_cli(
     allow_pickle: PickleOpt = False,
     overwrite: OverwriteOpt = False,
     kv_plan: KVPlanOpt = None,
-    needle_tokens: NeedleTokensOpt = 1024,
-    needles: NeedlesOpt = 3,
+    needle_tokens: NeedleTokensOpt = None,
+    needles: NeedlesOpt = None,
 ) -> None:
     """Evaluate a checkpoint at each task length; writes OUT/eval.csv."""
     from probe.checkpoint import claim_output, open_output
@@ -238,6 +245,7 @@ def eval_cli(
     from probe.report.files import atomic_write_csv
 
     check_positive(batches=batches, batch_size=batch_size, max_batch_tokens=max_batch_tokens)
+    check_needle_options(kv_plan, needle_tokens, needles)
     earlier = claim_output(out, ("eval.csv", "manifest.json"), overwrite,
                            inputs=inputs_of(checkpoint, text), inside_ok=True)  # fmt: skip
     plan = read_plan(kv_plan) if kv_plan is not None else None

@@ -85,3 +85,12 @@ def test_bad_plans_are_one_line(llama, tmp_path, capsys, case, needle):
     err = capsys.readouterr().err.strip()
     assert code == 2, err
     assert needle in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("option", [["--needles", "2"], ["--needle-tokens", "256"]])
+def test_needle_options_without_a_plan_are_one_line(llama, tmp_path, capsys, option):
+    out = tmp_path / "o"
+    code = exit_code(["eval", str(llama[0]), "--out", str(out), *option])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "--kv-plan" in err, err
+    assert not out.exists()  # refused before anything was written
