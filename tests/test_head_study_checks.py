@@ -161,6 +161,7 @@ CASES = [
     ("kv-no-shares", {"kv": {"methods": '["duo"]', "lengths": "[128]"}}, ["[kv]", "full_shares"]),
     ("kv-share-big", {"kv": {"full_shares": "[1.5]", "lengths": "[128]"}}, ["[kv] full_shares"]),
     ("kv-length-short", {"kv": {"lengths": "[10]"}}, ["[kv] lengths", "at least 64"]),
+    ("kv-share-zero", {"kv": {"full_shares": "[0.0]", "lengths": "[128]"}}, ["[kv]", "above 0"]),
     ("kv-window-zero", {"kv": {"lengths": "[128]", "window": "0"}}, ["[kv] window", "at least 1"]),
     (
         "kv-method-twice",

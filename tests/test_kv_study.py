@@ -248,3 +248,24 @@ def test_retrieval_scores_that_cannot_be_computed_are_one_line(tmp_path, capsys)
     assert exit_code(["study", "run", str(file), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "[kv] retrieval" in err and "score_context" in err
+
+
+def test_lengths_the_full_cache_fails_and_a_missing_full_cache():
+    from probe.study.heads.steps.kv import kv_answer
+
+    rows = []
+    for seed in range(2):
+        for method, share, acc in (("full", 1.0, 0.0), ("razor", 0.2, 0.0)):
+            held = 1000.0 if method == "full" else 300.0
+            for metric in ("needle_accuracy", "needle_exact"):
+                rows.append([method, share, 100, seed, metric, acc, held, 2, 0, ""])
+    kv = _table(rows)
+    t = targets(kv).set_index("method")
+    assert t.loc["razor", "kept_min"] == 1.0  # 0 of the full cache's 0: all of it kept
+    study = {"kv": {"sink": 4, "window": 8}}
+    text = kv_answer(SimpleNamespace(tables={"kv": kv}, study=study))
+    assert "razor plans meet the target" in text
+    no_full = kv[kv.method != "full"]
+    assert targets(no_full).empty
+    text = kv_answer(SimpleNamespace(tables={"kv": no_full}, study=study))
+    assert "no full-cache rows" in text

@@ -43,8 +43,9 @@ def by_length(kv: pd.DataFrame) -> pd.DataFrame:
     length, the loss and its change against the full cache."""
     kv = with_saved(kv)
     rows = []
-    keys = ["method", "full_share", "length"]
-    for (method, share, length), part in kv.groupby(keys, sort=False):
+    kv = kv.assign(_text=kv.metric == "loss")  # text rows apart from passkeys of the same length
+    keys = ["method", "full_share", "length", "_text"]
+    for (method, share, length, _), part in kv.groupby(keys, sort=False):
         acc = part[part.metric == "needle_accuracy"]
         exact = part[part.metric == "needle_exact"]
         loss = part[part.metric == "loss"]
@@ -68,11 +69,14 @@ def by_length(kv: pd.DataFrame) -> pd.DataFrame:
 
 def targets(kv: pd.DataFrame) -> pd.DataFrame:
     """Per head method and share: the least cache saved over the passkey lengths, the least
-    share of the full cache's needle accuracy kept, whether both targets hold at every length,
+    share of the full cache's needle accuracy kept (1 where the full cache's is 0), whether
+    both targets hold at every length,
     and the one-sided Fisher test against streaming at the same memory (exact keys pooled over
     seeds and lengths)."""
     table = by_length(kv)
     needles = table[table.prompts.notna()] if "prompts" in table else table.iloc[0:0]
+    if "full" not in set(needles.method):
+        return pd.DataFrame()  # nothing to compare with (the full cache's step has not run)
     full = needles[needles.method == "full"].set_index("length")
     rows = []
     for (method, share), part in needles.groupby(["method", "full_share"], sort=False):
@@ -80,7 +84,8 @@ def targets(kv: pd.DataFrame) -> pd.DataFrame:
             continue
         part = part.set_index("length")
         base = full.needle_accuracy.reindex(part.index)
-        kept = (part.needle_accuracy / base).where(base > 0, math.nan)
+        # where the full cache retrieves nothing, a plan keeps all of it (0 of 0)
+        kept = (part.needle_accuracy / base).where(base > 0, 1.0)
         stream = needles[(needles.method == "streaming") & (needles.full_share == share)]
         row = {"method": method, "full_share": share, "full_heads": int(part.full_heads.iloc[0]),
                "saved_min": float(part.saved.min()), "kept_min": float(kept.min()),

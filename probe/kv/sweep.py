@@ -6,9 +6,10 @@ the bytes that cache really held, for every seed.
 Rows (`COLUMNS`): method, full_share, length, seed, metric (`needle_accuracy`: the share of the
 key's tokens the greedy output has at their place, `needle_exact`: the share of prompts whose
 whole key came out right, `loss`: mean next-token loss in nats), value, kv_bytes (the cache's
-bytes after the prompt and the decoded key, or after the text row; the mean over the seed's
-prompts or rows), n (prompts or scored tokens), full_heads (how many key/value heads kept the
-full cache) and full (which: `L<layer>K<kv head>`, space-separated).
+bytes once the key is decoded: the prompt and every key token but the last, which is never fed
+back; or after the text row; the mean over the seed's prompts or rows), n (prompts or scored
+tokens), full_heads (how many key/value heads kept the full cache) and full (which:
+`L<layer>K<kv head>`, space-separated; `all` for every head).
 """
 
 from __future__ import annotations

@@ -330,6 +330,12 @@ def _check_kv_fit(subject: Any) -> None:
             f"{where} [kv] makes inputs of {counted(longest, 'token')}, longer than this "
             f"model's position table ({counted(limit, 'position')})."
         )
+    from probe.kv.needles import passkey_prompts
+
+    try:
+        passkey_prompts(subject.imported.tokenizer, 1, min(kv.lengths))
+    except ProbeError as exc:
+        raise ProbeError(f"{where} [kv] lengths: {exc}") from None
     need = kv.loss_rows * kv.seeds
     rows = stream_rows(subject.docs, subject.imported.tokenizer, kv.loss_tokens, need)[0]
     if rows.shape[0] < need:

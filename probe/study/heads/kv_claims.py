@@ -4,9 +4,10 @@ direction from the study's `kv` table (`probe.kv.summary`), with the verdict "ag
 "disagrees" or "inconclusive" and the numbers that decide it.
 
 The savings rule is the study's target rule: a plan "keeps the accuracy" when its needle accuracy
-is at least `KEPT` of the full cache's at every length (point estimates over the seeds' prompts,
-shown beside their exact counts); a paper's saving is reached when such a plan saves at least as
-much of the cache at every length.
+is at least `KEPT` of the full cache's at every length (point estimates over the seeds' prompts);
+a paper's saving is reached ("agrees") when such a plan saves at least as much of the cache at
+every length. "Disagrees" needs a test: every share saving that much retrieves fewer whole keys
+than the full cache at some length, one-sided Fisher exact p <= ALPHA (the counts are shown).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import pandas as pd
 from scipy import stats
 
-from probe.kv.summary import KEPT, targets
+from probe.kv.summary import KEPT, by_length, targets
 from probe.references import published
 from probe.study.heads.findings import Findings
 
@@ -26,19 +27,43 @@ def _kv(report: Findings) -> pd.DataFrame | None:
     return None if kv is None or kv.empty else kv
 
 
+def _below_full(table: pd.DataFrame, method: str, share: float) -> tuple[float, str]:
+    """The smallest one-sided Fisher p (plan's exact keys below the full cache's) over the
+    lengths, and the counts at that length."""
+    needles = table[table.prompts.notna()]
+    full = needles[needles.method == "full"].set_index("length")
+    plan = needles[(needles.method == method) & (needles.full_share == share)]
+    best = (1.0, "")
+    for r in plan.itertuples():
+        f = full.loc[r.length]
+        a, n, b, m = int(r.exact), int(r.prompts), int(f.exact), int(f.prompts)
+        p = float(stats.fisher_exact([[a, n - a], [b, m - b]], alternative="less")[1])
+        if p <= best[0]:
+            best = (p, f"{a}/{n} keys against the full cache's {b}/{m} at {r.length:,} tokens")
+    return best
+
+
 def _saving(report: Findings, method: str, ref_id: str, need: float, what: str,
             differences: str) -> str | None:  # fmt: skip
+    """Agrees when a share saving `need` keeps the accuracy (the target's point rule);
+    disagrees when every share saving `need` retrieves significantly fewer keys than the full
+    cache at some length (one-sided Fisher exact test on the prompts pooled over seeds, p <=
+    ALPHA); inconclusive otherwise."""
     kv = _kv(report)
     if kv is None or method not in set(kv.method):
         return None
     ref = published(ref_id)
     rows = targets(kv)
+    if rows.empty:
+        return None
     rows = rows[rows.method == method]
+    table = by_length(kv)
     kept = rows[rows.kept_min >= KEPT]
     enough = rows[rows.saved_min >= need]
+    below = {r.full_share: _below_full(table, method, r.full_share) for r in enough.itertuples()}
     if not kept.empty and float(kept.saved_min.max()) >= need:
         verdict = "agrees"
-    elif not enough.empty and (enough.kept_min < KEPT).all():
+    elif below and all(p <= ALPHA for p, _ in below.values()):
         verdict = "disagrees"
     else:
         verdict = "inconclusive"
@@ -51,9 +76,11 @@ def _saving(report: Findings, method: str, ref_id: str, need: float, what: str,
                 f"heads full)")  # fmt: skip
     at_need = ""
     if not enough.empty:
-        top = enough.sort_values("kept_min").iloc[-1]
-        at_need = (f"; at {need:.0%} saved or more the best share keeps {top.kept_min:.0%} of "
-                   "the full cache's needle accuracy at its worst length")  # fmt: skip
+        top = enough.sort_values(["kept_min", "saved_min"]).iloc[-1]
+        p, counts = below[top.full_share]
+        at_need = (f"; at {need:.0%} saved or more the best share ({top.full_share:g}) keeps "
+                   f"{top.kept_min:.0%} of the full cache's needle accuracy at its worst length "
+                   f"({counts}, one-sided Fisher p = {p:.2g})")  # fmt: skip
     return (f"**{ref.short}** ({ref.claim_source}): {what}. Here, with at least {KEPT:.0%} of "
             f"the full cache's needle accuracy at every length, {best}{at_need}: **{verdict}**. "
             f"Differences: {differences}")  # fmt: skip
@@ -116,7 +143,11 @@ def streaming(report: Findings) -> str | None:
         f"{int(loss.length.iloc[0]):,} tokens with a {o.get('window')}-token window, the loss is "
         f"{sink.mean():.3f} nats with the sink tokens against {window.mean():.3f} without "
         f"(full cache {full:.3f}; one-sided Mann-Whitney over {len(sink)} against "
-        f"{len(window)} seeds, p = {lower:.2g}): **{verdict}** in direction; the sink tokens "
-        f"close {(window.mean() - sink.mean()) / max(window.mean() - full, 1e-12):.0%} of "
-        "the gap to the full cache."
+        f"{len(window)} seeds, p = {lower:.2g}): **{verdict}** in direction"
+        + (
+            f"; the sink tokens close {(window.mean() - sink.mean()) / (window.mean() - full):.0%} "
+            "of the gap to the full cache."
+            if window.mean() > full
+            else "."
+        )
     )

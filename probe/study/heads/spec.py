@@ -83,6 +83,9 @@ def _check(study: HeadStudy) -> HeadStudy:
     if (kv.methods or kv.full_shares) and not kv.lengths:
         raise ProbeError(f"{where} [kv] needs lengths (passkey prompt lengths in tokens) to "
                          "measure its plans.")  # fmt: skip
+    if 0 in kv.full_shares:
+        raise ProbeError(f"{where} [kv] full_shares: 0 is the streaming-only cache, measured in "
+                         "every run; list shares above 0.")  # fmt: skip
     if kv.methods and not kv.full_shares:
         raise ProbeError(f"{where} [kv] methods need full_shares (the shares of key/value heads "
                          "that keep the full cache, e.g. [0.1, 0.25]).")  # fmt: skip

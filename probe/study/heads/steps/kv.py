@@ -19,7 +19,7 @@ import pandas as pd
 from probe.data.text import text_batches
 from probe.errors import ProbeError
 from probe.kv.duo import DuoSettings
-from probe.kv.methods import choose_full, make_plan
+from probe.kv.methods import choose_full, full_count, make_plan
 from probe.kv.plan import KVPlan
 from probe.kv.summary import KEPT, SAVED, by_length, targets
 from probe.kv.sweep import measure_plan
@@ -108,11 +108,14 @@ def kv(subject: Subject, options: Options, given, progress) -> pd.DataFrame:
     text = text_batches(subject.docs, tokenizer, "causal-lm", int(options["loss_tokens"]), rows,
                         seeds)  # fmt: skip
 
+    heads = sum(len(s.kept_groups) for s in model.cfg.sites())
+    kept = full_count(share, heads) / heads  # the share a plan really keeps (rounded heads)
+
     def plans(seed: int, length: int) -> KVPlan:
         if method in ("full", "streaming", "window"):
             kind = "full" if method == "full" else "streaming"
             s = 0 if method == "window" else sink
-            w = matched_window(share, length, sink, window) if options.get("matched") else window
+            w = matched_window(kept, length, sink, window) if options.get("matched") else window
             return make_plan(model, kind, 0.0, s, w).plan
         if method == "random":
             return make_plan(model, "random", share, sink, window, seed=seed).plan
@@ -220,18 +223,25 @@ def kv_answer(r: Findings) -> str | None:
     table, t = by_length(kv_table), targets(kv_table)
     lengths = sorted(table[table.prompts.notna()].length.unique())
     span = f"{lengths[0]:,}" if len(lengths) == 1 else f"{lengths[0]:,} to {lengths[-1]:,}"
+    if "full" not in set(table.method):
+        return ("The key/value table has no full-cache rows to compare the plans with (the "
+                "kv-full step has not run).")  # fmt: skip
     total = int(table[table.method == "full"].full_heads.iloc[0])
     text = (f"With the other heads keeping {o.get('sink')} sink tokens and a "
             f"{o.get('window')}-token window, at passkey lengths {span} tokens: ")  # fmt: skip
     met = t[t.meets] if not t.empty else t
-    if not met.empty:
+    if t.empty:
+        text += "no head-role plans were measured"
+    elif not met.empty:
         best = met.sort_values(["saved_min", "kept_min"], ascending=False).iloc[0]
-        text += (f"{best.method} plans meet the target, keeping the full cache for "
+        others = sorted(set(met.method) - {best.method})
+        also = f" (so do {', '.join(others)} plans at some share)" if others else ""
+        text += (f"{best.method} plans meet the target{also}, keeping the full cache for "
                  f"{int(best.full_heads)} of {total} key/value heads saves at least "
                  f"{best.saved_min:.0%} of the cache at every length and keeps at least "
                  f"{best.kept_min:.0%} of the full cache's needle accuracy"
                  f"{_versus_streaming(best)}")  # fmt: skip
-    elif not t.empty:
+    else:
         enough = t[t.saved_min >= SAVED]
         pool = enough if not enough.empty else t
         best = pool.sort_values(["kept_min", "saved_min"], ascending=False).iloc[0]
@@ -240,8 +250,6 @@ def kv_answer(r: Findings) -> str | None:
                  f"with {int(best.full_heads)} of {total} key/value heads full, saves at least "
                  f"{best.saved_min:.0%} and keeps {best.kept_min:.0%} of the accuracy at its "
                  f"worst length{_versus_streaming(best)}")  # fmt: skip
-    else:
-        text += "no head-role plans were measured"
     stream = table[(table.method == "streaming") & (table.full_share == 0)]
     full = table[table.method == "full"]
     needles = stream[stream.prompts.notna()]
@@ -249,9 +257,11 @@ def kv_answer(r: Findings) -> str | None:
         text += (f"; streaming every head saves {needles.saved.min():.0%} or more with needle "
                  f"accuracy {needles.needle_accuracy.mean():.2f} (full cache "
                  f"{full[full.prompts.notna()].needle_accuracy.mean():.2f})")  # fmt: skip
+    if "loss" not in table:
+        return text + "."
     window = table[(table.method == "window") & table.loss.notna()]
     streamed = stream[stream.loss.notna()]
-    if not window.empty and not streamed.empty:
+    if not window.empty and not streamed.empty and not full.empty:
         sink_change = float(streamed.loss_change.iloc[0])
         window_change = float(window.loss_change.iloc[0])
         text += (f", and its {o.get('sink')} sink tokens hold the loss at {sink_change:+.3f} "
