@@ -17,6 +17,16 @@ SAVED = 0.60  # the share of the full cache a plan must save
 KEPT = 0.95  # the share of the full cache's needle accuracy it must keep
 ALPHA = 0.05
 HEAD_METHODS = ("retrieval", "razor", "duo", "random")
+ORDER = ("full", "window", *HEAD_METHODS, "streaming")  # by share; a share's streaming last
+
+
+def ordered(table: pd.DataFrame) -> pd.DataFrame:
+    """Rows by full share, then method in `ORDER` (the baselines of share 0 and 1 first)."""
+    rank = table.method.map({m: i for i, m in enumerate(ORDER)}).fillna(len(ORDER))
+    share = table.full_share.where(~table.method.isin(("full",)), -1.0)  # the full cache first
+    keys = table.assign(_share=share, _rank=rank)
+    by = ["_share", "_rank", "length"] if "length" in table else ["_share", "_rank"]
+    return keys.sort_values(by, kind="stable").drop(columns=["_share", "_rank"])
 
 
 def with_saved(kv: pd.DataFrame) -> pd.DataFrame:
@@ -64,7 +74,7 @@ def by_length(kv: pd.DataFrame) -> pd.DataFrame:
             row.update(loss=loss.value.mean(),
                        loss_change=loss.value.mean() - base.value.mean())  # fmt: skip
         rows.append(row)
-    return pd.DataFrame(rows)
+    return ordered(pd.DataFrame(rows)).reset_index(drop=True)
 
 
 def targets(kv: pd.DataFrame) -> pd.DataFrame:
@@ -98,4 +108,4 @@ def targets(kv: pd.DataFrame) -> pd.DataFrame:
             row.update(exact=a, prompts=n, streaming_exact=b, streaming_prompts=m,
                        p_vs_streaming=float(p), beats_streaming=bool(p <= ALPHA))  # fmt: skip
         rows.append(row)
-    return pd.DataFrame(rows)
+    return ordered(pd.DataFrame(rows)).reset_index(drop=True) if rows else pd.DataFrame()

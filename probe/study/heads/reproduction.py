@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from probe.errors import ProbeError
 from probe.study.documents import read_json
 from probe.study.engine.workdir import MANIFEST
 from probe.study.heads.plan import read_head_tables
@@ -18,8 +19,11 @@ def head_reproduction(tables: dict[str, pd.DataFrame], manifest: dict, ref: Path
     """One sentence: whether a head study's tables are those of the reference folder (timings
     are wall clock and never compared; every other table must match value for value)."""
     ref_manifest = read_json(ref / MANIFEST)
-    ref_tables = read_head_tables(ref)
     where = f"the committed reference {ref}"
+    try:
+        ref_tables = read_head_tables(ref)
+    except ProbeError:
+        return f"{where[0].upper()}{where[1:]} has no tables yet (its run has not finished)."
     torch_here = manifest.get("versions", {}).get("torch", "?")
     torch_there = ref_manifest.get("versions", {}).get("torch", "?")
     compared, differ, largest = [], [], 0.0

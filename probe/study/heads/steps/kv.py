@@ -157,10 +157,12 @@ def _targets_display(t: pd.DataFrame) -> pd.DataFrame:
     })  # fmt: skip
     if "p_vs_streaming" in t:
         out["exact keys, plan / streaming"] = [
+            "-" if pd.isna(r.p_vs_streaming) else
             f"{int(r.exact)}/{int(r.prompts)} / {int(r.streaming_exact)}/{int(r.streaming_prompts)}"
             for r in t.itertuples()
-        ]
-        out["p (plan > streaming)"] = t.p_vs_streaming.map("{:.2g}".format)
+        ]  # fmt: skip
+        out["p (plan > streaming)"] = t.p_vs_streaming.map(
+            lambda p: "-" if pd.isna(p) else f"{p:.2g}")  # fmt: skip
     return out
 
 
