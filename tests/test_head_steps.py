@@ -12,7 +12,7 @@ from probe.study.heads.spec import parse_head_study
 from probe.study.heads.steps import SECTIONS, STEP_KINDS, TABLES, plan_steps, step_count, step_kind
 
 
-@pytest.mark.parametrize("name", ["minilm-heads", "smollm2-heads"])
+@pytest.mark.parametrize("name", ["minilm-heads", "smollm2-heads", "smollm2-kv"])
 def test_the_kinds_a_study_plans_are_the_tables_its_run_wrote(name):
     study = parse_head_study(tomllib.loads(Path(f"studies/{name}.toml").read_text()))
     planned = {kind for _, kind, _ in plan_steps(study)}
