@@ -60,17 +60,22 @@ def decode_needle(model: Transformer, prompt: NeedlePrompt, plan: Any = None):
     return torch.tensor(generated, dtype=torch.long), cache.nbytes
 
 
+def score_needle(model: Transformer, prompt: NeedlePrompt, plan: Any = None
+                 ) -> tuple[float, float, int]:  # fmt: skip
+    """(needle_accuracy: the share of the needle's tokens the greedy output has at their place,
+    needle_exact: 1.0 when it has all of them, the bytes the cache held) of one prompt."""
+    generated, nbytes = decode_needle(model, prompt, plan)
+    right = generated == prompt.answer  # [k]
+    return float(right.double().mean()), float(right.all()), nbytes
+
+
 def needle_rows(model: Transformer, prompts: Sequence[NeedlePrompt], plan: Any,
                 label: str = "plan") -> list[dict]:  # fmt: skip
     """Rows (cache `label`) of needle_accuracy, needle_exact and kv_bytes (the mean over the
     prompts of the bytes allocated after prefill and decoding), per prompt length."""
     by_length: dict[int, list[tuple[float, float, int]]] = {}
     for p in prompts:
-        generated, nbytes = decode_needle(model, p, plan)
-        right = generated == p.answer  # [k]
-        key = len(p.tokens)
-        by_length.setdefault(key, []).append((float(right.double().mean()),
-                                              float(right.all()), nbytes))  # fmt: skip
+        by_length.setdefault(len(p.tokens), []).append(score_needle(model, p, plan))
     rows = []
     for length, runs in sorted(by_length.items()):
         n = len(runs)

@@ -1,5 +1,5 @@
 """One key/value plan measured as the KV-cache study measures it: passkey accuracy at several
-lengths (greedy decoding through the evicting cache, `probe.kv.evaluate.decode_needle`) and
+lengths (greedy decoding through the evicting cache, `probe.kv.evaluate.score_needle`) and
 next-token loss on long text rows (each row prefilled through the same kind of cache), each with
 the bytes that cache really held, for every seed.
 
@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from probe.kv.evaluate import decode_needle
+from probe.kv.evaluate import score_needle
 from probe.kv.needles import passkey_prompts
 from probe.model import Transformer
 
@@ -74,16 +74,13 @@ def measure_plan(
         head = {"method": method, "full_share": full_share, "seed": seed}
         for length in lengths:
             plan = plans(seed, length)
-            exact, share, held = [], [], []
+            scores = []  # (needle_accuracy, needle_exact, bytes) per prompt
             for prompt in passkey_prompts(tokenizer, needles, length, seed):
-                generated, nbytes = decode_needle(model, prompt, plan)
-                right = generated == prompt.answer  # [k]
-                share.append(float(right.double().mean()))
-                exact.append(float(right.all()))
-                held.append(nbytes)
+                scores.append(score_needle(model, prompt, plan))
                 done += 1
                 if progress:
                     progress(done, total)
+            share, exact, held = zip(*scores, strict=True)
             kv = sum(held) / len(held)
             for metric, values in (("needle_accuracy", share), ("needle_exact", exact)):
                 rows.append({**head, **_heads(plan, model.cfg), "length": length,
