@@ -113,8 +113,8 @@ def retrieval_heads(model: Transformer, prompts) -> tuple[pd.DataFrame, dict]:
         recall = float(table["recall"].iloc[0]) if not table.empty else 0.0
         raise ProbeError(
             f"the model copied none of the {len(prompts)} needles (mean needle recall "
-            f"{recall:.2f}), so retrieval scores are undefined; use shorter needle prompts or "
-            "--method razor."
+            f"{recall:.2f}), so retrieval scores are undefined; use more or shorter needle "
+            "prompts, or another method (razor needs none)."
         )
     notes = {"needle_prompts": len(prompts), "prompts_retrieved": int(table["prompts"].iloc[0]),
              "needle_recall": float(table["recall"].iloc[0])}  # fmt: skip

@@ -1,7 +1,8 @@
 """The key/value-cache steps: each method's plans (which key/value heads keep the full cache,
 `probe.kv.methods`) at each full-head share, measured by passkey accuracy at several lengths and
 by loss on long text rows, with the cache's bytes (`probe.kv.sweep`); the report's section on
-what the plans save (`probe.study.heads.kv_report`).
+what the plans save and the answer's sentence on them (here), its claims against published work
+(`probe.study.heads.kv_claims`).
 
 Beside the methods, every run measures the baselines: `full` (every head keeps the whole cache),
 `streaming` (every head keeps sink + window: StreamingLLM), `window` (every head keeps only the
@@ -91,9 +92,8 @@ def _scores(subject: Subject, options: Options) -> pd.DataFrame:
             if method != "retrieval":
                 raise
             raise ProbeError(
-                f"{subject.study.where} [kv] retrieval: {str(exc).split(', so')[0]}, so its "
-                "scores are undefined; give more or shorter needle prompts (score_needles, "
-                "score_context) or remove retrieval from methods."
+                f"{subject.study.where} [kv] retrieval (score_needles = {kv.score_needles}, "
+                f"score_context = {kv.score_context}): {exc}"
             ) from None
         subject.memo[key] = result.scores
     return subject.memo[key]
