@@ -152,7 +152,7 @@ def test_the_summary_by_hand():
     assert (r.accuracy_min, r.accuracy_max, r.exact, r.prompts) == (0.5, 1.0, 4, 6)
     ci = stats.binomtest(4, 6).proportion_ci(method="exact")
     assert (r.exact_low, r.exact_high) == pytest.approx((ci.low, ci.high))
-    t = targets(kv).set_index("method")
+    t = targets(table).set_index("method")
     assert t.loc["retrieval", "saved_min"] == pytest.approx(0.7)
     assert t.loc["retrieval", "kept_min"] == pytest.approx(2.5 / 3)
     assert not t.loc["retrieval", "meets"]  # 83% of the full cache's accuracy, not 95%
@@ -260,12 +260,14 @@ def test_lengths_the_full_cache_fails_and_a_missing_full_cache():
             for metric in ("needle_accuracy", "needle_exact"):
                 rows.append([method, share, 100, seed, metric, acc, held, 2, 0, ""])
     kv = _table(rows)
-    t = targets(kv).set_index("method")
+    t = targets(by_length(kv)).set_index("method")
     assert t.loc["razor", "kept_min"] == 1.0  # 0 of the full cache's 0: all of it kept
     study = {"kv": {"sink": 4, "window": 8}}
-    text = kv_answer(SimpleNamespace(tables={"kv": kv}, study=study))
-    assert "razor plans meet the target" in text
+
+    def findings(table):  # what kv_answer reads of a Findings
+        return SimpleNamespace(study=study, kv=(by_length(table), targets(by_length(table))))
+
+    assert "razor plans meet the target" in kv_answer(findings(kv))
     no_full = kv[kv.method != "full"]
-    assert targets(no_full).empty
-    text = kv_answer(SimpleNamespace(tables={"kv": no_full}, study=study))
-    assert "no full-cache rows" in text
+    assert targets(by_length(no_full)).empty
+    assert "no full-cache rows" in kv_answer(findings(no_full))

@@ -23,7 +23,7 @@ ORDER = ("full", "window", *HEAD_METHODS, "streaming")  # by share; a share's st
 def ordered(table: pd.DataFrame) -> pd.DataFrame:
     """Rows by full share, then method in `ORDER` (the baselines of share 0 and 1 first)."""
     rank = table.method.map({m: i for i, m in enumerate(ORDER)}).fillna(len(ORDER))
-    share = table.full_share.where(~table.method.isin(("full",)), -1.0)  # the full cache first
+    share = table.full_share.where(table.method != "full", -1.0)  # the full cache first
     keys = table.assign(_share=share, _rank=rank)
     by = ["_share", "_rank", "length"] if "length" in table else ["_share", "_rank"]
     return keys.sort_values(by, kind="stable").drop(columns=["_share", "_rank"])
@@ -51,9 +51,8 @@ def by_length(kv: pd.DataFrame) -> pd.DataFrame:
     """Per method, full_share and length: the cache saved, needle accuracy (mean, min and max
     over seeds), exact keys (pooled over seeds, with their 95% interval) and, at the text rows'
     length, the loss and its change against the full cache."""
-    kv = with_saved(kv)
+    kv = with_saved(kv).assign(_text=kv.metric == "loss")  # text rows apart from passkeys
     rows = []
-    kv = kv.assign(_text=kv.metric == "loss")  # text rows apart from passkeys of the same length
     keys = ["method", "full_share", "length", "_text"]
     for (method, share, length, _), part in kv.groupby(keys, sort=False):
         acc = part[part.metric == "needle_accuracy"]
@@ -77,13 +76,11 @@ def by_length(kv: pd.DataFrame) -> pd.DataFrame:
     return ordered(pd.DataFrame(rows)).reset_index(drop=True)
 
 
-def targets(kv: pd.DataFrame) -> pd.DataFrame:
-    """Per head method and share: the least cache saved over the passkey lengths, the least
-    share of the full cache's needle accuracy kept (1 where the full cache's is 0), whether
-    both targets hold at every length,
-    and the one-sided Fisher test against streaming at the same memory (exact keys pooled over
-    seeds and lengths)."""
-    table = by_length(kv)
+def targets(table: pd.DataFrame) -> pd.DataFrame:
+    """Per head method and share of a `by_length` table: the least cache saved over the passkey
+    lengths, the least share of the full cache's needle accuracy kept (1 where the full cache's
+    is 0), whether both targets hold at every length, and the one-sided Fisher test against
+    streaming at the same memory (exact keys pooled over seeds and lengths)."""
     needles = table[table.prompts.notna()] if "prompts" in table else table.iloc[0:0]
     if "full" not in set(needles.method):
         return pd.DataFrame()  # nothing to compare with (the full cache's step has not run)

@@ -4,11 +4,13 @@ metric, the operating points, the measured speed-ups). Built by `report.read_fin
 
 from __future__ import annotations
 
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from probe.kv.summary import by_length, targets
 from probe.pruning.objectives import primary
 from probe.study.heads import evidence as ev
 
@@ -33,6 +35,16 @@ class Findings:
                     else pd.DataFrame())  # fmt: skip
         self.speed = ev.speed(tables.get("timing", pd.DataFrame()))
         self.signs = ev.speed_signs(self.speed) if not self.speed.empty else pd.DataFrame()
+
+    @cached_property
+    def kv(self) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+        """The key/value plans' table per length (`probe.kv.summary.by_length`) and their
+        targets, read once for the section, the answer and the claims (None: no plans)."""
+        kv = self.tables.get("kv")
+        if kv is None or kv.empty:
+            return None
+        table = by_length(kv)
+        return table, targets(table)
 
     def criterion(self) -> str:
         if self.metric == "similarity":

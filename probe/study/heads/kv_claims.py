@@ -15,9 +15,11 @@ from __future__ import annotations
 import pandas as pd
 from scipy import stats
 
-from probe.kv.summary import KEPT, by_length, targets
+from probe.kv.summary import KEPT
 from probe.references import published
 from probe.study.heads.findings import Findings
+from probe.study.verdicts.contrast import Contrast, evaluate
+from probe.study.verdicts.expect import Condition
 
 ALPHA = 0.05
 MARGIN = 0.10  # a share "about" a paper's saving saves at most this much more
@@ -52,15 +54,13 @@ def _saving(report: Findings, method: str, ref_id: str, need: float, what: str,
     Fisher exact test on the prompts pooled over seeds, p <= ALPHA); inconclusive otherwise,
     also when no share measured saves as little as that (a plan saving far more than a paper
     claims failing says nothing against the claim)."""
-    kv = _kv(report)
-    if kv is None or method not in set(kv.method):
+    if report.kv is None:
+        return None
+    table, rows = report.kv
+    if rows.empty or method not in set(rows.method):
         return None
     ref = published(ref_id)
-    rows = targets(kv)
-    if rows.empty:
-        return None
     rows = rows[rows.method == method]
-    table = by_length(kv)
     kept = rows[rows.kept_min >= KEPT]
     near = rows[rows.saved_min <= need + MARGIN]
     tested = {r.full_share: _below_full(table, method, r.full_share) for r in near.itertuples()}
@@ -134,26 +134,29 @@ def streaming(report: Findings) -> str | None:
         return None
     ref = published("xiao2023")
     loss = kv[(kv.metric == "loss") & (kv.full_share == 0)]
-    sink = loss[loss.method == "streaming"].sort_values("seed").value
-    window = loss[loss.method == "window"].sort_values("seed").value
     full = kv[(kv.metric == "loss") & (kv.method == "full")].value.mean()
-    if sink.empty or window.empty:
+    if not {"streaming", "window"} <= set(loss.method):
         return None
-    lower = stats.mannwhitneyu(sink, window, alternative="less", method="exact").pvalue
-    higher = stats.mannwhitneyu(sink, window, alternative="greater", method="exact").pvalue
-    verdict = "agrees" if lower <= ALPHA else ("disagrees" if higher <= ALPHA else "inconclusive")
+    # the contrasts' own test: per seed, sink + window against window alone
+    claim = Contrast("sink tokens lower window attention's loss", "kv", "loss", "streaming",
+                     "window", column="method", expect="lower",
+                     where=(Condition("full_share", "==", 0.0),))  # fmt: skip
+    test = evaluate(claim, kv).iloc[0]
+    sink, window = test.mean_a, test.mean_b
+    verdict = {"supported": "agrees", "contradicted: the opposite direction": "disagrees"}.get(
+        test.verdict, "inconclusive")  # fmt: skip
     o = report.study.get("kv", {})
     return (
         f"**{ref.short}** ({ref.claim_source}): keeping {o.get('sink')} initial tokens beside "
         "the recent window restores window attention's perplexity. Here, on text rows of "
         f"{int(loss.length.iloc[0]):,} tokens with a {o.get('window')}-token window, the loss is "
-        f"{sink.mean():.3f} nats with the sink tokens against {window.mean():.3f} without "
-        f"(full cache {full:.3f}; one-sided Mann-Whitney over {len(sink)} against "
-        f"{len(window)} seeds, p = {lower:.2g}): **{verdict}** in direction"
+        f"{sink:.3f} nats with the sink tokens against {window:.3f} without "
+        f"(full cache {full:.3f}; one-sided Mann-Whitney over {test.n_a} against "
+        f"{test.n_b} seeds, p = {test.p_claim:.2g}): **{verdict}** in direction"
         + (
-            f"; the sink tokens close {(window.mean() - sink.mean()) / (window.mean() - full):.0%} "
-            "of the gap to the full cache."
-            if window.mean() > full
+            f"; the sink tokens close {(window - sink) / (window - full):.0%} of the gap to the "
+            "full cache."
+            if window > full
             else "."
         )
     )

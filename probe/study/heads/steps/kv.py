@@ -22,7 +22,7 @@ from probe.errors import ProbeError
 from probe.kv.duo import DuoSettings
 from probe.kv.methods import choose_full, full_count, make_plan
 from probe.kv.plan import KVPlan
-from probe.kv.summary import KEPT, SAVED, by_length, targets
+from probe.kv.summary import KEPT, SAVED
 from probe.kv.sweep import measure_plan
 from probe.report.kv_plots import kv_accuracy_plot, kv_loss_plot
 from probe.report.report import MarkdownReport
@@ -167,12 +167,10 @@ def _targets_display(t: pd.DataFrame) -> pd.DataFrame:
 
 
 def plans_section(r: Findings, rep: MarkdownReport) -> None:
-    kv_table = r.tables.get("kv")
-    if kv_table is None or kv_table.empty:
+    if r.kv is None:
         return
     o = r.study.get("kv", {})
-    table = by_length(kv_table)
-    t = targets(kv_table)
+    table, t = r.kv
     rep.heading("What the key/value plans save")
     rep.paragraph(
         f"Every streaming head keeps the first {o.get('sink')} tokens and the last "
@@ -218,11 +216,10 @@ def _versus_streaming(row: pd.Series) -> str:
 
 def kv_answer(r: Findings) -> str | None:
     """The key/value plans' sentence of the answer (None when the study measured none)."""
-    kv_table = r.tables.get("kv")
-    if kv_table is None or kv_table.empty:
+    if r.kv is None:
         return None
     o = r.study.get("kv", {})
-    table, t = by_length(kv_table), targets(kv_table)
+    table, t = r.kv
     lengths = sorted(table[table.prompts.notna()].length.unique())
     span = f"{lengths[0]:,}" if len(lengths) == 1 else f"{lengths[0]:,} to {lengths[-1]:,}"
     if "full" not in set(table.method):
@@ -231,7 +228,7 @@ def kv_answer(r: Findings) -> str | None:
     total = int(table[table.method == "full"].full_heads.iloc[0])
     text = (f"With the other heads keeping {o.get('sink')} sink tokens and a "
             f"{o.get('window')}-token window, at passkey lengths {span} tokens: ")  # fmt: skip
-    met = t[t.meets] if not t.empty else t
+    met = t if t.empty else t[t.meets]
     if t.empty:
         text += "no head-role plans were measured"
     elif not met.empty:
