@@ -83,10 +83,11 @@ def kv_plan_cli(
 
     from probe.checkpoint import claim_output, open_output
     from probe.kv.duo import DuoSettings
-    from probe.kv.methods import CHOOSERS, check_plannable, make_plan
+    from probe.kv.methods import check_plannable, make_plan
+    from probe.kv.plan import METHODS
 
-    if method not in CHOOSERS:
-        raise ProbeError(f"Unknown --method '{method}'. Available: {', '.join(CHOOSERS)}.")
+    if method not in METHODS:
+        raise ProbeError(f"Unknown --method '{method}'. Available: {', '.join(METHODS)}.")
     if not 0.0 <= full_heads <= 1.0:
         raise ProbeError(f"--full-heads must be a share in [0, 1], got {full_heads}.")
     if sink < 0:

@@ -31,12 +31,11 @@ import torch
 
 from probe.config import Arch
 from probe.errors import ProbeError
-from probe.kv.plan import KVPlan
+from probe.kv.plan import METHODS, KVPlan
 from probe.model import Transformer
 
 SCORE_COLUMNS = ["layer", "site", "kv_head", "method", "value"]
 HEAD_COLUMNS = ["layer", "site", "head", "kv_head", "statistic", "value"]
-CHOOSERS = ("retrieval", "razor", "duo", "random", "streaming", "full")
 
 
 @dataclass(frozen=True)
@@ -124,12 +123,12 @@ def retrieval_heads(model: Transformer, prompts) -> tuple[pd.DataFrame, dict]:
 def make_plan(model: Transformer, method: str, full_share: float, sink: int, window: int, *,
               seed: int = 0, prompts=None, period: int = 64, rows: int = 8,
               progress: Callable[[str], None] | None = None, duo=None) -> PlanResult:  # fmt: skip
-    """The plan of `method` (CHOOSERS) for `model`; `prompts` (needle prompts) for retrieval,
-    `period`/`rows` (repeated random tokens) for razor, `seed` for random and duo, `duo` (a
-    `probe.kv.duo.DuoSettings`, defaults when None) for duo."""
+    """The plan of `method` (`probe.kv.plan.METHODS`) for `model`; `prompts` (needle prompts)
+    for retrieval, `period`/`rows` (repeated random tokens) for razor, `seed` for random and
+    duo, `duo` (a `probe.kv.duo.DuoSettings`, defaults when None) for duo."""
     cfg = model.cfg
-    if method not in CHOOSERS:
-        raise ProbeError(f"Unknown kv-plan method '{method}'. Available: {', '.join(CHOOSERS)}.")
+    if method not in METHODS:
+        raise ProbeError(f"Unknown kv-plan method '{method}'. Available: {', '.join(METHODS)}.")
     check_plannable(cfg)
     KVPlan(method, full_share, sink, window, ())  # checks share, sink and window first
     say = progress or (lambda _: None)

@@ -17,7 +17,8 @@ from probe.files import atomic_write_text
 
 FORMAT = 1
 FIELDS = ("format", "method", "full_share", "sink", "window", "full")
-METHODS = ("retrieval", "razor", "duo", "random", "streaming", "full")
+HEAD_METHODS = ("retrieval", "razor", "duo", "random")  # those that choose heads by a score
+METHODS = (*HEAD_METHODS, "streaming", "full")
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from typing import Any
 from probe.config import check_keys, did_you_mean, from_dict
 from probe.errors import ProbeError
 from probe.fields import shown
+from probe.kv.plan import HEAD_METHODS
 from probe.pruning.curves import CURVE_EXTRAS
 from probe.pruning.importance import Method
 from probe.study.heads.checks import check_source, check_text, check_values
@@ -39,7 +40,6 @@ TOP_LEVEL = ("study", "model", "text", "importance", "curves", "roles", "knockou
              "timing", "operating", "expect", "contrast", "smoke")  # fmt: skip
 STUDY_KEYS = ("name", "question", "description", "title")
 CURVE_METHODS = (*(str(m) for m in Method), *CURVE_EXTRAS)
-KV_METHODS = ("retrieval", "razor", "duo", "random")
 KV_BASELINES = ("full", "streaming", "window")  # measured beside every [kv] section's methods
 HEAD_TABLES = "(a head study's tables; those its sections ask for are written)"
 
@@ -64,7 +64,7 @@ def _check(study: HeadStudy) -> HeadStudy:
         ("importance", "methods", study.importance.methods, [str(m) for m in Method]),
         ("curves", "methods", study.curves.methods, list(CURVE_METHODS)),
         ("curves", "group_methods", study.curves.group_methods, list(CURVE_METHODS)),
-        ("kv", "methods", study.kv.methods, list(KV_METHODS)),
+        ("kv", "methods", study.kv.methods, list(HEAD_METHODS)),
     ):
         for m in methods:
             if m not in valid:
