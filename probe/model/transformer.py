@@ -224,8 +224,11 @@ class Transformer(nn.Module):
         token_types: torch.Tensor | None = None,
         cache: KVCache | None = None,
         plan: Any = None,
+        collect: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """The last hidden state [batch, seq, d_model] (after the final norm); see `forward`."""
+        """The last hidden state [batch, seq, d_model] (after the final norm); see `forward`.
+        `collect`, a list, receives the residual stream after each decoder block, in order
+        ([batch, seq, d_model] each; distillation matches them layer by layer)."""
         rules = [None] * len(self.blocks)
         if plan is not None:
             if cache is not None:
@@ -250,6 +253,8 @@ class Transformer(nn.Module):
         for i, block in enumerate(self.blocks):
             site = cache.sites[i] if cache is not None else None
             x = block(x, positions, key_mask, memory, source_mask, site, key_positions, rules[i])
+            if collect is not None:
+                collect.append(x)
         if self.ln_final is not None:
             x = self.ln_final(x)
         return x

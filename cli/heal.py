@@ -1,0 +1,229 @@
+"""`probe heal`: recover a pruned model by distillation from the model it was pruned from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from probe_cli.common import (
+    CheckpointArg,
+    DeviceOpt,
+    DtypeOpt,
+    MaxBatchTokensOpt,
+    OutOpt,
+    OverwriteOpt,
+    PickleOpt,
+    SeedOpt,
+    check_seed,
+    console,
+    load_model,
+    shown,
+    write_manifest,
+)
+
+from probe.errors import ProbeError
+
+RESULTS = ("heal.csv", "losses.csv", "heal.png", "manifest.json")
+TEXT_LIMIT = 256 * 2**20  # bytes of a --text file read (about 60M tokens)
+
+
+def heal_cli(
+    checkpoint: CheckpointArg,
+    teacher: Annotated[
+        Path, typer.Option("--teacher", help="The unpruned model the student was pruned from.")
+    ],
+    out: OutOpt,
+    tokens: Annotated[
+        int, typer.Option("--tokens", help="Training tokens (whole optimizer steps).")
+    ] = 131072,
+    text: Annotated[
+        Path | None,
+        typer.Option(
+            "--text",
+            help="Training text, one document per line (default: the "
+            "training part of the shipped manuals corpus, 1.88M tokens).",
+        ),
+    ] = None,
+    eval_text: Annotated[
+        Path | None,
+        typer.Option(
+            "--eval-text",
+            help="Held-out text for perplexity (default: the held-out "
+            "part of the shipped manuals corpus, other pages).",
+        ),
+    ] = None,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per row.")] = 512,
+    batch_tokens: Annotated[
+        int, typer.Option("--batch-tokens", help="Tokens per optimizer step (whole rows).")
+    ] = 16384,
+    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (AdamW).")] = 1e-4,
+    warmup: Annotated[
+        float, typer.Option("--warmup", help="Share of the steps warming up linearly.")
+    ] = 0.1,
+    schedule: Annotated[
+        str, typer.Option("--schedule", help="After warm-up: constant, or cosine to lr/10.")
+    ] = "constant",
+    temperature: Annotated[
+        float, typer.Option("--temperature", help="Temperature of both distributions.")
+    ] = 1.0,
+    hidden_weight: Annotated[
+        float,
+        typer.Option(
+            "--hidden-weight",
+            help="Weight of 1 - cos between the two models' "
+            "residual streams after every block (0: logits only).",
+        ),
+    ] = 0.0,
+    eval_tokens: Annotated[
+        int, typer.Option("--eval-tokens", help="Held-out tokens perplexity is measured on.")
+    ] = 32768,
+    eval_at: Annotated[
+        str | None,
+        typer.Option(
+            "--eval-at",
+            help="Steps to measure after, e.g. '1,4,16' (default: 1, 2, 4, ... and the last).",
+        ),
+    ] = None,
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = None,
+    max_batch_tokens: MaxBatchTokensOpt = None,
+    allow_pickle: PickleOpt = False,
+    overwrite: OverwriteOpt = False,
+) -> None:
+    """Distill CHECKPOINT (a model `probe prune` made from --teacher) from --teacher: the KL
+    divergence of their next-token distributions (Minitron's logit distillation), AdamW with
+    warm-up. Writes the healed checkpoint into OUT with heal.csv (held-out perplexity and loss:
+    original, pruned, healed after each measured step), losses.csv, heal.png and
+    manifest.json. A run stopped for any reason resumes where it last saved when the same
+    command is given again."""
+    from probe.heal.loop import HealConfig
+
+    check_seed(seed)
+    cfg = HealConfig(tokens=tokens, seq_len=seq_len, batch_tokens=batch_tokens, lr=lr,
+                     warmup=warmup, schedule=schedule, temperature=temperature,
+                     hidden_weight=hidden_weight, eval_tokens=eval_tokens,
+                     eval_at=_steps(eval_at), seed=seed)  # fmt: skip
+    if text is not None and eval_text is not None and text.resolve() == eval_text.resolve():
+        raise ProbeError("--text and --eval-text are the same file; held-out perplexity needs "
+                         "text the student is not trained on.")  # fmt: skip
+    from probe.checkpoint import CHECKPOINT_FILES
+    from probe.files import check_apart, claim_output, open_output
+    from probe.heal.loop import STATE
+
+    inputs = [checkpoint, teacher, *(p for p in (text, eval_text) if p is not None)]
+    check_apart(out, inputs)
+    resuming = (out / STATE / "state.json").is_file() and not overwrite
+    earlier = claim_output(out, (*CHECKPOINT_FILES, *RESULTS), overwrite, inputs=inputs)
+    student = load_model(checkpoint, device, dtype, allow_pickle)
+    original = load_model(teacher, device, dtype, allow_pickle)
+    from probe.heal.pair import check_pair
+
+    check_pair(original, student)
+    train_docs, heldout_docs = _texts(text, eval_text)
+    out = open_output(out, earlier)
+    if overwrite:
+        import shutil
+
+        shutil.rmtree(out / STATE, ignore_errors=True)
+    _run(student, original, train_docs, heldout_docs, cfg, out, device, dtype, max_batch_tokens,
+         resuming, text, eval_text)  # fmt: skip
+
+
+def _run(student, original, train_docs, heldout_docs, cfg, out, device, dtype, max_batch_tokens,
+         resuming, text, eval_text) -> None:  # fmt: skip
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    from probe.checkpoint import save_checkpoint
+    from probe.heal.loop import heal
+    from probe.report.heal_plots import heal_plot
+    from probe.runtime import Runtime
+
+    runtime = Runtime.resolve(device, dtype)
+    identity = {"teacher": str(original.path.resolve()), "student": str(student.path.resolve()),
+                "text": str(text) if text else "manuals:train",
+                "eval_text": str(eval_text) if eval_text else "manuals:heldout",
+                "dtype": str(next(student.model.parameters()).dtype)}  # fmt: skip
+    if resuming:
+        console.print(f"resuming the heal run saved in {shown(out)}")
+    columns = (TextColumn("heal"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.description}"), TimeRemainingColumn())  # fmt: skip
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("", total=cfg.steps)
+
+        def show(p) -> None:
+            loss = "" if p.loss is None else f"KL {p.loss:.4f}  lr {p.lr:.2e}"
+            bar.update(task, completed=p.step, description=f"{loss}  {p.note}".strip())
+
+        result = heal(original.model, student.model, train_docs, heldout_docs,
+                      student.tokenizer(), cfg, out, runtime,
+                      max_batch_tokens=max_batch_tokens, identity=identity,
+                      progress=show)  # fmt: skip
+    meta = {**student.meta, "healed": {"teacher": str(original.path), "tokens":
+                                       cfg.steps * cfg.step_tokens, **cfg.to_dict()}}  # fmt: skip
+    save_checkpoint(out, student.model, student.task, student.train_cfg, meta,
+                    source=student.source, tokenizer=student.tokenizer())  # fmt: skip
+    result.table.to_csv(out / "heal.csv", index=False)
+    result.losses.to_csv(out / "losses.csv", index=False)
+    heal_plot(result.table, result.losses).savefig(out / "heal.png", dpi=120)
+    write_manifest(out, student, command="heal", teacher=str(original.path), **cfg.to_dict(),
+                   text=identity["text"], eval_text=identity["eval_text"],
+                   trained_tokens=cfg.steps * cfg.step_tokens, resumed_at=result.resumed_at,
+                   seconds=round(result.seconds, 1), **result.notes)  # fmt: skip
+    _show(result.table, out)
+
+
+def _show(table, out) -> None:
+    from rich.table import Table
+
+    ppl = table[table.metric == "perplexity"]
+    shown_table = Table("stage", "tokens", "held-out perplexity", "loss")
+    losses = table[table.metric == "loss"].set_index(["stage", "tokens"]).value
+    for row in ppl.itertuples():
+        shown_table.add_row(row.stage, f"{row.tokens:,}", f"{row.value:.2f}",
+                            f"{losses[(row.stage, row.tokens)]:.4f}")  # fmt: skip
+    console.print(shown_table)
+    original = float(ppl[ppl.stage == "original"].value.iloc[0])
+    pruned = float(ppl[ppl.stage == "pruned"].value.iloc[0])
+    healed = float(ppl[ppl.stage == "healed"].value.iloc[-1])
+    if pruned > original:
+        share = (pruned - healed) / (pruned - original)
+        console.print(f"healing recovered {share:.0%} of the perplexity pruning added "
+                      f"({pruned:.2f} -> {healed:.2f}; original {original:.2f})")  # fmt: skip
+    console.print(f"wrote the healed checkpoint, heal.csv, losses.csv, heal.png and manifest.json "
+                  f"to {shown(out)}")  # fmt: skip
+
+
+def _steps(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ProbeError(f"--eval-at takes step numbers like '1,4,16', got '{text}'.") from None
+
+
+def _texts(text: Path | None, eval_text: Path | None) -> tuple[list[str], list[str]]:
+    from probe.data.docs import docs_corpus
+    from probe.data.text import read_documents
+
+    train = docs_corpus("train") if text is None else read_documents(text, max_bytes=TEXT_LIMIT)
+    heldout = (docs_corpus("heldout") if eval_text is None
+               else read_documents(eval_text, max_bytes=TEXT_LIMIT))  # fmt: skip
+    return train, heldout
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "heal",
+        no_args_is_help=True,
+        epilog="Example: probe heal runs/smollm2-pruned --teacher runs/smollm2 --tokens 131072 "
+        "--out runs/smollm2-healed",
+    )(heal_cli)

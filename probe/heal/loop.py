@@ -1,0 +1,368 @@
+"""`heal`: distill a pruned student from its unpruned teacher on real text, resumable.
+
+The student trains on rows of `seq_len` tokens of the training text (shuffled by `seed`),
+`batch_tokens` tokens per AdamW step, cut into micro-batches within the runtime's token budget
+(gradients accumulate); the learning rate warms up linearly, then stays (`constant`) or decays
+on a cosine to a tenth (`cosine`). Held-out perplexity is measured before (teacher and student)
+and after chosen steps. Every few minutes, and at every evaluation, the student, the optimizer
+and the rows measured so far are saved to `state/` in the output directory; `heal` called again
+on the same folder with the same settings resumes there, with the same result as an
+uninterrupted run.
+
+    cfg = HealConfig(tokens=131072)
+    result = heal(teacher, student, train_docs, heldout_docs, tokenizer, cfg, out)
+    result.table            # stage, tokens, metric, value
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from probe.errors import ProbeError
+from probe.files import atomic_write_text
+from probe.heal.distill import hidden_sum, kl_sum
+from probe.measure.batching import rows_per_pass
+from probe.measure.loss import token_losses
+from probe.model import Transformer
+from probe.runtime import ACCUMULATE, Runtime
+from probe.weights import _atomic_write, load_safetensors
+
+STATE = "state"  # the resume folder inside the output directory
+SCHEDULES = ("constant", "cosine")
+SAVE_SECONDS = 300.0  # at most this long between saves (and at every evaluation)
+
+
+@dataclass(frozen=True)
+class HealConfig:
+    tokens: int  # training tokens: whole steps of `batch_tokens` up to this many
+    seq_len: int = 512  # tokens per row
+    batch_tokens: int = 16384  # tokens per optimizer step (whole rows)
+    lr: float = 1e-4  # peak learning rate (AdamW)
+    warmup: float = 0.1  # share of the steps warming up linearly from 0
+    schedule: str = "constant"  # after warm-up: constant, or cosine down to lr / 10
+    weight_decay: float = 0.01  # AdamW, on matrices only
+    temperature: float = 1.0  # of both distributions in the KL loss
+    hidden_weight: float = 0.0  # weight of the per-block hidden-state loss (0: logits only)
+    eval_tokens: int = 32768  # held-out tokens perplexity is measured on
+    eval_at: tuple[int, ...] | None = None  # steps measured after (None: 1, 2, 4, ..., last)
+    seed: int = 0  # order of the training rows
+
+    def __post_init__(self) -> None:
+        for name in ("tokens", "seq_len", "batch_tokens", "eval_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ProbeError(f"--{name.replace('_', '-')} must be a whole number of at "
+                                 f"least 1, got {value!r}.")  # fmt: skip
+        if self.seq_len < 2:
+            raise ProbeError(f"--seq-len must be at least 2, got {self.seq_len}.")
+        if self.batch_tokens < self.seq_len:
+            raise ProbeError(f"--batch-tokens {self.batch_tokens} is less than one row of "
+                             f"--seq-len {self.seq_len}; raise it or shorten rows.")  # fmt: skip
+        if self.tokens < self.step_tokens:
+            raise ProbeError(f"--tokens {self.tokens} is less than one optimizer step of "
+                             f"{self.step_tokens} tokens (--batch-tokens); raise it.")  # fmt: skip
+        if self.eval_tokens < self.seq_len:
+            raise ProbeError(f"--eval-tokens {self.eval_tokens} is less than one row of "
+                             f"--seq-len {self.seq_len}.")  # fmt: skip
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ProbeError(f"--lr must be above 0, got {self.lr}.")
+        if not 0.0 <= self.warmup < 1.0:
+            raise ProbeError(f"--warmup is a share of the steps in [0, 1), got {self.warmup}.")
+        if self.schedule not in SCHEDULES:
+            raise ProbeError(f"Unknown --schedule '{self.schedule}'; use {' or '.join(SCHEDULES)}.")
+        if not self.weight_decay >= 0 or not self.hidden_weight >= 0:
+            raise ProbeError("--weight-decay and --hidden-weight must be at least 0.")
+        if not (self.temperature > 0 and math.isfinite(self.temperature)):
+            raise ProbeError(f"--temperature must be above 0, got {self.temperature}.")
+        if self.eval_at is not None:
+            steps = tuple(sorted({int(s) for s in self.eval_at}))
+            if not steps or steps[0] < 1 or steps[-1] > self.steps:
+                raise ProbeError(f"evaluation steps must lie in 1..{self.steps}, got "
+                                 f"{list(self.eval_at)}.")  # fmt: skip
+            object.__setattr__(self, "eval_at", steps)
+
+    @property
+    def rows_per_step(self) -> int:
+        return self.batch_tokens // self.seq_len
+
+    @property
+    def step_tokens(self) -> int:
+        return self.rows_per_step * self.seq_len
+
+    @property
+    def steps(self) -> int:
+        return self.tokens // self.step_tokens
+
+    @property
+    def eval_steps(self) -> tuple[int, ...]:
+        if self.eval_at is not None:
+            return self.eval_at
+        doubling = [2**k for k in range(self.steps.bit_length()) if 2**k < self.steps]
+        return (*doubling, self.steps)
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate of optimizer step `step` (0-based)."""
+        warm = round(self.warmup * self.steps)
+        if step < warm:
+            return self.lr * (step + 1) / warm
+        if self.schedule == "constant":
+            return self.lr
+        progress = (step - warm) / max(1, self.steps - warm)
+        return self.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["eval_at"] = list(self.eval_steps)
+        return data
+
+
+@dataclass(frozen=True)
+class HealProgress:
+    step: int  # optimizer steps done
+    steps: int
+    loss: float | None  # the last step's distillation loss per token
+    lr: float
+    note: str = ""  # what is happening now ("held-out perplexity", "saved")
+
+
+@dataclass
+class HealResult:
+    table: pd.DataFrame  # stage (original, pruned, healed), tokens, metric, value
+    losses: pd.DataFrame  # step, tokens, lr, kl, hidden
+    resumed_at: int = 0  # the step a saved state resumed from (0: a fresh run)
+    seconds: float = 0.0
+    notes: dict = field(default_factory=dict)
+
+
+def training_rows(docs: Sequence[str], tokenizer, cfg: HealConfig) -> torch.Tensor:
+    """The rows the run trains on, in order: [steps x rows_per_step, seq_len] ids."""
+    from probe.data.text import TextOptions, stream_rows
+
+    ids, _ = stream_rows(docs, tokenizer, cfg.seq_len,
+                         options=TextOptions(width="--seq-len"))  # fmt: skip
+    wanted = cfg.steps * cfg.rows_per_step
+    if ids.shape[0] < wanted:
+        raise ProbeError(
+            f"--tokens {cfg.tokens:,} needs {wanted:,} rows of {cfg.seq_len} tokens but the "
+            f"training text holds {ids.shape[0]:,} ({ids.shape[0] * cfg.seq_len:,} tokens); ask "
+            "for fewer tokens or give more text."
+        )
+    order = torch.randperm(ids.shape[0], generator=torch.Generator().manual_seed(cfg.seed))
+    return ids[order[:wanted]]
+
+
+def heldout_rows(docs: Sequence[str], tokenizer, cfg: HealConfig) -> torch.Tensor:
+    """The first eval_tokens // seq_len full rows of the held-out text: [rows, seq_len]."""
+    from probe.data.text import TextOptions, stream_rows
+
+    rows = cfg.eval_tokens // cfg.seq_len
+    ids, _ = stream_rows(docs, tokenizer, cfg.seq_len, max_rows=rows,
+                         options=TextOptions(text="--eval-text", width="--seq-len"))  # fmt: skip
+    return ids
+
+
+@torch.no_grad()
+def perplexity(model: Transformer, rows: torch.Tensor, runtime: Runtime,
+               max_batch_tokens: int | None) -> tuple[float, float]:  # fmt: skip
+    """(mean next-token loss in nats, its exp) over rows [n, seq] of text."""
+    total, count = 0.0, 0
+    per = rows_per_pass(rows.shape[1], max_batch_tokens)
+    for start in range(0, rows.shape[0], per):
+        ids = rows[start : start + per].to(runtime.device)  # [batch, seq]
+        with _autocast(runtime):
+            hidden = model.features(ids)  # [batch, seq, d_model]
+        losses = token_losses(model, hidden[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+        total += float(losses.to(ACCUMULATE).sum())
+        count += losses.numel()
+    loss = total / count
+    return loss, math.exp(loss)
+
+
+def _autocast(runtime: Runtime):
+    return torch.autocast(runtime.device.type, dtype=runtime.autocast_dtype,
+                          enabled=runtime.autocast)  # fmt: skip
+
+
+def optimizer_for(student: Transformer, cfg: HealConfig) -> torch.optim.AdamW:
+    decay, flat = [], []
+    for p in student.parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else flat).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
+              {"params": flat, "weight_decay": 0.0}]  # fmt: skip
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def heal(
+    teacher: Transformer,
+    student: Transformer,
+    train_docs: Sequence[str],
+    heldout_docs: Sequence[str],
+    tokenizer,
+    cfg: HealConfig,
+    out: Path,
+    runtime: Runtime,
+    *,
+    max_batch_tokens: int | None = None,
+    identity: dict | None = None,
+    progress: Callable[[HealProgress], None] | None = None,
+) -> HealResult:
+    """Distill `student` (trained in place) from `teacher` (frozen); see the module's docstring.
+    `identity` (the inputs' paths, ...) must match a saved state to resume from it."""
+    started = time.perf_counter()
+    report = progress or (lambda p: None)
+    teacher.eval().requires_grad_(False)
+    student.eval()  # no dropout: healing is deterministic given the seed
+    for p in student.parameters():
+        p.requires_grad_(p.is_floating_point())
+    for gate in student.gates():
+        gate.requires_grad_(False)
+    train = training_rows(train_docs, tokenizer, cfg)
+    heldout = heldout_rows(heldout_docs, tokenizer, cfg)
+    optimizer = optimizer_for(student, cfg)
+    names = {id(p): n for n, p in student.named_parameters()}
+    state = _State(out / STATE, cfg, identity or {})
+    rows, losses, step = state.restore(student, optimizer, names)
+    resumed_at = step
+    if step == 0:
+        report(HealProgress(0, cfg.steps, None, 0.0, "held-out perplexity before"))
+        for stage, model in (("original", teacher), ("pruned", student)):
+            loss, ppl = perplexity(model, heldout, runtime, max_batch_tokens)
+            rows += [_row(stage, 0, "loss", loss), _row(stage, 0, "perplexity", ppl)]
+    last_save = time.perf_counter()
+    per_pass = rows_per_pass(cfg.seq_len, max_batch_tokens)
+    while step < cfg.steps:
+        lr = cfg.lr_at(step)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        batch = train[step * cfg.rows_per_step : (step + 1) * cfg.rows_per_step]
+        kl_total, hidden_total = 0.0, 0.0
+        for start in range(0, batch.shape[0], per_pass):
+            ids = batch[start : start + per_pass].to(runtime.device)  # [micro, seq]
+            kl, hid = _micro_step(teacher, student, ids, cfg, runtime)
+            kl_total += kl
+            hidden_total += hid
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        kl_mean = kl_total / cfg.step_tokens
+        if not math.isfinite(kl_mean):
+            raise ProbeError(f"healing diverged at step {step} (loss {kl_mean}); lower --lr.")
+        losses.append({"step": step, "tokens": step * cfg.step_tokens, "lr": lr,
+                       "kl": kl_mean, "hidden": hidden_total / cfg.step_tokens})  # fmt: skip
+        report(HealProgress(step, cfg.steps, kl_mean, lr))
+        evaluate = step in cfg.eval_steps
+        if evaluate:
+            report(HealProgress(step, cfg.steps, kl_mean, lr, "held-out perplexity"))
+            loss, ppl = perplexity(student, heldout, runtime, max_batch_tokens)
+            tokens = step * cfg.step_tokens
+            rows += [_row("healed", tokens, "loss", loss),
+                     _row("healed", tokens, "perplexity", ppl)]  # fmt: skip
+        if step < cfg.steps and (evaluate or time.perf_counter() - last_save > SAVE_SECONDS):
+            state.save(student, optimizer, names, rows, losses, step)
+            last_save = time.perf_counter()
+    state.clear()
+    notes = {"train_rows": int(train.shape[0]), "heldout_rows": int(heldout.shape[0])}
+    return HealResult(pd.DataFrame(rows), pd.DataFrame(losses), resumed_at,
+                      time.perf_counter() - started, notes)  # fmt: skip
+
+
+def _micro_step(teacher, student, ids: torch.Tensor, cfg: HealConfig,
+                runtime: Runtime) -> tuple[float, float]:  # fmt: skip
+    """Forward both models on ids [micro, seq], backward the student's share of the step's
+    loss; returns the summed KL and hidden losses of these rows."""
+    keep = cfg.hidden_weight > 0
+    t_layers: list | None = [] if keep else None
+    s_layers: list | None = [] if keep else None
+    with torch.no_grad(), _autocast(runtime):
+        ht = teacher.features(ids, collect=t_layers)  # [micro, seq, d_model]
+    with _autocast(runtime):
+        hs = student.features(ids, collect=s_layers)  # [micro, seq, d_model]
+    kl = kl_sum(student, teacher, hs.flatten(0, 1), ht.flatten(0, 1), cfg.temperature)
+    loss = kl
+    hid = torch.zeros((), dtype=ACCUMULATE)
+    if keep:
+        mask = torch.ones(ids.shape, dtype=torch.bool, device=ids.device)  # [micro, seq]
+        hid = hidden_sum(s_layers, t_layers, mask)
+        loss = loss + cfg.hidden_weight * hid
+    (loss / cfg.step_tokens).backward()
+    return float(kl.detach()), float(hid.detach())
+
+
+def _row(stage: str, tokens: int, metric: str, value: float) -> dict:
+    return {"stage": stage, "tokens": tokens, "metric": metric, "value": value}
+
+
+class _State:
+    """The resume folder: student-STEP.safetensors, optimizer-STEP.safetensors, and state.json
+    (written last, naming the step), so a kill at any moment leaves a whole earlier state."""
+
+    def __init__(self, folder: Path, cfg: HealConfig, identity: dict) -> None:
+        self.folder, self.cfg, self.identity = folder, cfg.to_dict(), identity
+
+    def restore(self, student, optimizer, names) -> tuple[list, list, int]:
+        path = self.folder / "state.json"
+        if not path.is_file():
+            return [], [], 0
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ProbeError(f"{path} cannot be read ({exc}); pass --overwrite to start "
+                             "again.") from None  # fmt: skip
+        for key, mine in (("config", self.cfg), ("identity", self.identity)):
+            theirs = saved.get(key, {})
+            changed = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+            if changed:
+                raise ProbeError(
+                    f"{self.folder.parent} holds a heal run stopped at step {saved.get('step')} "
+                    f"with other settings ({changed[0]}: {theirs.get(changed[0])!r}, now "
+                    f"{mine.get(changed[0])!r}); give the same options to resume it, or pass "
+                    "--overwrite to start again."
+                )
+        step = int(saved["step"])
+        weights = load_safetensors(self.folder / f"student-{step}.safetensors", "--overwrite")
+        moments = load_safetensors(self.folder / f"optimizer-{step}.safetensors", "--overwrite")
+        with torch.no_grad():
+            for name, p in student.named_parameters():
+                p.copy_(weights[name])
+        for p in (p for g in optimizer.param_groups for p in g["params"]):
+            name = names[id(p)]
+            optimizer.state[p] = {
+                "step": torch.tensor(float(saved["adam_steps"][name])),
+                "exp_avg": moments[f"exp_avg.{name}"].to(p.device),
+                "exp_avg_sq": moments[f"exp_avg_sq.{name}"].to(p.device),
+            }
+        return saved["rows"], saved["losses"], step
+
+    def save(self, student, optimizer, names, rows, losses, step: int) -> None:
+        from safetensors.torch import save_file
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        weights = {n: p.detach().cpu().contiguous() for n, p in student.named_parameters()}
+        moments, adam_steps = {}, {}
+        for p, st in optimizer.state.items():
+            name = names[id(p)]
+            moments[f"exp_avg.{name}"] = st["exp_avg"].detach().cpu().contiguous()
+            moments[f"exp_avg_sq.{name}"] = st["exp_avg_sq"].detach().cpu().contiguous()
+            adam_steps[name] = float(st["step"])
+        for stem, tensors in (("student", weights), ("optimizer", moments)):
+            path = self.folder / f"{stem}-{step}.safetensors"
+            _atomic_write(path, lambda tmp, t=tensors: save_file(t, str(tmp)))
+        document = {"config": self.cfg, "identity": self.identity, "step": step,
+                    "adam_steps": adam_steps, "rows": rows, "losses": losses}  # fmt: skip
+        atomic_write_text(self.folder / "state.json", json.dumps(document) + "\n")
+        for old in self.folder.glob("*-*.safetensors"):
+            if not old.name.endswith(f"-{step}.safetensors"):
+                old.unlink(missing_ok=True)
+
+    def clear(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
