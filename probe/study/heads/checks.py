@@ -69,6 +69,18 @@ LIMITS: dict[str, dict[str, tuple[float, Any, str]]] = {
         "duo_lr": (1e-9, None, "duo's learning rate"),
         "duo_l1": (0, None, "duo's L1 weight"),
     },
+    "heal": {
+        "fraction": (1e-9, 0.999, "share of the query heads removed"),
+        "tokens": (1, None, "distillation tokens per run"),
+        "seq_len": (2, None, "tokens per row"),
+        "batch_tokens": (2, None, "tokens per optimizer step"),
+        "lr": (1e-12, None, "peak learning rate"),
+        "warmup": (0, 0.99, "share of the steps warming up"),
+        "temperature": (1e-6, None, "temperature of the distributions"),
+        "eval_tokens": (2, None, "held-out tokens"),
+        "eval_at": (1, None, "steps measured after"),
+        "seeds": (1, None, "orders of the training rows"),
+    },
     "timing": {
         "batch_sizes": (1, None, "rows per timed batch"),
         "repeats": (1, None, "timed repeats"),
@@ -95,7 +107,8 @@ def check_values(study: HeadStudy) -> None:
             if isinstance(value, tuple) and len(set(value)) < len(value):
                 raise ProbeError(f"{where} [{section}] {name} lists a value twice: {list(value)}.")
     for section, name in (("importance", "methods"), ("curves", "methods"),
-                          ("curves", "group_methods"), ("kv", "methods")):  # fmt: skip
+                          ("curves", "group_methods"), ("kv", "methods"),
+                          ("heal", "methods")):  # fmt: skip
         methods = getattr(getattr(study, section), name)
         if len(set(methods)) < len(methods):
             raise ProbeError(f"{where} [{section}] {name} lists a method twice: {list(methods)}.")

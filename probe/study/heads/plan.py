@@ -96,7 +96,7 @@ class HeadPlan(Plan):
         return step_count(self.study)
 
     def context(self) -> Subject:
-        return Subject(self.study, self.runtime, self.path)
+        return Subject(self.study, self.runtime, self.path, self.root / self.folder)
 
     def context_key(self) -> tuple:
         return (self.digest, str(self.runtime.device), str(self.runtime.dtype))

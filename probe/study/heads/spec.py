@@ -17,6 +17,7 @@ from typing import Any
 from probe.config import check_keys, did_you_mean, from_dict
 from probe.errors import ProbeError
 from probe.fields import shown
+from probe.heal.prune import METHODS as HEAL_METHODS
 from probe.kv.plan import HEAD_METHODS
 from probe.pruning.curves import CURVE_EXTRAS
 from probe.pruning.importance import Method
@@ -25,6 +26,7 @@ from probe.study.heads.steps import TABLES
 from probe.study.heads.study import (
     CurveOptions,
     HeadStudy,
+    HealOptions,
     ImportanceOptions,
     KnockoutOptions,
     KVOptions,
@@ -37,7 +39,7 @@ from probe.study.settings import heading_dict, study_heading
 from probe.study.verdicts.checks import parse_verdicts, verdicts_dict
 
 TOP_LEVEL = ("study", "model", "text", "importance", "curves", "roles", "knockout", "kv",
-             "timing", "operating", "expect", "contrast", "smoke")  # fmt: skip
+             "heal", "timing", "operating", "expect", "contrast", "smoke")  # fmt: skip
 STUDY_KEYS = ("name", "question", "description", "title")
 CURVE_METHODS = (*(str(m) for m in Method), *CURVE_EXTRAS)
 KV_BASELINES = ("full", "streaming", "window")  # measured beside every [kv] section's methods
@@ -51,6 +53,7 @@ SECTIONS = {
     "roles": RoleOptions,
     "knockout": KnockoutOptions,
     "kv": KVOptions,
+    "heal": HealOptions,
     "timing": TimingOptions,
     "operating": OperatingOptions,
 }
@@ -65,6 +68,7 @@ def _check(study: HeadStudy) -> HeadStudy:
         ("curves", "methods", study.curves.methods, list(CURVE_METHODS)),
         ("curves", "group_methods", study.curves.group_methods, list(CURVE_METHODS)),
         ("kv", "methods", study.kv.methods, list(HEAD_METHODS)),
+        ("heal", "methods", study.heal.methods, list(HEAL_METHODS)),
     ):
         for m in methods:
             if m not in valid:
@@ -89,12 +93,23 @@ def _check(study: HeadStudy) -> HeadStudy:
     if kv.methods and not kv.full_shares:
         raise ProbeError(f"{where} [kv] methods need full_shares (the shares of key/value heads "
                          "that keep the full cache, e.g. [0.1, 0.25]).")  # fmt: skip
+    if study.heal.methods:
+        _check_heal(study)
     if study.knockout.heads and not study.roles.needles:
         raise ProbeError(
             f"{where} [knockout] heads needs retrieval scores: set [roles] needles to 1 or more "
             "(or knockout heads = [] to skip the knock-out)."
         )
     return study
+
+
+def _check_heal(study: HeadStudy) -> None:
+    """The [heal] settings fit together (a step of whole rows, the steps measured after)."""
+    try:
+        study.heal.config()
+    except ProbeError as exc:
+        words = str(exc).replace("--", "").replace("-", "_")
+        raise ProbeError(f"{study.where} [heal]: {words}") from None
 
 
 def _sections(data: dict[str, Any], where: str) -> dict[str, Any]:
@@ -110,7 +125,8 @@ def _methods(sections: dict[str, Any]) -> dict[str, tuple[str, ...]]:
     importance = sections.get("importance", ImportanceOptions())
     curves = sections.get("curves", CurveOptions())
     kv = sections.get("kv", KVOptions())
-    return {"importance": importance.methods,
+    heal = sections.get("heal", HealOptions())
+    return {"importance": importance.methods, "heal": heal.methods,
             "curves": tuple(dict.fromkeys((*curves.methods, *curves.group_methods))),
             "kv": (*kv.methods, *KV_BASELINES) if kv.lengths else ()}  # fmt: skip
 

@@ -71,6 +71,33 @@ class KVOptions:
 
 
 @dataclass(frozen=True)
+class HealOptions:
+    # healing pruned models by distillation (probe.heal): each method removes `fraction` of the
+    # query heads (probe.heal.prune), then each seed heals the pruned model from the unpruned
+    # one on the shipped manuals corpus, measured on its held-out pages. No methods: off.
+    methods: tuple[str, ...] = ()  # fisher+tune (ragged), fisher-group, fisher-uniform
+    fraction: float = 1 / 3  # share of the query heads removed
+    tokens: int = 131072  # distillation tokens per run (whole steps)
+    seq_len: int = 512  # tokens per row
+    batch_tokens: int = 8192  # tokens per optimizer step
+    lr: float = 1e-4  # peak learning rate (AdamW)
+    warmup: float = 0.1  # share of the steps warming up
+    temperature: float = 1.0
+    eval_tokens: int = 32768  # held-out tokens perplexity is measured on
+    eval_at: tuple[int, ...] = ()  # steps measured after (empty: 1, 2, 4, ... and the last)
+    seeds: int = 2  # orders of the training rows (the pruned model is the same for every seed)
+
+    def config(self, seed: int = 0):
+        """The `probe.heal.loop.HealConfig` of one seed's run."""
+        from probe.heal.loop import HealConfig
+
+        return HealConfig(tokens=self.tokens, seq_len=self.seq_len,
+                          batch_tokens=self.batch_tokens, lr=self.lr, warmup=self.warmup,
+                          temperature=self.temperature, eval_tokens=self.eval_tokens,
+                          eval_at=self.eval_at or None, seed=seed)  # fmt: skip
+
+
+@dataclass(frozen=True)
 class TimingOptions:
     fractions: tuple[float, ...] = ()  # pruned models timed at these fractions (and the
     # operating point of every curve method)
@@ -99,6 +126,7 @@ class HeadStudy:
     roles: RoleOptions = RoleOptions()
     knockout: KnockoutOptions = KnockoutOptions()
     kv: KVOptions = KVOptions()
+    heal: HealOptions = HealOptions()
     timing: TimingOptions = TimingOptions()
     operating: OperatingOptions = OperatingOptions()
     expectations: tuple[Expectation, ...] = ()  # checked on the tables after a run

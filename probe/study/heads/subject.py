@@ -38,8 +38,10 @@ class Subject:
     needs it."""
 
     def __init__(self, study: HeadStudy, runtime: Runtime | None = None,
-                 path: Path | None = None) -> None:  # fmt: skip
+                 path: Path | None = None, workdir: Path | None = None) -> None:  # fmt: skip
         self.study = study
+        # where a long step keeps the state it resumes from (the run's steps/ folder)
+        self._workdir = workdir
         self.runtime = runtime or Runtime.cpu()
         self.path = path or check_source(study.source, study.where)
         self._checked = False
@@ -50,6 +52,14 @@ class Subject:
         if not self._checked:
             check_model_fit(self)
             self._checked = True
+
+    @property
+    def workdir(self) -> Path:
+        if self._workdir is None:  # a subject built outside a run: a fresh folder of its own
+            import tempfile
+
+            self._workdir = Path(tempfile.mkdtemp(prefix="probe-steps-"))
+        return self._workdir
 
     @cached_property
     def imported(self):

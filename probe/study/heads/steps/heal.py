@@ -1,0 +1,75 @@
+"""The healing steps: each pruning method (`probe.heal.prune`) removes the [heal] fraction of the
+query heads once, on the importance split of seed 0; each seed then heals a copy of that pruned
+model by distillation from the unpruned model (`probe.heal.loop`) on the training pages of the
+shipped manuals corpus, the seed ordering the rows, and measures held-out perplexity before and
+after the steps asked for. The report's section and the answer's sentence on them are in
+`probe.study.heads.heal_report`.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pandas as pd
+
+from probe.data.docs import docs_corpus
+from probe.heal.loop import heal
+from probe.heal.prune import prune_for_healing
+from probe.study.heads.step import Options, StepKind
+from probe.study.heads.study import HeadStudy
+from probe.study.heads.subject import Subject
+
+
+def step_key(method: str, seed: int) -> str:
+    return f"heal-{method}-{seed}"
+
+
+def _plan(study: HeadStudy) -> list[tuple[str, Options]]:
+    h = study.heal
+    common = {"fraction": h.fraction, **h.config().to_dict()}
+    common.pop("seed")
+    return [(step_key(method, seed), {**common, "method": method, "seed": seed})
+            for method in h.methods for seed in range(h.seeds)]  # fmt: skip
+
+
+def _pruned(subject: Subject, method: str, fraction: float):
+    """The pruned model of `method`, made once per process (every seed heals a copy)."""
+    key = ("heal-pruned", method, fraction)
+    if key not in subject.memo:
+        sets, _ = subject.splits
+        subject.memo[key] = prune_for_healing(subject.model, sets[0], fraction, method)[0]
+    return subject.memo[key]
+
+
+def heal_step(subject: Subject, options: Options, given, progress) -> pd.DataFrame:
+    """Rows (method, seed, stage, tokens, metric, value, heads, kv_heads, parameters): the
+    original and pruned models' held-out perplexity and loss, and the healed model's after each
+    measured step."""
+    method, seed = options["method"], int(options["seed"])
+    cfg = subject.study.heal.config(seed)
+    student = copy.deepcopy(_pruned(subject, method, float(options["fraction"])))
+    tokenizer = subject.imported.tokenizer
+    work = subject.workdir / step_key(method, seed)
+
+    def report(p) -> None:
+        progress(p.step, cfg.steps)
+
+    result = heal(subject.model, student, docs_corpus("train"), docs_corpus("heldout"),
+                  tokenizer, cfg, work, subject.runtime,
+                  identity={"method": method, "fraction": options["fraction"]},
+                  progress=report)  # fmt: skip
+    sites = student.cfg.sites()
+    table = result.table
+    table.insert(0, "seed", seed)
+    table.insert(0, "method", method)
+    table["heads"] = sum(len(s.kept_heads) for s in sites)
+    table["kv_heads"] = sum(len(s.kept_groups) for s in sites)
+    table["parameters"] = student.parameter_counts()["total"]
+    original = table.stage == "original"
+    table.loc[original, "heads"] = sum(s.n_head for s in sites)
+    table.loc[original, "kv_heads"] = sum(s.n_kv_head for s in sites)
+    table.loc[original, "parameters"] = subject.model.parameter_counts()["total"]
+    return table
+
+
+KINDS = (StepKind("heal", 9, heal_step, _plan),)
