@@ -73,18 +73,30 @@ def import_cli(
 def export_cli(
     checkpoint: Annotated[Path, typer.Argument(help="An imported (and maybe pruned) checkpoint.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write.")],
-    format: Annotated[str, typer.Option("--format", help="Output format: hf.")] = "hf",
+    format: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="hf (a directory transformers loads) or gguf (one file "
+            "llama.cpp runs; --out names the file).",
+        ),
+    ] = "hf",
     dtype: DtypeOpt = None,
     allow_pickle: PickleOpt = False,
     overwrite: OverwriteOpt = False,
 ) -> None:
-    """Write a checkpoint in the Hugging Face format, loadable with from_pretrained."""
+    """Write a checkpoint in the Hugging Face format, loadable with from_pretrained, or as a
+    llama.cpp GGUF file (a ragged pruned model as the `deci` architecture, with per-layer head
+    counts)."""
     from probe.checkpoint import claim_output, load_checkpoint
     from probe.interop.export import WRITES, export_hf
     from probe.interop.staging import staged
 
-    if format != "hf":
-        raise ProbeError(f"Unknown --format '{format}'. Available: hf.")
+    if format not in ("hf", "gguf"):
+        raise ProbeError(f"Unknown --format '{format}'. Available: hf, gguf.")
+    if format == "gguf":
+        _export_gguf(checkpoint, out, dtype, allow_pickle, overwrite)
+        return
     earlier = claim_output(out, WRITES, overwrite, inputs=[checkpoint])
     ckpt = load_checkpoint(checkpoint, "cpu", allow_pickle, dtype=dtype)
     if not ckpt.imported:
@@ -104,6 +116,37 @@ def export_cli(
                       f"the files are no smaller): {why}")  # fmt: skip
 
 
+def _export_gguf(checkpoint: Path, out: Path, dtype, allow_pickle: bool, overwrite: bool) -> None:
+    from probe.checkpoint import load_checkpoint
+    from probe.files import claim_file
+    from probe.interop.gguf_write import export_gguf
+    from probe.runtime import dtype_name, resolve_dtype
+
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        raise ProbeError("GGUF export needs the gguf package: pip install 'gguf>=0.10'.") from None
+    claim_file(out, overwrite, inputs=[checkpoint])
+    ckpt = load_checkpoint(checkpoint, "cpu", allow_pickle)
+    if not ckpt.imported:
+        raise ProbeError(f"{checkpoint} was trained by probe, not imported; GGUF export writes "
+                         "imported Llama-family models.")  # fmt: skip
+    tokenizer = ckpt.tokenizer() if (ckpt.path / "tokenizer.json").is_file() else None
+    result = export_gguf(ckpt.model, ckpt.source["model_type"], tokenizer, out,
+                         resolve_dtype(dtype), name=ckpt.path.name)  # fmt: skip
+    heads = sorted(set(result.heads))
+    span = f"{heads[0]}" if len(heads) == 1 else f"{heads[0]} to {heads[-1]}"
+    console.print(f"wrote {shown(out)}: {result.arch}, {len(result.heads)} layers with {span} "
+                  f"query heads ({sum(result.heads)} in all) and {sum(result.kv_heads)} "
+                  f"key/value heads, {dtype_name(result.dtype)}, "
+                  f"{result.bytes / 2**20:,.1f} MiB")  # fmt: skip
+    if result.repeated_kv:
+        extra = counted(result.repeated_kv, "extra copy", "extra copies")
+        console.print(f"note: {extra} of key/value heads: llama.cpp needs equal query-head "
+                      "groups per key/value head and some layers keep unequal groups (the same "
+                      "function, a larger cache).")  # fmt: skip
+
+
 def register(app: typer.Typer) -> None:
     app.command(
         "import",
@@ -113,5 +156,6 @@ def register(app: typer.Typer) -> None:
     app.command(
         "export",
         no_args_is_help=True,
-        epilog="Example: probe export runs/minilm-pruned --out runs/minilm-pruned-hf",
+        epilog="Example: probe export runs/minilm-pruned --out runs/minilm-pruned-hf; "
+        "probe export runs/smollm2-pruned --format gguf --out runs/smollm2-pruned.gguf",
     )(export_cli)

