@@ -134,17 +134,15 @@ def _export_gguf(checkpoint: Path, out: Path, dtype, allow_pickle: bool, overwri
     tokenizer = ckpt.tokenizer() if (ckpt.path / "tokenizer.json").is_file() else None
     result = export_gguf(ckpt.model, ckpt.source["model_type"], tokenizer, out,
                          resolve_dtype(dtype), name=ckpt.path.name)  # fmt: skip
-    heads = sorted(set(result.heads))
-    span = f"{heads[0]}" if len(heads) == 1 else f"{heads[0]} to {heads[-1]}"
-    console.print(f"wrote {shown(out)}: {result.arch}, {len(result.heads)} layers with {span} "
-                  f"query heads ({sum(result.heads)} in all) and {sum(result.kv_heads)} "
-                  f"key/value heads, {dtype_name(result.dtype)}, "
+    console.print(f"wrote {shown(out)}: {result.arch}, {len(result.heads)} layers, "
+                  f"{sum(result.heads) - result.padded_heads} query heads and "
+                  f"{sum(result.kv_heads)} key/value heads, {dtype_name(result.dtype)}, "
                   f"{result.bytes / 2**20:,.1f} MiB")  # fmt: skip
-    if result.repeated_kv:
-        extra = counted(result.repeated_kv, "extra copy", "extra copies")
-        console.print(f"note: {extra} of key/value heads: llama.cpp needs equal query-head "
-                      "groups per key/value head and some layers keep unequal groups (the same "
-                      "function, a larger cache).")  # fmt: skip
+    if result.padded_heads:
+        filler = counted(result.padded_heads, "filler query head")
+        console.print(f"note: {filler} written (zero weights: the same function): llama.cpp needs "
+                      "every key/value head of a layer to serve equally many query heads, and "
+                      "some layers keep unequal groups.")  # fmt: skip
 
 
 def register(app: typer.Typer) -> None:

@@ -76,7 +76,7 @@ def test_llama_files_read_back_to_the_same_logits(tiny, which, tmp_path):
     model = load_checkpoint(ckpt).model if which == "unpruned" else uniform
     path = tmp_path / "model.gguf"
     result = export_gguf(model, "llama", tok, path, torch.float32)
-    assert result.arch == "llama" and result.repeated_kv == 0
+    assert result.arch == "llama" and result.padded_heads == 0
     tokens = torch.randint(0, VOCAB, (2, 12))
     with torch.no_grad():
         want = model(tokens)
@@ -95,16 +95,32 @@ def test_a_ragged_model_is_deci_with_per_layer_head_counts(tiny, tmp_path):
         return [int(f.parts[i][0]) for i in f.data]
 
     assert result.arch == "deci"
-    assert values("deci.attention.head_count") == [4, 5, 3]
-    # layer 0 keeps groups of 1 and 3 query heads: its kv head 0 once, kv head 1 three times
-    assert values("deci.attention.head_count_kv") == [4, 5, 1]
-    assert result.repeated_kv == 2 + 3  # layer 0: 3 copies for one head; layer 1: 3 + 2 for 2
+    # layer 0 keeps groups of 1 and 3 query heads, layer 1 of 3 and 2: each filled up to 3
+    assert values("deci.attention.head_count") == [6, 6, 3]
+    assert values("deci.attention.head_count_kv") == [2, 2, 1]
+    assert result.padded_heads == 2 + 1
     shapes = {t.name: tuple(int(x) for x in t.shape) for t in reader.tensors}
-    assert shapes["blk.0.attn_k.weight"] == (48, 4 * 8)  # GGUF lists the fastest dim first
+    assert shapes["blk.0.attn_k.weight"] == (48, 2 * 8)  # GGUF lists the fastest dim first
     assert shapes["blk.2.attn_q.weight"] == (48, 3 * 8)
 
 
-def test_unequal_groups_are_repeated_by_the_gcd():
+def test_filler_heads_compute_the_same_function(tiny, tmp_path):
+    """Every layer keeping groups of 1 and 3 query heads: written as llama with 6 heads a layer
+    (2 of them filler), read back by probe's importer to the pruned model's logits."""
+    ckpt, _, _, tok = tiny
+    from probe.pruning.heads import prune_heads
+
+    model = prune_heads(load_checkpoint(ckpt).model, [(i, h) for i in range(3) for h in (0, 1)])
+    path = tmp_path / "filled.gguf"
+    result = export_gguf(model, "llama", tok, path, torch.float32)
+    assert result.arch == "llama" and result.heads == (6, 6, 6) and result.padded_heads == 6
+    tokens = torch.randint(0, VOCAB, (2, 12))
+    with torch.no_grad():
+        want = model(tokens)
+    torch.testing.assert_close(_reread_logits(path, tokens), want, rtol=0, atol=1e-5)
+
+
+def test_unequal_groups_are_filled_up_to_the_largest():
     class Module:
         def __init__(self, kv):
             self.kv_index = torch.tensor(kv)
@@ -116,8 +132,13 @@ def test_unequal_groups_are_repeated_by_the_gcd():
         def attention_modules(self):
             return [Module(kv) for kv in self.layers]
 
-    plan = layer_heads(Model([[0, 0, 1, 1], [0, 0, 0, 1, 1, 2, 2], [0, 0, 1, 1, 1, 1], []]))
-    assert [c for _, c in plan] == [[0, 1], [0, 0, 0, 1, 1, 2, 2], [0, 1, 1], []]
+    plan = layer_heads(Model([[0, 0, 1, 1], [0, 0, 0, 1, 1, 2, 2], [0, 1, 1, 1], []]))
+    assert plan == [
+        ([0, 1, 2, 3], [0, 1]),
+        ([0, 1, 2, 3, 4, None, 5, 6, None], [0, 1, 2]),
+        ([0, None, None, 1, 2, 3], [0, 1]),
+        ([], []),
+    ]
 
 
 def test_the_tokenizer_in_the_file_tokenizes_as_the_original(tiny, tmp_path):

@@ -10,10 +10,11 @@ does); quantizing is llama.cpp's job (`llama-quantize`).
 What llama.cpp cannot say, and how the file still computes the same function:
 
 - llama.cpp groups query heads in equal, consecutive runs per key/value head. A pruned layer
-  whose groups keep different numbers of query heads (3, 2, 2) has each key/value head written
-  several times: as many as its query heads over m, m the greatest common divisor of the group
-  sizes (here 1: seven copies for seven query heads). Its key/value cache in llama.cpp is that
-  much larger than probe's; `GGUFExport.repeated_kv` counts the extra heads.
+  whose groups keep different numbers of query heads (3, 2, 2) is written with every group
+  filled up to the largest (3, 3, 3) by query heads that do nothing (zero query rows, zero
+  output columns: they attend, and add exactly 0). The key/value heads, and so llama.cpp's
+  key/value cache, stay probe's; the filler costs their q and o weights and their attention
+  arithmetic (`GGUFExport.padded_heads` counts them).
 - Rotary pairs: llama.cpp's llama and deci rotate adjacent rows, Hugging Face's Llama the two
   halves of a head, so q and k rows are permuted per head, as llama.cpp's converter does (the
   inverse of `gguf_archs.unpermute_rotary`).
@@ -25,7 +26,6 @@ The tokenizer is carried over from the checkpoint's tokenizer.json: byte-level B
 
 from __future__ import annotations
 
-import math
 import os
 import tempfile
 from dataclasses import dataclass
@@ -49,27 +49,23 @@ class GGUFExport:
     arch: str  # llama or deci
     heads: tuple[int, ...]  # query heads per layer
     kv_heads: tuple[int, ...]  # key/value heads per layer, as written
-    repeated_kv: int  # key/value heads written more than once (unequal groups), in all
+    padded_heads: int  # filler query heads written to even out unequal groups, in all
     dtype: torch.dtype
     bytes: int
 
 
-def layer_heads(model: Transformer) -> list[tuple[list[int], list[int]]]:
-    """Per layer: the local query heads in written order, and for each written key/value head
-    the local key/value head it copies (unequal groups repeated, see the module docstring)."""
+def layer_heads(model: Transformer) -> list[tuple[list[int | None], list[int]]]:
+    """Per layer: the written query heads (local query head, or None for a filler head) and the
+    written key/value heads (local ids), each key/value head's query heads consecutive and
+    equally many (see the module docstring)."""
     out = []
     for module in model.attention_modules():
         kv_of = module.kv_index.tolist()  # [head] -> local kv head
-        sizes = [kv_of.count(g) for g in sorted(set(kv_of))]
-        if not kv_of:
-            out.append(([], []))
-            continue
-        if kv_of != sorted(kv_of):
-            raise ProbeError("a layer's query heads are not grouped by key/value head; "
-                             "this model cannot be written as GGUF.")  # fmt: skip
-        run = math.gcd(*sizes)
-        copies = [g for g in sorted(set(kv_of)) for _ in range(kv_of.count(g) // run)]
-        out.append((list(range(len(kv_of))), copies))
+        groups = sorted(set(kv_of))
+        members = {g: [h for h, k in enumerate(kv_of) if k == g] for g in groups}
+        width = max((len(m) for m in members.values()), default=0)
+        slots = [h for g in groups for h in members[g] + [None] * (width - len(members[g]))]
+        out.append((slots, groups))
     return out
 
 
@@ -110,21 +106,24 @@ def _tensors(model: Transformer, plan) -> dict[str, torch.Tensor]:
     cfg = model.cfg
     out = {"token_embd.weight": state["embed.weight"]}
     modules = model.attention_modules()
-    for i, ((heads, copies), module) in enumerate(zip(plan, modules, strict=True)):
+    for i, ((slots, groups), module) in enumerate(zip(plan, modules, strict=True)):
         b, d = f"blocks.{i}.", cfg.d_head
-        if heads:
-            k_rows = torch.cat([torch.arange(g * d, (g + 1) * d) for g in copies])
-            k = state[f"{b}attn.k.weight"][k_rows]
-            v = state[f"{b}attn.v.weight"][k_rows]
-            gate = module.gate.detach().float()  # [head]
-            o = state[f"{b}attn.o.weight"].float() * gate.repeat_interleave(d)[None, :]
+        if slots:
+            q, o = state[f"{b}attn.q.weight"], state[f"{b}attn.o.weight"]
+            gate = module.gate.detach().to(o.dtype)  # [head]: folded into W_O
+            q_rows = [q[h * d : (h + 1) * d] if h is not None else q.new_zeros(d, q.shape[1])
+                      for h in slots]  # fmt: skip
+            o_cols = [o[:, h * d : (h + 1) * d] * gate[h] if h is not None
+                      else o.new_zeros(o.shape[0], d) for h in slots]  # fmt: skip
+            kv_rows = torch.cat([torch.arange(g * d, (g + 1) * d) for g in groups])
             out |= {
                 f"blk.{i}.attn_norm.weight": state[f"{b}ln_attn.weight"],
-                f"blk.{i}.attn_q.weight": _permute(state[f"{b}attn.q.weight"], len(heads)),
-                f"blk.{i}.attn_k.weight": _permute(k, len(copies)),
-                f"blk.{i}.attn_v.weight": v,
-                f"blk.{i}.attn_output.weight": o.to(state[f"{b}attn.o.weight"].dtype),
-            }
+                f"blk.{i}.attn_q.weight": _permute(torch.cat(q_rows), len(slots)),
+                f"blk.{i}.attn_k.weight": _permute(state[f"{b}attn.k.weight"][kv_rows],
+                                                   len(groups)),
+                f"blk.{i}.attn_v.weight": state[f"{b}attn.v.weight"][kv_rows],
+                f"blk.{i}.attn_output.weight": torch.cat(o_cols, dim=1),
+            }  # fmt: skip
         out |= {
             f"blk.{i}.ffn_norm.weight": state[f"{b}ln_ffn.weight"],
             f"blk.{i}.ffn_gate.weight": state[f"{b}ffn.gate.weight"],
@@ -151,7 +150,7 @@ def export_gguf(
         raise ProbeError(f"GGUF export writes float32, float16 or bfloat16, not {dtype}.")
     plan = layer_heads(model)
     heads = tuple(len(h) for h, _ in plan)
-    kv_heads = tuple(len(c) for _, c in plan)
+    kv_heads = tuple(len(g) for _, g in plan)
     ragged = len(set(heads)) > 1 or len(set(kv_heads)) > 1 or 0 in heads
     arch = "deci" if ragged else "llama"
     vocab = gguf_vocab(tokenizer, cfg.vocab_size)
@@ -188,8 +187,8 @@ def export_gguf(
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    repeated = sum(len(c) - len(set(c)) for _, c in plan)
-    return GGUFExport(path, arch, heads, kv_heads, repeated, dtype, path.stat().st_size)
+    padded = sum(h is None for slots, _ in plan for h in slots)
+    return GGUFExport(path, arch, heads, kv_heads, padded, dtype, path.stat().st_size)
 
 
 # ------------------------------------------------------------------------------------ tokenizer
