@@ -80,6 +80,7 @@ LIMITS: dict[str, dict[str, tuple[float, Any, str]]] = {
         "eval_tokens": (2, None, "held-out tokens"),
         "eval_at": (1, None, "steps measured after"),
         "seeds": (1, None, "orders of the training rows"),
+        "max_batch_tokens": (1, None, "tokens one pass holds"),
     },
     "timing": {
         "batch_sizes": (1, None, "rows per timed batch"),

@@ -86,6 +86,7 @@ class HealOptions:
     eval_tokens: int = 32768  # held-out tokens perplexity is measured on
     eval_at: tuple[int, ...] = ()  # steps measured after (empty: 1, 2, 4, ... and the last)
     seeds: int = 2  # orders of the training rows (the pruned model is the same for every seed)
+    max_batch_tokens: int = 2048  # tokens one forward and backward pass holds (memory)
 
     def config(self, seed: int = 0):
         """The `probe.heal.loop.HealConfig` of one seed's run."""

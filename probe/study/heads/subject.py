@@ -53,6 +53,11 @@ class Subject:
             check_model_fit(self)
             self._checked = True
 
+    @cached_property
+    def digest(self) -> str:
+        """sha256 of the model's files (what every step's hash holds)."""
+        return source_digest(self.path)
+
     @property
     def workdir(self) -> Path:
         if self._workdir is None:  # a subject built outside a run: a fresh folder of its own

@@ -9,6 +9,8 @@ after the steps asked for. The report's section and the answer's sentence on the
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 
 import pandas as pd
 
@@ -26,18 +28,45 @@ def step_key(method: str, seed: int) -> str:
 
 def _plan(study: HeadStudy) -> list[tuple[str, Options]]:
     h = study.heal
-    common = {"fraction": h.fraction, **h.config().to_dict()}
+    common = {
+        "fraction": h.fraction,
+        "max_batch_tokens": h.max_batch_tokens,
+        **h.config().to_dict(),
+    }
     common.pop("seed")
+    # seed by seed, so parallel workers start on different methods
     return [(step_key(method, seed), {**common, "method": method, "seed": seed})
-            for method in h.methods for seed in range(h.seeds)]  # fmt: skip
+            for seed in range(h.seeds) for method in h.methods]  # fmt: skip
 
 
 def _pruned(subject: Subject, method: str, fraction: float):
-    """The pruned model of `method`, made once per process (every seed heals a copy)."""
-    key = ("heal-pruned", method, fraction)
-    if key not in subject.memo:
-        sets, _ = subject.splits
-        subject.memo[key] = prune_for_healing(subject.model, sets[0], fraction, method)[0]
+    """The pruned model of `method`: made once per run and kept in the run's steps/ folder
+    (named by a digest of the model, the text and the method), so the seeds of a method, in any
+    worker, heal copies of one model; workers prune one at a time (a lock), since pruning with
+    mask tuning holds several copies of the model's activations."""
+    import fcntl
+    import shutil
+
+    from probe.checkpoint import load_checkpoint, save_checkpoint
+
+    text = json.dumps([subject.study.text.__dict__, method, fraction, subject.digest],
+                      sort_keys=True, default=str)  # fmt: skip
+    folder = subject.workdir / f"heal-pruned-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+    key = ("heal-pruned", folder.name)
+    if key in subject.memo:
+        return subject.memo[key]
+    subject.workdir.mkdir(parents=True, exist_ok=True)
+    with (subject.workdir / ".heal-prune.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / "config.json").is_file():
+            sets, _ = subject.splits
+            model = prune_for_healing(subject.model, sets[0], fraction, method)[0]
+            partial = folder.with_name(folder.name + ".partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            save_checkpoint(partial, model, None, None, source=subject.imported.source)
+            partial.rename(folder)
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    subject.memo[key] = load_checkpoint(folder, runtime=subject.runtime).model
     return subject.memo[key]
 
 
@@ -56,6 +85,7 @@ def heal_step(subject: Subject, options: Options, given, progress) -> pd.DataFra
 
     result = heal(subject.model, student, docs_corpus("train"), docs_corpus("heldout"),
                   tokenizer, cfg, work, subject.runtime,
+                  max_batch_tokens=subject.study.heal.max_batch_tokens,
                   identity={"method": method, "fraction": options["fraction"]},
                   progress=report)  # fmt: skip
     sites = student.cfg.sites()
