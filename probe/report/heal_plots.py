@@ -19,6 +19,15 @@ from probe.report.layout import title_above
 COLORS = ("tab:blue", "tab:red", "tab:green", "tab:purple", "tab:orange", "0.4")
 
 
+def _token_axis(ax, tokens) -> None:
+    """A symmetric-log axis of token counts, ticked at the counts measured (0 included)."""
+    ticks = sorted({int(t) for t in tokens})
+    positive = [t for t in ticks if t > 0]
+    ax.set_xscale("symlog", linthresh=positive[0] if positive else 1)
+    ax.set_xticks(ticks, [f"{t // 1024}Ki" if t and t % 1024 == 0 else f"{t:,}" for t in ticks])
+    ax.minorticks_off()
+
+
 def _level(table: pd.DataFrame, stage: str) -> float:
     rows = table[(table.stage == stage) & (table.metric == "perplexity")]
     return float(rows.value.mean())
@@ -33,7 +42,7 @@ def heal_plot(table: pd.DataFrame, losses: pd.DataFrame) -> plt.Figure:
             label="healed student")  # fmt: skip
     ax.axhline(_level(table, "original"), color="k", ls="--", lw=1, label="original (teacher)")
     ax.axhline(pruned, color="tab:red", ls=":", lw=1, label="pruned, before healing")
-    ax.set_xscale("symlog", linthresh=max(1, int(healed.tokens.min())) if len(healed) else 1)
+    _token_axis(ax, [0, *healed.tokens])
     ax.set_xlabel("training tokens")
     ax.set_ylabel("held-out perplexity")
     ax.grid(alpha=0.3)
@@ -64,8 +73,7 @@ def heal_curves_plot(table: pd.DataFrame) -> plt.Figure:
     original = ppl[ppl.stage == "original"].value
     if len(original):
         ax.axhline(float(original.mean()), color="k", ls="--", lw=1, label="original")
-    positive = ppl.tokens[ppl.tokens > 0]
-    ax.set_xscale("symlog", linthresh=int(positive.min()) if len(positive) else 1)
+    _token_axis(ax, ppl.tokens)
     ax.set_yscale("log")
     ax.set_xlabel("distillation tokens (0: pruned, before healing)")
     ax.set_ylabel("held-out perplexity")

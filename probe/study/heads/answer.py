@@ -8,6 +8,7 @@ import pandas as pd
 
 from probe.study.heads import evidence as ev
 from probe.study.heads.findings import Findings
+from probe.study.heads.heal_report import heal_answer
 from probe.study.heads.steps.kv import kv_answer
 from probe.words import counted
 
@@ -30,12 +31,10 @@ def _speed_at(r: Findings, method: str, unit: str, n: int) -> str:
 
 
 def answer(r: Findings) -> str:
-    """The pruning sentence, and the key/value plans' when the study measured them."""
-    kv = kv_answer(r)
-    pruning = _pruning(r)
-    if pruning is None:
-        return kv or "No pruning curves were run."
-    return pruning if kv is None else f"{pruning} {kv}"
+    """The pruning sentence, and the key/value plans' and the healing's when the study
+    measured them."""
+    parts = [p for p in (_pruning(r), kv_answer(r), heal_answer(r)) if p]
+    return " ".join(parts) if parts else "No pruning curves were run."
 
 
 def _pruning(r: Findings) -> str | None:

@@ -16,6 +16,7 @@ from probe.report.report import MarkdownReport
 from probe.study.heads import evidence as ev
 from probe.study.heads import kv_claims
 from probe.study.heads.findings import Findings
+from probe.study.heads.heal_report import minitron
 from probe.study.verdicts.contrast import smallest_p
 from probe.study.verdicts.stats import fmt_vs
 from probe.words import counted
@@ -198,6 +199,7 @@ def comparison(report: Findings, rep: MarkdownReport) -> None:
         kv_claims.duo(report),
         kv_claims.razor(report),
         kv_claims.streaming(report),
+        minitron(report),
     ]
     items = [i for i in items if i]
     if not items:
@@ -213,6 +215,8 @@ def comparison(report: Findings, rep: MarkdownReport) -> None:
         "xiao2023",
         "xiao2025-duo",
         "tang2024-razor",
+        "muralidharan2024",
+        "allal2025",
     ):
         ref = published(key)
         if any(ref.short in i for i in items):

@@ -17,7 +17,8 @@ import pandas as pd
 from probe.data.docs import docs_corpus
 from probe.heal.loop import heal
 from probe.heal.prune import prune_for_healing
-from probe.study.heads.step import Options, StepKind
+from probe.study.heads.heal_report import healing_section
+from probe.study.heads.step import Options, Section, StepKind
 from probe.study.heads.study import HeadStudy
 from probe.study.heads.subject import Subject
 
@@ -103,3 +104,4 @@ def heal_step(subject: Subject, options: Options, given, progress) -> pd.DataFra
 
 
 KINDS = (StepKind("heal", 9, heal_step, _plan),)
+SECTIONS = (Section("healing", 78, healing_section),)
