@@ -81,6 +81,7 @@ LIMITS: dict[str, dict[str, tuple[float, Any, str]]] = {
         "eval_at": (1, None, "steps measured after"),
         "seeds": (1, None, "orders of the training rows"),
         "max_batch_tokens": (1, None, "tokens one pass holds"),
+        "speed_repeats": (0, None, "llama.cpp timings; 0 turns them off"),
     },
     "timing": {
         "batch_sizes": (1, None, "rows per timed batch"),

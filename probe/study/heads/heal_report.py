@@ -157,3 +157,54 @@ def minitron(r: Findings) -> str | None:
             "135M model, a budget about "
             f"{share * trained / max(b.tokens, 1):.0e} times smaller than 3% of the pre-training "
             "data, and perplexity on documentation rather than downstream benchmarks.")  # fmt: skip
+
+
+def speed_table(speed: pd.DataFrame) -> pd.DataFrame:
+    """Per model: architecture, heads, file and cache MiB, median tokens/s, ratios to the
+    original."""
+    med = speed.groupby(["model", "metric"], sort=False).value.median().unstack("metric")
+    first = speed.drop_duplicates("model").set_index("model")
+    out = pd.DataFrame({
+        "arch": first.arch, "heads": first.heads, "kv_heads": first.kv_heads,
+        "file_mib": med.file_mib, "kv_cache_mib": med.kv_cache_mib,
+        "prompt_tok_s": med.prompt_tokens_per_s, "decode_tok_s": med.decode_tokens_per_s,
+    })  # fmt: skip
+    base = out.loc["original"]
+    out["decode_vs_original"] = out.decode_tok_s / base.decode_tok_s
+    out["prompt_vs_original"] = out.prompt_tok_s / base.prompt_tok_s
+    out["kv_cache_vs_original"] = out.kv_cache_mib / base.kv_cache_mib
+    return out.reset_index()
+
+
+def speed_section(r: Findings, rep: MarkdownReport) -> None:
+    speed = r.tables.get("llama-cpp")
+    if heal_table(r) is None:
+        return
+    rep.heading("In llama.cpp", 3)
+    if speed is None or speed.empty:
+        rep.paragraph("Not measured: llama-cpp-python was not installed when the study ran "
+                      "(`bash scripts/llama-cpp.sh` builds it; the step then runs).")  # fmt: skip
+        return
+    t = speed_table(speed)
+    reps = int(speed.repeat.max()) + 1
+    rep.paragraph(
+        "The unpruned model and each pruned model (before healing: healing changes weights, "
+        "not shapes) written by `probe export --format gguf` in float16 and run in llama.cpp "
+        "(llama-cpp-python "
+        + str(r.manifest.get("packages", {}).get("llama-cpp-python", "?"))
+        + "), one thread, flash "
+        "attention, a float16 key/value cache of 2,048 cells as llama.cpp reports it; a prompt "
+        f"of 256 held-out tokens then 64 greedy tokens, median of {counted(reps, 'repeat')} "
+        "alternating between the models, after every other step had finished."
+    )
+    shown = pd.DataFrame({
+        "model": t.model, "arch": t.arch, "query / kv heads": [
+            f"{int(x.heads)} / {int(x.kv_heads)}" for x in t.itertuples()],
+        "file MiB": t.file_mib.map("{:.1f}".format),
+        "KV cache MiB": t.kv_cache_mib.map("{:.2f}".format),
+        "prompt tok/s": t.prompt_tok_s.map("{:.0f}".format),
+        "decode tok/s": t.decode_tok_s.map("{:.1f}".format),
+        "decode vs original": t.decode_vs_original.map("{:.2f}x".format),
+        "KV cache vs original": t.kv_cache_vs_original.map("{:.2f}x".format),
+    })  # fmt: skip
+    rep.table(shown, "llama_cpp_speed.csv", data=t, digits=4)

