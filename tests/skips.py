@@ -20,7 +20,7 @@ GROUPS = (
      "reference libraries missing",
      "pip install -e '.[dev]'"),
     (("ray is not installed", "'ray'"), "Ray missing", "pip install 'probe[ray]'"),
-    (("llama-cpp-python",), "llama.cpp missing", "bash scripts/llama-cpp.sh"),
+    (("llama-cpp-python", "'llama_cpp'"), "llama.cpp missing", "bash scripts/llama-cpp.sh"),
     (("/proc",), "not Linux (no /proc)", ""),
 )  # fmt: skip
 
