@@ -109,8 +109,8 @@ def heal_cli(
         raise ProbeError("--text and --eval-text are the same file; held-out perplexity needs "
                          "text the student is not trained on.")  # fmt: skip
     from probe.checkpoint import CHECKPOINT_FILES
-    from probe.files import check_apart, claim_output, open_output
-    from probe.heal.loop import STATE
+    from probe.files import check_apart, claim_output
+    from probe.heal.loop import STATE, clear_state
 
     inputs = [checkpoint, teacher, *(p for p in (text, eval_text) if p is not None)]
     check_apart(out, inputs)
@@ -122,17 +122,30 @@ def heal_cli(
 
     check_pair(original, student)
     train_docs, heldout_docs = _texts(text, eval_text)
-    out = open_output(out, earlier)
+    try:
+        out.mkdir(parents=True, exist_ok=True)  # for the resume state; results come at the end
+    except OSError as exc:
+        raise ProbeError(f"cannot create '{out}': {exc.strerror or exc}.") from None
     if overwrite:
-        import shutil
-
-        shutil.rmtree(out / STATE, ignore_errors=True)
-    _run(student, original, train_docs, heldout_docs, cfg, out, device, dtype, max_batch_tokens,
-         resuming, text, eval_text)  # fmt: skip
+        clear_state(out)  # start again: the earlier results stay until the new ones are written
+    _run(student, original, train_docs, heldout_docs, cfg, out, earlier, device, dtype,
+         max_batch_tokens, resuming, text, eval_text)  # fmt: skip
 
 
-def _run(student, original, train_docs, heldout_docs, cfg, out, device, dtype, max_batch_tokens,
-         resuming, text, eval_text) -> None:  # fmt: skip
+def _fingerprint(path: Path | None) -> str:
+    """A file or checkpoint folder as resolved path, sizes and modification times: a resumed
+    run refuses inputs that changed since it was saved."""
+    if path is None:
+        return "shipped"
+    path = Path(path).resolve()
+    files = sorted(path.iterdir()) if path.is_dir() else [path]
+    parts = [f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files if f.is_file()]
+    return f"{path} " + " ".join(parts)
+
+
+def _run(student, original, train_docs, heldout_docs, cfg, out, earlier, device, dtype,
+         max_batch_tokens, resuming, text, eval_text) -> None:  # fmt: skip
+    import matplotlib.pyplot as plt
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -142,14 +155,14 @@ def _run(student, original, train_docs, heldout_docs, cfg, out, device, dtype, m
     )
 
     from probe.checkpoint import save_checkpoint
-    from probe.heal.loop import heal
+    from probe.heal.loop import clear_state, heal
+    from probe.interop.staging import staged
     from probe.report.heal_plots import heal_plot
     from probe.runtime import Runtime
 
     runtime = Runtime.resolve(device, dtype)
-    identity = {"teacher": str(original.path.resolve()), "student": str(student.path.resolve()),
-                "text": str(text) if text else "manuals:train",
-                "eval_text": str(eval_text) if eval_text else "manuals:heldout",
+    identity = {"teacher": _fingerprint(original.path), "student": _fingerprint(student.path),
+                "text": _fingerprint(text), "eval_text": _fingerprint(eval_text),
                 "dtype": str(next(student.model.parameters()).dtype)}  # fmt: skip
     if resuming:
         console.print(f"resuming the heal run saved in {shown(out)}")
@@ -168,16 +181,39 @@ def _run(student, original, train_docs, heldout_docs, cfg, out, device, dtype, m
                       progress=show)  # fmt: skip
     meta = {**student.meta, "healed": {"teacher": str(original.path), "tokens":
                                        cfg.steps * cfg.step_tokens, **cfg.to_dict()}}  # fmt: skip
-    save_checkpoint(out, student.model, student.task, student.train_cfg, meta,
-                    source=student.source, tokenizer=student.tokenizer())  # fmt: skip
-    result.table.to_csv(out / "heal.csv", index=False)
-    result.losses.to_csv(out / "losses.csv", index=False)
-    heal_plot(result.table, result.losses).savefig(out / "heal.png", dpi=120)
-    write_manifest(out, student, command="heal", teacher=str(original.path), **cfg.to_dict(),
-                   text=identity["text"], eval_text=identity["eval_text"],
-                   trained_tokens=cfg.steps * cfg.step_tokens, resumed_at=result.resumed_at,
-                   seconds=round(result.seconds, 1), **result.notes)  # fmt: skip
+    trained = cfg.steps * cfg.step_tokens
+    with staged(out, earlier) as stage:  # all results at once, replacing an earlier run's
+        save_checkpoint(stage, student.model, student.task, student.train_cfg, meta,
+                        source=student.source, tokenizer=student.tokenizer())  # fmt: skip
+        result.table.to_csv(stage / "heal.csv", index=False)
+        result.losses.to_csv(stage / "losses.csv", index=False)
+        figure = heal_plot(result.table, result.losses)
+        figure.savefig(stage / "heal.png", dpi=120)
+        plt.close(figure)
+        write_manifest(stage, student, command="heal", teacher=str(original.path),
+                       **cfg.to_dict(), text=str(text) if text else "manuals:train",
+                       eval_text=str(eval_text) if eval_text else "manuals:heldout",
+                       trained_tokens=trained, resumed_at=result.resumed_at,
+                       seconds=round(result.seconds, 1), **result.notes)  # fmt: skip
+    clear_state(out)
+    _notes(cfg, result.notes)
     _show(result.table, out)
+
+
+def _notes(cfg, notes: dict) -> None:
+    """Say where the run did less than was asked."""
+    if cfg.step_tokens != cfg.batch_tokens:
+        console.print(f"note: each step took {cfg.step_tokens:,} tokens ({cfg.rows_per_step} "
+                      f"whole rows of {cfg.seq_len}), not --batch-tokens {cfg.batch_tokens:,}",
+                      style="dim")  # fmt: skip
+    if cfg.steps * cfg.step_tokens != cfg.tokens:
+        console.print(f"note: trained {cfg.steps * cfg.step_tokens:,} tokens (whole steps), "
+                      f"not --tokens {cfg.tokens:,}", style="dim")  # fmt: skip
+    measured = notes["eval_tokens_measured"]
+    if measured < cfg.eval_tokens:
+        console.print(f"note: perplexity was measured on {measured:,} held-out tokens, all the "
+                      f"held-out text gives, not --eval-tokens {cfg.eval_tokens:,}",
+                      style="dim")  # fmt: skip
 
 
 def _show(table, out) -> None:

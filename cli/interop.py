@@ -119,7 +119,7 @@ def export_cli(
 def _export_gguf(checkpoint: Path, out: Path, dtype, allow_pickle: bool, overwrite: bool) -> None:
     from probe.checkpoint import load_checkpoint
     from probe.files import claim_file
-    from probe.interop.gguf_write import export_gguf
+    from probe.interop.gguf_write import export_gguf, source_eos
     from probe.runtime import dtype_name, resolve_dtype
 
     try:
@@ -133,7 +133,8 @@ def _export_gguf(checkpoint: Path, out: Path, dtype, allow_pickle: bool, overwri
                          "imported Llama-family models.")  # fmt: skip
     tokenizer = ckpt.tokenizer() if (ckpt.path / "tokenizer.json").is_file() else None
     result = export_gguf(ckpt.model, ckpt.source["model_type"], tokenizer, out,
-                         resolve_dtype(dtype), name=ckpt.path.name)  # fmt: skip
+                         resolve_dtype(dtype), name=ckpt.path.name,
+                         eos=source_eos(ckpt.source))  # fmt: skip
     console.print(f"wrote {shown(out)}: {result.arch}, {len(result.heads)} layers, "
                   f"{sum(result.heads) - result.padded_heads} query heads and "
                   f"{sum(result.kv_heads)} key/value heads, {dtype_name(result.dtype)}, "

@@ -7,6 +7,8 @@ and the same greedy continuation of 20 tokens for float32 files of SmolLM2 prune
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -132,6 +134,7 @@ def test_unequal_groups_are_filled_up_to_the_largest():
         def attention_modules(self):
             return [Module(kv) for kv in self.layers]
 
+    assert layer_heads(Model([[], [0, 1]])) == [([None], [None]), ([0, 1], [0, 1])]
     plan = layer_heads(Model([[0, 0, 1, 1], [0, 0, 0, 1, 1, 2, 2], [0, 1, 1, 1], []]))
     assert plan == [
         ([0, 1, 2, 3], [0, 1]),
@@ -150,6 +153,30 @@ def test_the_tokenizer_in_the_file_tokenizes_as_the_original(tiny, tmp_path):
     rebuilt = tokenizer_from_gguf(gguf_metadata(path), path)
     for doc in read_documents(None)[:50]:
         assert rebuilt.encode(doc).ids == tok.encode(doc).ids
+
+
+def test_end_of_text_and_begin_tokens(tiny):
+    from tokenizers import processors
+
+    tok = tiny[3]
+    vocab = gguf_vocab(tok, VOCAB)
+    assert vocab.pre == "gpt-2" and vocab.bos is None  # GPT-2's split; nothing added first
+    assert vocab.tokens[vocab.eos] == "<|endoftext|>" and vocab.types[vocab.eos] == 3
+    assert gguf_vocab(tok, VOCAB, eos=7).eos == 7  # what the model's source says wins
+    wrapped = bpe_tokenizer()
+    wrapped.add_special_tokens(["<s>", "</s>"])
+    wrapped.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", VOCAB), ("</s>", VOCAB + 1)])  # fmt: skip
+    vocab = gguf_vocab(wrapped, VOCAB + 2)
+    assert (vocab.tokens[vocab.bos], vocab.tokens[vocab.eos]) == ("<s>", "</s>")
+    bare = bpe_tokenizer()
+    bare.add_tokens(["plain"])  # an added token, not special
+    doc = json.loads(bare.to_str())
+    doc["added_tokens"] = [t for t in doc["added_tokens"] if not t["special"]]
+    from tokenizers import Tokenizer
+
+    with pytest.raises(ProbeError, match="EOS"):
+        gguf_vocab(Tokenizer.from_str(json.dumps(doc)), VOCAB + 1)
 
 
 def test_smollm2_tokenizer_survives_the_trip(tmp_path):
@@ -202,11 +229,41 @@ def test_export_gguf_cli_and_bad_input(tiny, tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------- llama.cpp itself
+NO_LLAMA_CPP = ("llama-cpp-python is not installed (.ci/run builds it from its PyPI source "
+                "release and caches the wheel)")  # fmt: skip
+
+
+def _llama_cpp_logits(path, tokens):
+    llama_cpp = pytest.importorskip("llama_cpp", reason=NO_LLAMA_CPP)
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, logits_all=True, verbose=False,
+                          n_threads=1, type_k=0, type_v=0)  # fmt: skip
+    llm.eval(tokens)
+    return np.array(llm.scores[: len(tokens)])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["unpruned", "first layer without heads"])
+def test_llama_cpp_runs_tiny_files_with_gpt2_tokenizers(tiny, which, tmp_path):
+    """GPT-2's pre-tokenizer named as llama.cpp knows it ("gpt-2"), and a deci file whose
+    first layer keeps no head (llama.cpp reads the head size off layer 0)."""
+    from probe.pruning.heads import prune_heads
+
+    ckpt, _, _, tok = tiny
+    model = load_checkpoint(ckpt).model
+    if which != "unpruned":
+        model = prune_heads(model, [(0, h) for h in range(6)] + [(1, 2)])
+    path = tmp_path / "m.gguf"
+    export_gguf(model, "llama", tok, path, torch.float32)
+    tokens = list(range(5, 30))
+    with torch.no_grad():
+        want = model(torch.tensor([tokens]))[0].numpy()
+    assert np.abs(_llama_cpp_logits(path, tokens) - want).max() < 1e-3
+
+
 @pytest.fixture(scope="module")
 def smollm2_files(tmp_path_factory):
     """SmolLM2 imported, pruned by a third at random (ragged) and uniformly, as float32 GGUF."""
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (.ci/run builds "
-                        "it from its PyPI source release and caches the wheel)")  # fmt: skip
+    pytest.importorskip("llama_cpp", reason=NO_LLAMA_CPP)
     from probe.interop.bundled import bundled_path
 
     try:

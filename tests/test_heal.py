@@ -19,7 +19,7 @@ from probe.data.docs import docs_corpus, docs_path
 from probe.data.text import read_documents
 from probe.errors import ProbeError
 from probe.heal.distill import hidden_sum, kl_sum
-from probe.heal.loop import HealConfig, heal
+from probe.heal.loop import STATE, HealConfig, clear_state, heal
 from probe.runtime import Runtime
 
 pytest.importorskip("transformers")
@@ -115,8 +115,11 @@ def test_schedule_warms_up_then_holds_or_decays():
     cosine = HealConfig(tokens=10 * 1024, seq_len=64, batch_tokens=1024, lr=1e-3, warmup=0.2,
                         schedule="cosine")  # fmt: skip
     assert cosine.lr_at(2) == pytest.approx(1e-3)
-    assert cosine.lr_at(9) == pytest.approx(1e-4 + 0.9e-3 * 0.5 * (1 + torch.cos(torch.tensor(
-        torch.pi * 7 / 8)).item()))  # fmt: skip
+    assert cosine.lr_at(5) == pytest.approx(1e-4 + 0.9e-3 * 0.5 * (1 + torch.cos(torch.tensor(
+        torch.pi * 3 / 7)).item()))  # fmt: skip
+    assert cosine.lr_at(9) == pytest.approx(1e-4)  # a tenth at the last step
+    assert HealConfig(tokens=10 * 1024, seq_len=64, batch_tokens=1024,
+                      eval_at=(1, 3)).eval_steps == (1, 3, 10)  # the trained model too  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -158,13 +161,15 @@ def test_a_killed_run_resumes_to_the_same_weights(pair, tmp_path):
     whole, result = _run(pair, tmp_path / "whole", cfg)
     with pytest.raises(KeyboardInterrupt):
         _run(pair, tmp_path / "killed", cfg, stop_at=3)
-    assert json.loads((tmp_path / "killed/state/state.json").read_text())["step"] == 2
+    assert json.loads((tmp_path / "killed" / STATE / "state.json").read_text())["step"] == 2
     resumed, again = _run(pair, tmp_path / "killed", cfg)
     assert again.resumed_at == 2
     for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
     pd.testing.assert_frame_equal(result.table, again.table)
-    assert not (tmp_path / "killed/state").exists()  # cleared once finished
+    (tmp_path / "killed" / STATE / "notes.txt").write_text("mine")
+    clear_state(tmp_path / "killed")  # removes heal's files only
+    assert [p.name for p in (tmp_path / "killed" / STATE).iterdir()] == ["notes.txt"]
     table = result.table.set_index(["stage", "tokens", "metric"]).value
     assert list(result.losses.step) == [1, 2, 3, 4, 5, 6]
     assert result.losses.kl.iloc[-1] < result.losses.kl.iloc[0]  # distillation lowers the KL
@@ -198,6 +203,12 @@ def test_heal_cli_writes_a_healed_checkpoint_and_its_table(pair, tmp_path):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["settings"]["trained_tokens"] == 512
     assert exit_code(args) == 2  # the results are there: --overwrite to replace them
+    assert not (out / STATE).exists()
+    before = (out / "model.safetensors").read_bytes()
+    diverging = [*args, "--overwrite", "--lr", "1e30"]
+    assert exit_code(diverging) == 2  # diverges: one line, and the earlier results are kept
+    assert (out / "model.safetensors").read_bytes() == before
+    assert (out / "heal.csv").is_file() and (out / "manifest.json").is_file()
 
 
 def test_bad_input_is_one_line(pair, tmp_path, capsys):
@@ -215,6 +226,18 @@ def test_bad_input_is_one_line(pair, tmp_path, capsys):
     assert exit_code(["import", str(hf_dir("bert-mlm", tmp_path)), "--out", str(bert)]) == 0
     blocker = tmp_path / "file"
     blocker.write_text("x")
+    other = tmp_path / "other"  # the same shape, other weights, pruned alike
+    assert exit_code(["import", str(hf_dir("llama", tmp_path / "o")), "--out", str(other)]) == 0
+    from probe.checkpoint import load_checkpoint as load
+    from probe.checkpoint import save_checkpoint
+
+    o = load(other)
+    with torch.no_grad():
+        o.model.embed.weight.normal_()
+    save_checkpoint(other, o.model, None, None, source=o.source, tokenizer=o.tokenizer())
+    damaged = tmp_path / "damaged"
+    (damaged / STATE).mkdir(parents=True)
+    (damaged / STATE / "state.json").write_text("[]")
     base = ["--tokens", "128", "--seq-len", "16", "--batch-tokens", "128"]
     cases = [
         ([str(student), "--teacher", str(other_vocab)], "different vocabularies"),
@@ -235,12 +258,19 @@ def test_bad_input_is_one_line(pair, tmp_path, capsys):
         ),
         ([str(student), "--teacher", str(tmp_path / "none")], "tmp"),
         ([str(student), "--teacher", str(teacher), "--eval-at", "x"], "--eval-at"),
+        (
+            [str(teacher), "--teacher", str(teacher), "--out", str(tmp_path / "o2")],
+            "nothing was pruned",
+        ),
+        ([str(student), "--teacher", str(other)], "was not pruned from the teacher"),
+        ([str(student), "--teacher", str(teacher), "--dtype", "float16"], "float32 or bfloat16"),
+        ([str(student), "--teacher", str(teacher), "--out", str(damaged)], "not a heal resume"),
     ]
     for args, words in cases:
         capsys.readouterr()
         if "--out" not in args:
             args = [*args, "--out", str(tmp_path / "out")]
-        assert exit_code(["heal", *args, *base]) == 2, args
+        assert exit_code(["heal", *base, *args]) == 2, args
         err = capsys.readouterr().err.strip()
         assert words in err.replace("\n", " ") and "Traceback" not in err, (args, err)
 

@@ -4,10 +4,11 @@ The student trains on rows of `seq_len` tokens of the training text (shuffled by
 `batch_tokens` tokens per AdamW step, cut into micro-batches within the runtime's token budget
 (gradients accumulate); the learning rate warms up linearly, then stays (`constant`) or decays
 on a cosine to a tenth (`cosine`). Held-out perplexity is measured before (teacher and student)
-and after chosen steps. Every few minutes, and at every evaluation, the student, the optimizer
-and the rows measured so far are saved to `state/` in the output directory; `heal` called again
-on the same folder with the same settings resumes there, with the same result as an
-uninterrupted run.
+and after chosen steps (always the last). Every few minutes, and at every evaluation, the
+student, the optimizer and the rows measured so far are saved to `.probe-heal-state/` in the
+output directory; `heal` called again on the same folder with the same settings resumes there,
+with the same result as an uninterrupted run. The caller removes the state (`clear_state`) once
+it has written its results.
 
     cfg = HealConfig(tokens=131072)
     result = heal(teacher, student, train_docs, heldout_docs, tokenizer, cfg, out)
@@ -16,9 +17,9 @@ uninterrupted run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -36,7 +37,9 @@ from probe.model import Transformer
 from probe.runtime import ACCUMULATE, Runtime
 from probe.weights import _atomic_write, load_safetensors
 
-STATE = "state"  # the resume folder inside the output directory
+STATE = ".probe-heal-state"  # the resume folder inside the output directory (heal's own name)
+STATE_FILES = ("state.json", "student-*.safetensors", "optimizer-*.safetensors",
+               ".*.probe-tmp")  # what heal writes there, and all it ever removes  # fmt: skip
 SCHEDULES = ("constant", "cosine")
 SAVE_SECONDS = 300.0  # at most this long between saves (and at every evaluation)
 
@@ -104,8 +107,8 @@ class HealConfig:
 
     @property
     def eval_steps(self) -> tuple[int, ...]:
-        if self.eval_at is not None:
-            return self.eval_at
+        if self.eval_at is not None:  # the trained model is always measured
+            return tuple(sorted({*self.eval_at, self.steps}))
         doubling = [2**k for k in range(self.steps.bit_length()) if 2**k < self.steps]
         return (*doubling, self.steps)
 
@@ -116,7 +119,7 @@ class HealConfig:
             return self.lr * (step + 1) / warm
         if self.schedule == "constant":
             return self.lr
-        progress = (step - warm) / max(1, self.steps - warm)
+        progress = (step - warm) / max(1, self.steps - warm - 1)  # 1 at the last step
         return self.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
     def to_dict(self) -> dict:
@@ -220,6 +223,7 @@ def heal(
     `identity` (the inputs' paths, ...) must match a saved state to resume from it."""
     started = time.perf_counter()
     report = progress or (lambda p: None)
+    _check_trainable(student, cfg)
     teacher.eval().requires_grad_(False)
     student.eval()  # no dropout: healing is deterministic given the seed
     for p in student.parameters():
@@ -264,16 +268,47 @@ def heal(
         if evaluate:
             report(HealProgress(step, cfg.steps, kl_mean, lr, "held-out perplexity"))
             loss, ppl = perplexity(student, heldout, runtime, max_batch_tokens)
+            if not math.isfinite(loss):
+                raise ProbeError(f"healing diverged by step {step}: the held-out loss is {loss}; "
+                                 "lower --lr.")  # fmt: skip
             tokens = step * cfg.step_tokens
             rows += [_row("healed", tokens, "loss", loss),
                      _row("healed", tokens, "perplexity", ppl)]  # fmt: skip
         if step < cfg.steps and (evaluate or time.perf_counter() - last_save > SAVE_SECONDS):
             state.save(student, optimizer, names, rows, losses, step)
             last_save = time.perf_counter()
-    state.clear()
-    notes = {"train_rows": int(train.shape[0]), "heldout_rows": int(heldout.shape[0])}
+    if not all(bool(torch.isfinite(p).all()) for p in student.parameters()):
+        raise ProbeError("healing diverged: the student's weights hold NaN or infinite values; "
+                         "lower --lr.")  # fmt: skip
+    notes = {"train_rows": int(train.shape[0]), "heldout_rows": int(heldout.shape[0]),
+             "eval_tokens_measured": int(heldout.shape[0] * cfg.seq_len),
+             "step_tokens": cfg.step_tokens}  # fmt: skip
     return HealResult(pd.DataFrame(rows), pd.DataFrame(losses), resumed_at,
                       time.perf_counter() - started, notes)  # fmt: skip
+
+
+def _check_trainable(student: Transformer, cfg: HealConfig) -> None:
+    dtype = next(student.parameters()).dtype
+    if dtype == torch.float16:
+        raise ProbeError("heal trains the student in float32 or bfloat16: float16 weights and "
+                         "AdamW's moments underflow; use --dtype float32 or bfloat16.")  # fmt: skip
+    limit = student.cfg.max_positions
+    if limit is not None and cfg.seq_len > limit:
+        raise ProbeError(f"--seq-len {cfg.seq_len} is longer than the model's {limit} "
+                         "positions; use a shorter row.")  # fmt: skip
+
+
+def clear_state(out: Path) -> None:
+    """Remove heal's resume state from `out` (only the files heal writes there)."""
+    folder = Path(out) / STATE
+    if not folder.is_dir() or folder.is_symlink():
+        return
+    for pattern in STATE_FILES:
+        for path in folder.glob(pattern):
+            if path.is_file():
+                path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # something else is in there: not heal's to remove
+        folder.rmdir()
 
 
 def _micro_step(teacher, student, ids: torch.Tensor, cfg: HealConfig,
@@ -318,8 +353,11 @@ class _State:
         except (OSError, ValueError) as exc:
             raise ProbeError(f"{path} cannot be read ({exc}); pass --overwrite to start "
                              "again.") from None  # fmt: skip
+        if not isinstance(saved, dict):
+            raise ProbeError(f"{path} is not a heal resume state; pass --overwrite to start "
+                             "again.")  # fmt: skip
         for key, mine in (("config", self.cfg), ("identity", self.identity)):
-            theirs = saved.get(key, {})
+            theirs = saved.get(key) if isinstance(saved.get(key), dict) else {}
             changed = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
             if changed:
                 raise ProbeError(
@@ -328,20 +366,27 @@ class _State:
                     f"{mine.get(changed[0])!r}); give the same options to resume it, or pass "
                     "--overwrite to start again."
                 )
-        step = int(saved["step"])
-        weights = load_safetensors(self.folder / f"student-{step}.safetensors", "--overwrite")
-        moments = load_safetensors(self.folder / f"optimizer-{step}.safetensors", "--overwrite")
-        with torch.no_grad():
-            for name, p in student.named_parameters():
-                p.copy_(weights[name])
-        for p in (p for g in optimizer.param_groups for p in g["params"]):
-            name = names[id(p)]
-            optimizer.state[p] = {
-                "step": torch.tensor(float(saved["adam_steps"][name])),
-                "exp_avg": moments[f"exp_avg.{name}"].to(p.device),
-                "exp_avg_sq": moments[f"exp_avg_sq.{name}"].to(p.device),
-            }
-        return saved["rows"], saved["losses"], step
+        advice = "pass --overwrite to start again"
+        try:
+            step = int(saved["step"])
+            weights = load_safetensors(self.folder / f"student-{step}.safetensors", advice)
+            moments = load_safetensors(self.folder / f"optimizer-{step}.safetensors", advice)
+            with torch.no_grad():
+                for name, p in student.named_parameters():
+                    p.copy_(weights[name])
+            for p in (p for g in optimizer.param_groups for p in g["params"]):
+                name = names[id(p)]
+                optimizer.state[p] = {
+                    "step": torch.tensor(float(saved["adam_steps"][name])),
+                    "exp_avg": moments[f"exp_avg.{name}"].to(p.device),
+                    "exp_avg_sq": moments[f"exp_avg_sq.{name}"].to(p.device),
+                }
+            return list(saved["rows"]), list(saved["losses"]), step
+        except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
+            raise ProbeError(
+                f"{self.folder} holds a damaged resume state ({type(exc).__name__}: "
+                f"{exc}); {advice}."
+            ) from None
 
     def save(self, student, optimizer, names, rows, losses, step: int) -> None:
         from safetensors.torch import save_file
@@ -363,6 +408,3 @@ class _State:
         for old in self.folder.glob("*-*.safetensors"):
             if not old.name.endswith(f"-{step}.safetensors"):
                 old.unlink(missing_ok=True)
-
-    def clear(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)

@@ -32,6 +32,7 @@ def check_pair(teacher: Checkpoint, student: Checkpoint) -> None:
             f"differs ({s_cfg.get(name)!r} against {t_cfg[name]!r}); heal a model that "
             "`probe prune` made from the teacher."
         )
+    removed = 0
     for t_site, s_site in zip(teacher.model_cfg.sites(), student.model_cfg.sites(), strict=True):
         extra = sorted(set(s_site.kept_heads) - set(t_site.kept_heads))
         if extra:
@@ -39,6 +40,37 @@ def check_pair(teacher: Checkpoint, student: Checkpoint) -> None:
                 f"{student.path} is not a pruned copy of the teacher {teacher.path}: it keeps "
                 f"head {extra[0]} of {s_site.name}, which the teacher does not have."
             )
+        removed += len(t_site.kept_heads) - len(s_site.kept_heads)
+    if not removed:
+        raise ProbeError(
+            f"{student.path} keeps every head of the teacher {teacher.path}: nothing was pruned, "
+            "so there is nothing to heal; give a model `probe prune` made from the teacher."
+        )
+    _check_lineage(teacher, student)
+
+
+# how far a student's token embeddings may be from the teacher's (relative Frobenius distance):
+# pruning leaves them as they are and healing moves them a little; another model's are far
+LINEAGE = 0.25
+
+
+def _check_lineage(teacher: Checkpoint, student: Checkpoint) -> None:
+    """The student's token embeddings are the teacher's, or close (healed): a model of the same
+    shape pruned from another checkpoint is refused."""
+    import torch
+
+    t = teacher.model.embed.weight.detach().float()
+    s = student.model.embed.weight.detach().to(t.device).float()
+    distance = float(torch.linalg.norm(s - t) / torch.linalg.norm(t).clamp_min(1e-12))
+    if distance > LINEAGE:
+        recorded = [p.get("source") for p in student.meta.get("pruning", []) if
+                    isinstance(p, dict)]  # fmt: skip
+        origin = f" (it records being pruned from {recorded[0]})" if recorded else ""
+        raise ProbeError(
+            f"{student.path} was not pruned from the teacher {teacher.path}{origin}: their token "
+            f"embeddings differ by {distance:.0%} of the teacher's norm; give the teacher it was "
+            "pruned from."
+        )
 
 
 def _check_vocabulary(teacher: Checkpoint, student: Checkpoint) -> None:

@@ -56,11 +56,15 @@ class GGUFExport:
 
 def layer_heads(model: Transformer) -> list[tuple[list[int | None], list[int]]]:
     """Per layer: the written query heads (local query head, or None for a filler head) and the
-    written key/value heads (local ids), each key/value head's query heads consecutive and
-    equally many (see the module docstring)."""
+    written key/value heads (local ids, or None for a filler of zeros), each key/value head's
+    query heads consecutive and equally many (see the module docstring). A first layer without
+    heads gets one filler head: llama.cpp reads the head size off layer 0."""
     out = []
-    for module in model.attention_modules():
+    for i, module in enumerate(model.attention_modules()):
         kv_of = module.kv_index.tolist()  # [head] -> local kv head
+        if not kv_of and i == 0:  # llama.cpp sizes heads from layer 0: one head doing nothing
+            out.append(([None], [None]))
+            continue
         groups = sorted(set(kv_of))
         members = {g: [h for h, k in enumerate(kv_of) if k == g] for g in groups}
         width = max((len(m) for m in members.values()), default=0)
@@ -115,13 +119,15 @@ def _tensors(model: Transformer, plan) -> dict[str, torch.Tensor]:
                       for h in slots]  # fmt: skip
             o_cols = [o[:, h * d : (h + 1) * d] * gate[h] if h is not None
                       else o.new_zeros(o.shape[0], d) for h in slots]  # fmt: skip
-            kv_rows = torch.cat([torch.arange(g * d, (g + 1) * d) for g in groups])
+            k_all, v_all = state[f"{b}attn.k.weight"], state[f"{b}attn.v.weight"]
+            zeros = k_all.new_zeros(d, cfg.d_model)
+            k = torch.cat([k_all[g * d : (g + 1) * d] if g is not None else zeros for g in groups])
+            v = torch.cat([v_all[g * d : (g + 1) * d] if g is not None else zeros for g in groups])
             out |= {
                 f"blk.{i}.attn_norm.weight": state[f"{b}ln_attn.weight"],
                 f"blk.{i}.attn_q.weight": _permute(torch.cat(q_rows), len(slots)),
-                f"blk.{i}.attn_k.weight": _permute(state[f"{b}attn.k.weight"][kv_rows],
-                                                   len(groups)),
-                f"blk.{i}.attn_v.weight": state[f"{b}attn.v.weight"][kv_rows],
+                f"blk.{i}.attn_k.weight": _permute(k, len(groups)),
+                f"blk.{i}.attn_v.weight": v,
                 f"blk.{i}.attn_output.weight": torch.cat(o_cols, dim=1),
             }  # fmt: skip
         out |= {
@@ -139,8 +145,11 @@ def _tensors(model: Transformer, plan) -> dict[str, torch.Tensor]:
 def export_gguf(
     model: Transformer, model_type: str, tokenizer, path: Path,
     dtype: torch.dtype | None = None, name: str = "probe export",
+    eos: int | None = None,
 ) -> GGUFExport:  # fmt: skip
-    """Write `model` to the GGUF file `path` (atomically: a killed export leaves no file)."""
+    """Write `model` to the GGUF file `path` (atomically: a killed export leaves no file).
+    `eos`: the end-of-text id the model's source names (`source_eos`); else it is read off the
+    tokenizer (`gguf_vocab`)."""
     import gguf
 
     check_exportable(model, model_type)
@@ -153,7 +162,11 @@ def export_gguf(
     kv_heads = tuple(len(g) for _, g in plan)
     ragged = len(set(heads)) > 1 or len(set(kv_heads)) > 1 or 0 in heads
     arch = "deci" if ragged else "llama"
-    vocab = gguf_vocab(tokenizer, cfg.vocab_size)
+    vocab = gguf_vocab(tokenizer, cfg.vocab_size, eos)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ProbeError(f"cannot create '{path.parent}': {exc.strerror or exc}.") from None
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe-tmp", dir=path.parent)
     os.close(fd)
     try:
@@ -193,6 +206,11 @@ def export_gguf(
 
 # ------------------------------------------------------------------------------------ tokenizer
 NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5  # llama.cpp token types
+# the `tokenizer.ggml.pre` names llama.cpp's loader knows, in the order one is chosen for a family
+# of pre-tokenizers that split alike (`tokenizer._FAMILIES`)
+LLAMA_CPP_PRE = ("gpt-2", "starcoder", "llama-bpe", "qwen2")
+# end-of-text tokens by name, for a tokenizer whose source says none
+EOS_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|im_end|>", "<|eot_id|>")
 
 
 @dataclass(frozen=True)
@@ -226,8 +244,12 @@ def _regexes(pre: dict | None) -> tuple[str, ...] | None:
     return tuple(regexes)
 
 
-def gguf_vocab(tokenizer, vocab_size: int) -> Vocab:
-    """llama.cpp's view of a byte-level BPE tokenizer (a `tokenizers.Tokenizer`)."""
+def gguf_vocab(tokenizer, vocab_size: int, eos: int | None = None) -> Vocab:
+    """llama.cpp's view of a byte-level BPE tokenizer (a `tokenizers.Tokenizer`). BOS is the
+    special token the post-processor puts first (none: nothing is added); EOS is `eos` when
+    given (the model's source says), else the special token the post-processor puts last, else
+    the first special token named like an end of text (`EOS_NAMES`), else the first special
+    token."""
     import json
 
     if tokenizer is None:
@@ -236,7 +258,8 @@ def gguf_vocab(tokenizer, vocab_size: int) -> Vocab:
     doc = json.loads(tokenizer.to_str())
     model = doc.get("model", {})
     regexes = _regexes(doc.get("pre_tokenizer"))
-    names = {tuple(fam.regexes): names[0] for fam, names in _FAMILIES.items()}
+    names = {tuple(fam.regexes): next(n for n in LLAMA_CPP_PRE if n in names)
+             for fam, names in _FAMILIES.items()}  # fmt: skip
     if model.get("type") != "BPE" or regexes is None or regexes not in names:
         raise ProbeError(
             "GGUF export carries byte-level BPE tokenizers whose pre-tokenizer llama.cpp names "
@@ -261,23 +284,57 @@ def gguf_vocab(tokenizer, vocab_size: int) -> Vocab:
             types.append(NORMAL if set(token) <= alphabet else USER_DEFINED)
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
     ids = model["vocab"] | {t["content"]: i for i, t in added.items()}
-    bos = _bos(doc.get("post_processor"), ids)
     special = [i for i in sorted(added) if added[i].get("special")]
-    eos = special[0] if special else 0
+    bos, last = _template_ends(doc.get("post_processor"), ids)
+    if eos is None:
+        named = [i for n in EOS_NAMES for i in special if added[i]["content"] == n]
+        eos = last if last is not None else (named or special or [None])[0]
+    if eos is None:
+        raise ProbeError("The tokenizer has no special token to end a text with (EOS), which "
+                         "llama.cpp needs; use a tokenizer that has one.")  # fmt: skip
     return Vocab(tokens, types, merges, names[regexes], bos, eos)
 
 
-def _bos(post: dict | None, ids: dict[str, int]) -> int | None:
-    """The id a TemplateProcessing post-processor puts first, if any."""
+def _template_ends(post: dict | None, ids: dict[str, int]) -> tuple[int | None, int | None]:
+    """The ids a TemplateProcessing post-processor puts first and last, if special tokens."""
     if post is None:
-        return None
+        return None, None
     parts = post.get("processors", [post]) if post.get("type") == "Sequence" else [post]
     for part in parts:
         if part.get("type") == "TemplateProcessing":
-            first = part.get("single", [{}])[0]
-            token = first.get("SpecialToken", {}).get("id")
-            if token is not None:
-                return ids.get(token)
+            single = part.get("single", [])
+
+            def token(piece):
+                return ids.get(piece.get("SpecialToken", {}).get("id"))
+
+            return (token(single[0]) if single else None, token(single[-1]) if single else None)
+    return None, None
+
+
+def source_eos(source: dict | None) -> int | None:
+    """The end-of-text id the model's source file names: a GGUF file's tokenizer keys, or a
+    Hugging Face folder's generation_config.json / config.json; None when it says nothing (or
+    is gone)."""
+    import json
+
+    if not source or not source.get("path"):
+        return None
+    path = Path(source["path"])
+    try:
+        if source.get("format") == "gguf" and path.is_file():
+            from probe.interop.tokenizer import gguf_metadata
+
+            eos = gguf_metadata(path).get("tokenizer.ggml.eos_token_id")
+            return int(eos) if eos is not None else None
+        for name in ("generation_config.json", "config.json"):
+            file = path / name
+            if path.is_dir() and file.is_file():
+                eos = json.loads(file.read_text(encoding="utf-8")).get("eos_token_id")
+                eos = eos[0] if isinstance(eos, list) and eos else eos
+                if isinstance(eos, int) and not isinstance(eos, bool):
+                    return eos
+    except (OSError, ValueError, TypeError, ProbeError):
+        return None
     return None
 
 

@@ -15,7 +15,7 @@ import json
 import pandas as pd
 
 from probe.data.docs import docs_corpus
-from probe.heal.loop import heal
+from probe.heal.loop import clear_state, heal
 from probe.heal.prune import prune_for_healing
 from probe.interop.llama_cpp import llama_cpp_version
 from probe.study.heads.heal_report import healing_section, speed_section
@@ -90,6 +90,7 @@ def heal_step(subject: Subject, options: Options, given, progress) -> pd.DataFra
                   max_batch_tokens=subject.study.heal.max_batch_tokens,
                   identity={"method": method, "fraction": options["fraction"]},
                   progress=report)  # fmt: skip
+    clear_state(work)  # the table is the step's result; the engine stores it next
     sites = student.cfg.sites()
     table = result.table
     table.insert(0, "seed", seed)
