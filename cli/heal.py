@@ -110,7 +110,7 @@ def heal_cli(
                          "text the student is not trained on.")  # fmt: skip
     from probe.checkpoint import CHECKPOINT_FILES
     from probe.files import check_apart, claim_output
-    from probe.heal.loop import STATE, clear_state
+    from probe.heal.state import STATE, clear_state
 
     inputs = [checkpoint, teacher, *(p for p in (text, eval_text) if p is not None)]
     check_apart(out, inputs)
@@ -155,7 +155,8 @@ def _run(student, original, train_docs, heldout_docs, cfg, out, earlier, device,
     )
 
     from probe.checkpoint import save_checkpoint
-    from probe.heal.loop import clear_state, heal
+    from probe.heal.loop import heal
+    from probe.heal.state import clear_state
     from probe.interop.staging import staged
     from probe.report.heal_plots import heal_plot
     from probe.runtime import Runtime

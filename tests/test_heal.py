@@ -19,7 +19,8 @@ from probe.data.docs import docs_corpus, docs_path
 from probe.data.text import read_documents
 from probe.errors import ProbeError
 from probe.heal.distill import hidden_sum, kl_sum
-from probe.heal.loop import STATE, HealConfig, clear_state, heal
+from probe.heal.loop import HealConfig, heal
+from probe.heal.state import STATE, clear_state
 from probe.runtime import Runtime
 
 pytest.importorskip("transformers")

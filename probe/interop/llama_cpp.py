@@ -2,6 +2,8 @@
 the key/value cache llama.cpp reports, prompt processing and greedy decoding tokens/s.
 
     table = measure_gguf({"original": a, "pruned": b}, prompt_ids, new=64, repeats=3)
+    table = export_and_measure({"original": m, "pruned": p}, tokenizer, prompt_ids)  # models
+    speed_summary(table)    # per model: medians, and ratios to "original"
 
 Every model is loaded once; a repeat runs each model in turn (the order alternating), a fresh
 prompt then `new` greedy tokens one at a time. llama.cpp runs with flash attention (a file whose
@@ -88,3 +90,44 @@ def measure_gguf(files: Mapping[str, Path], prompt: list[int], new: int = 64, re
                      {"model": name, "repeat": i, "metric": "decode_tokens_per_s",
                       "value": decode}]  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def export_and_measure(models: Mapping, tokenizer, prompt: list[int], dtype=None, new: int = 64,
+                       repeats: int = 3, threads: int = 1, ctx: int = 2048,
+                       progress=None) -> pd.DataFrame:  # fmt: skip
+    """Each model (name -> imported Llama-family `Transformer`) exported as GGUF in `dtype`
+    (`probe.interop.gguf_write`) into a temporary folder and measured (`measure_gguf`); the rows
+    carry each file's architecture and its real query and key/value head counts."""
+    from probe.interop.gguf_write import export_gguf
+
+    with tempfile.TemporaryDirectory() as tmp:
+        exports = {}
+        for i, (name, model) in enumerate(models.items()):
+            exports[name] = export_gguf(model, "llama", tokenizer, Path(tmp) / f"{i}.gguf", dtype)
+            if progress is not None:
+                progress(i + 1, len(models) + 1)
+        table = measure_gguf({n: e.path for n, e in exports.items()}, prompt, new, repeats,
+                             threads, ctx)  # fmt: skip
+    table["arch"] = table.model.map({n: e.arch for n, e in exports.items()})
+    table["heads"] = table.model.map({n: sum(e.heads) - e.padded_heads for n, e in exports.items()})
+    table["kv_heads"] = table.model.map({n: sum(e.kv_heads) for n, e in exports.items()})
+    if progress is not None:
+        progress(len(models) + 1, len(models) + 1)
+    return table
+
+
+def speed_summary(speed: pd.DataFrame) -> pd.DataFrame:
+    """Per model of an `export_and_measure` table: architecture, heads, file and cache MiB,
+    median tokens/s, and ratios to the model called "original"."""
+    med = speed.groupby(["model", "metric"], sort=False).value.median().unstack("metric")
+    first = speed.drop_duplicates("model").set_index("model")
+    out = pd.DataFrame({
+        "arch": first.arch, "heads": first.heads, "kv_heads": first.kv_heads,
+        "file_mib": med.file_mib, "kv_cache_mib": med.kv_cache_mib,
+        "prompt_tok_s": med.prompt_tokens_per_s, "decode_tok_s": med.decode_tokens_per_s,
+    })  # fmt: skip
+    base = out.loc["original"]
+    out["decode_vs_original"] = out.decode_tok_s / base.decode_tok_s
+    out["prompt_vs_original"] = out.prompt_tok_s / base.prompt_tok_s
+    out["kv_cache_vs_original"] = out.kv_cache_mib / base.kv_cache_mib
+    return out.reset_index()

@@ -17,6 +17,7 @@ import math
 import pandas as pd
 from scipy import stats
 
+from probe.interop.llama_cpp import speed_summary
 from probe.references import published
 from probe.report.heal_plots import heal_curves_plot
 from probe.report.report import MarkdownReport
@@ -159,23 +160,6 @@ def minitron(r: Findings) -> str | None:
             "data, and perplexity on documentation rather than downstream benchmarks.")  # fmt: skip
 
 
-def speed_table(speed: pd.DataFrame) -> pd.DataFrame:
-    """Per model: architecture, heads, file and cache MiB, median tokens/s, ratios to the
-    original."""
-    med = speed.groupby(["model", "metric"], sort=False).value.median().unstack("metric")
-    first = speed.drop_duplicates("model").set_index("model")
-    out = pd.DataFrame({
-        "arch": first.arch, "heads": first.heads, "kv_heads": first.kv_heads,
-        "file_mib": med.file_mib, "kv_cache_mib": med.kv_cache_mib,
-        "prompt_tok_s": med.prompt_tokens_per_s, "decode_tok_s": med.decode_tokens_per_s,
-    })  # fmt: skip
-    base = out.loc["original"]
-    out["decode_vs_original"] = out.decode_tok_s / base.decode_tok_s
-    out["prompt_vs_original"] = out.prompt_tok_s / base.prompt_tok_s
-    out["kv_cache_vs_original"] = out.kv_cache_mib / base.kv_cache_mib
-    return out.reset_index()
-
-
 def speed_section(r: Findings, rep: MarkdownReport) -> None:
     speed = r.tables.get("llama-cpp")
     if heal_table(r) is None:
@@ -185,7 +169,7 @@ def speed_section(r: Findings, rep: MarkdownReport) -> None:
         rep.paragraph("Not measured: llama-cpp-python was not installed when the study ran "
                       "(`bash scripts/llama-cpp.sh` builds it; the step then runs).")  # fmt: skip
         return
-    t = speed_table(speed)
+    t = speed_summary(speed)
     reps = int(speed.repeat.max()) + 1
     rep.paragraph(
         "The unpruned model and each pruned model (before healing: healing changes weights, "

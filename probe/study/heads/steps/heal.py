@@ -15,8 +15,9 @@ import json
 import pandas as pd
 
 from probe.data.docs import docs_corpus
-from probe.heal.loop import clear_state, heal
+from probe.heal.loop import heal
 from probe.heal.prune import prune_for_healing
+from probe.heal.state import clear_state
 from probe.interop.llama_cpp import llama_cpp_version
 from probe.study.heads.heal_report import healing_section, speed_section
 from probe.study.heads.step import Later, Options, Section, StepKind
@@ -129,32 +130,18 @@ def llama_speed(subject: Subject, options: Options, given, progress) -> pd.DataF
     """The unpruned model and each method's pruned model (unhealed: healing changes weights, not
     shapes) exported as GGUF and run in llama.cpp (`probe.interop.llama_cpp`); with each file's
     architecture and head counts."""
-    import tempfile
-    from pathlib import Path
-
     from probe.data.text import stream_rows
-    from probe.interop.gguf_write import export_gguf
-    from probe.interop.llama_cpp import measure_gguf
+    from probe.interop.llama_cpp import export_and_measure
     from probe.runtime import resolve_dtype
 
     tokenizer = subject.imported.tokenizer
-    dtype = resolve_dtype(options["dtype"])
     models = {"original": subject.model}
     models |= {m: _pruned(subject, m, float(options["fraction"])) for m in options["methods"]}
-    with tempfile.TemporaryDirectory() as tmp:
-        exports = {}
-        for i, (name, model) in enumerate(models.items()):
-            path = Path(tmp) / f"{i}.gguf"
-            exports[name] = export_gguf(model, "llama", tokenizer, path, dtype)
-            progress(i + 1, len(models) + 1)
-        prompt = stream_rows(docs_corpus("heldout"), tokenizer, options["prompt"], 1)[0][0]
-        table = measure_gguf({n: e.path for n, e in exports.items()}, prompt.tolist(),
-                             options["new"], options["repeats"], options["threads"],
-                             options["ctx"])  # fmt: skip
-    table["arch"] = table.model.map({n: e.arch for n, e in exports.items()})
-    table["heads"] = table.model.map({n: sum(e.heads) - e.padded_heads for n, e in exports.items()})
-    table["kv_heads"] = table.model.map({n: sum(e.kv_heads) for n, e in exports.items()})
-    progress(len(models) + 1, len(models) + 1)
+    prompt = stream_rows(docs_corpus("heldout"), tokenizer, options["prompt"], 1)[0][0]
+    table = export_and_measure(models, tokenizer, prompt.tolist(),
+                               resolve_dtype(options["dtype"]), options["new"],
+                               options["repeats"], options["threads"], options["ctx"],
+                               progress)  # fmt: skip
     return table
 
 
