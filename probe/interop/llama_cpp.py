@@ -89,7 +89,22 @@ def measure_gguf(files: Mapping[str, Path], prompt: list[int], new: int = 64, re
                       "value": prefill},
                      {"model": name, "repeat": i, "metric": "decode_tokens_per_s",
                       "value": decode}]  # fmt: skip
+    _close(llms.values())
     return pd.DataFrame(rows)
+
+
+def _close(llms) -> None:
+    """Free the models, out of the terminal's sight: loaded verbose (for the cache size),
+    llama.cpp logs its buffers again as it frees them."""
+    with open(os.devnull, "w") as null:
+        saved = os.dup(2)
+        os.dup2(null.fileno(), 2)
+        try:
+            for llm in llms:
+                llm.close()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def export_and_measure(models: Mapping, tokenizer, prompt: list[int], dtype=None, new: int = 64,

@@ -13,6 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
 from probe.report.layout import title_above
 
@@ -75,6 +76,9 @@ def heal_curves_plot(table: pd.DataFrame) -> plt.Figure:
         ax.axhline(float(original.mean()), color="k", ls="--", lw=1, label="original")
     _token_axis(ax, ppl.tokens)
     ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)))
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("distillation tokens (0: pruned, before healing)")
     ax.set_ylabel("held-out perplexity")
     ax.grid(alpha=0.3)

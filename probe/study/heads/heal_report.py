@@ -121,12 +121,12 @@ def heal_answer(r: Findings) -> str | None:
                      if x.method != b.method)  # fmt: skip
     removed = int(heal[heal.stage == "original"].heads.iloc[0]) - int(b.heads)
     interval = ("" if math.isnan(b.low)
-                else f", 95% CI {b.low:.0%} to {b.high:.0%} over {int(b.seeds)} seeds")  # fmt: skip
+                else f", 95% CI {b.low:.1%} to {b.high:.1%} over {int(b.seeds)} seeds")  # fmt: skip
     words = {"met": "met", "missed": "missed", "undecided": "undecided by the interval"}
     return (f"Removing {removed} query heads raises held-out perplexity from {b.original:.1f} "
             f"to {b.pruned:.1f} at best ({b.method}{others}); distilling from the unpruned "
             f"model for {int(b.tokens):,} tokens brings it to {b.healed:.1f}, winning back "
-            f"{b.recovered:.0%} of the increase{interval}: the target of half is "
+            f"{b.recovered:.1%} of the increase{interval}: the target of half is "
             f"{words[b.target]}.")  # fmt: skip
 
 
@@ -151,8 +151,8 @@ def minitron(r: Findings) -> str | None:
             f"under {share:.0%} of the original training data recovers the model's quality. "
             f"Here, {int(b.tokens):,} tokens ({fraction:.1e} of the {trained:.0e} tokens "
             f"SmolLM2-135M was trained on, {published('allal2025').short}) win back "
-            f"{b.recovered:.0%} of the perplexity increase of the best pruned model "
-            f"({b.method}){'' if math.isnan(b.low) else f', 95% CI {b.low:.0%} to {b.high:.0%}'}"
+            f"{b.recovered:.1%} of the perplexity increase of the best pruned model "
+            f"({b.method}){'' if math.isnan(b.low) else f', 95% CI {b.low:.1%} to {b.high:.1%}'}"
             f": **{verdict}** in direction (more than half won back counts as agreeing). "
             "Differences: heads only (the paper also prunes depth, width and MLP neurons), a "
             "135M model, a budget about "
