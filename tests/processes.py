@@ -52,3 +52,10 @@ def wait_until(condition, seconds: float, step: float = 0.1) -> bool:
             return True
         time.sleep(step)
     return condition()
+
+
+def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every file below `folder` (its path) with its size and modification time in ns: two
+    snapshots differ when anything was written there in between."""
+    return {str(f): (f.stat().st_size, f.stat().st_mtime_ns) for f in folder.rglob("*")
+            if f.is_file()}  # fmt: skip

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from cli_run import exit_code
-from processes import alive, children, wait_until
+from processes import alive, children, snapshot, wait_until
 
 import probe.training.launch
 from probe.training.launch import Outcome, cpu_cores, launch
@@ -189,10 +189,6 @@ def _kill(launcher: subprocess.Popen, pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def _files(folder: Path) -> dict[str, tuple[int, int]]:
-    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir()}
-
-
 @pytest.mark.slow  # trains in two processes until killed
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc or psutil")
 def test_kill_9_of_probe_train_leaves_no_rank_writing(tmp_path):
@@ -208,8 +204,8 @@ def test_kill_9_of_probe_train_leaves_no_rank_writing(tmp_path):
         launcher.kill()
         launcher.wait()
         assert wait_until(lambda: not any(alive(p) for p in ranks), 5), "a rank outlived it"
-        before = _files(out)
-        assert wait_until(lambda: _files(out) != before, 3) is False  # --out stopped changing
+        before = snapshot(out)
+        assert wait_until(lambda: snapshot(out) != before, 3) is False  # --out stopped changing
     finally:
         _kill(launcher, ranks)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from processes import alive, children, snapshot, wait_until
 from tiny_study import tiny_study
 
 from probe.errors import ProbeError
@@ -164,17 +165,20 @@ def test_every_cell_records_the_commit_the_run_started_from(tmp_path, monkeypatc
     assert provenance.git_commit() == "commit-2"  # unpinned after the run
 
 
-def _children(pid: int) -> set[int]:
-    """The process ids whose parent is `pid` (from /proc; Linux)."""
-    kids = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            kids.add(int(stat.parent.name))
-    return kids
+def _parallel_run(tmp_path, helpers: int) -> tuple[subprocess.Popen, set[int]]:
+    """A `--jobs 2` study run of long cells, once it has `helpers` child processes and 2 s more
+    (its workers are training, or on a loaded machine still importing torch); its children."""
+    path = write_study(tmp_path, steps=5000)
+    command = [sys.executable, "-m", "probe_cli.main", "study", "run", str(path), "--out",
+               str(tmp_path / "out"), "--device", "cpu", "--jobs", "2"]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    started = wait_until(
+        lambda: len(children(process.pid)) >= helpers or process.poll() is not None, 60
+    )
+    assert process.poll() is None, process.stderr.read().decode()
+    assert started, "the workers did not start"
+    time.sleep(2.0)
+    return process, set(children(process.pid))
 
 
 @pytest.mark.slow
@@ -182,29 +186,13 @@ def _children(pid: int) -> set[int]:
 def test_sigterm_stops_the_parallel_workers_too(tmp_path):
     """kill PID (SIGTERM) on a `--jobs 2` run: the parent exits 130 with one line and its
     worker processes do not go on training and writing into the results folder."""
-    path = write_study(tmp_path, steps=5000)
-    out = tmp_path / "out"
-    command = [sys.executable, "-m", "probe_cli.main", "study", "run", str(path), "--out",
-               str(out), "--device", "cpu", "--jobs", "2"]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 60
-    while len(_children(process.pid)) < 3:  # resource tracker or manager, and two workers
-        assert process.poll() is None, process.stderr.read().decode()
-        assert time.time() < deadline, "the workers did not start"
-        time.sleep(0.1)
-    time.sleep(2.0)  # the workers are training
-    workers = _children(process.pid)
+    process, workers = _parallel_run(tmp_path, 3)  # resource tracker or manager, two workers
     os.kill(process.pid, signal.SIGTERM)
     assert process.wait(timeout=30) == 130
     assert "interrupted:" in process.stderr.read().decode()
     time.sleep(0.5)
-    alive = {
-        pid
-        for pid in workers
-        if Path(f"/proc/{pid}").exists()
-        and "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    }
-    assert not alive, f"worker processes left running: {alive}"
+    left = {pid for pid in workers if alive(pid)}
+    assert not left, f"worker processes left running: {left}"
 
 
 @pytest.mark.slow
@@ -214,36 +202,15 @@ def test_kill_9_of_a_parallel_run_leaves_no_worker_writing(tmp_path):
     progress) die with it, rather than going on writing cells into a folder nobody holds. A
     worker still importing torch when the run dies (a loaded machine) has not tied itself to
     the run yet: it exits at the tie, before taking a unit, so the test allows for that."""
-    path = write_study(tmp_path, steps=5000)
-    out = tmp_path / "out"
-    command = [sys.executable, "-m", "probe_cli.main", "study", "run", str(path), "--out",
-               str(out), "--device", "cpu", "--jobs", "2"]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 60
-    while len(_children(process.pid)) < 4:  # resource tracker, manager, two workers
-        assert process.poll() is None, process.stderr.read().decode()
-        assert time.time() < deadline, "the workers did not start"
-        time.sleep(0.1)
-    time.sleep(2.0)  # the workers are training (or, on a loaded machine, still importing)
-    helpers = _children(process.pid)
+    process, helpers = _parallel_run(tmp_path, 4)  # resource tracker, manager, two workers
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
-    written = _files(out)
-    deadline = time.time() + 60
-    while alive := {
-        p
-        for p in helpers
-        if Path(f"/proc/{p}").exists()
-        and "Z" not in Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    }:
-        if time.time() > deadline:
-            for pid in alive:
-                os.kill(pid, signal.SIGKILL)
-            raise AssertionError(f"processes outlived the killed run: {sorted(alive)}")
-        time.sleep(0.1)
-    assert _files(out) == written, "a worker wrote into the results folder after the run died"
-
-
-def _files(root: Path) -> dict[str, int]:
-    """Every file below `root` with its modification time in ns."""
-    return {str(f): f.stat().st_mtime_ns for f in root.rglob("*") if f.is_file()}
+    written = snapshot(tmp_path / "out")
+    gone = wait_until(lambda: not any(alive(pid) for pid in helpers), 60)
+    left = sorted(pid for pid in helpers if alive(pid))
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert gone, f"processes outlived the killed run: {left}"
+    assert snapshot(tmp_path / "out") == written, (
+        "a worker wrote into the results folder after the run died"
+    )

@@ -18,7 +18,8 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -43,14 +44,9 @@ def load(path: Path, ctx: int, threads: int):
         raise ProbeError("llama-cpp-python is not installed: bash scripts/llama-cpp.sh builds "
                          "it from its PyPI source release.") from None  # fmt: skip
     with tempfile.TemporaryFile(mode="w+") as log:
-        saved = os.dup(2)
-        os.dup2(log.fileno(), 2)  # llama.cpp logs to the C stderr
-        try:
+        with _c_stderr(log):
             llm = Llama(model_path=str(path), n_ctx=ctx, n_threads=threads, flash_attn=True,
                         verbose=True)  # fmt: skip
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
         log.seek(0)
         found = re.search(r"llama_kv_cache: size =\s*([\d.]+) MiB", log.read())
     return llm, float(found.group(1)) if found else float("nan")
@@ -96,15 +92,22 @@ def measure_gguf(files: Mapping[str, Path], prompt: list[int], new: int = 64, re
 def _close(llms) -> None:
     """Free the models, out of the terminal's sight: loaded verbose (for the cache size),
     llama.cpp logs its buffers again as it frees them."""
-    with open(os.devnull, "w") as null:
-        saved = os.dup(2)
-        os.dup2(null.fileno(), 2)
-        try:
-            for llm in llms:
-                llm.close()
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
+    with open(os.devnull, "w") as null, _c_stderr(null):
+        for llm in llms:
+            llm.close()
+
+
+@contextmanager
+def _c_stderr(into) -> Iterator[None]:
+    """The process's C-level stderr (file descriptor 2, where llama.cpp logs) sent to the open
+    file `into` for the block, then restored."""
+    saved = os.dup(2)
+    os.dup2(into.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def export_and_measure(models: Mapping, tokenizer, prompt: list[int], dtype=None, new: int = 64,
