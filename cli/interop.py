@@ -118,14 +118,13 @@ def export_cli(
 
 def _export_gguf(checkpoint: Path, out: Path, dtype, allow_pickle: bool, overwrite: bool) -> None:
     from probe.checkpoint import load_checkpoint
+    from probe.errors import optional
     from probe.files import claim_file
+    from probe.interop.gguf import GGUF_INSTALL
     from probe.interop.gguf_write import export_gguf, source_eos
     from probe.runtime import dtype_name, resolve_dtype
 
-    try:
-        import gguf  # noqa: F401
-    except ImportError:
-        raise ProbeError("GGUF export needs the gguf package: pip install 'gguf>=0.10'.") from None
+    optional("gguf", "GGUF export", GGUF_INSTALL)
     claim_file(out, overwrite, inputs=[checkpoint])
     ckpt = load_checkpoint(checkpoint, "cpu", allow_pickle)
     if not ckpt.imported:

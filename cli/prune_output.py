@@ -44,12 +44,24 @@ def _timing_line(result, sizes: list[int], share: float | None) -> str:
     return line
 
 
+def removed_share(result, fraction: float) -> str:
+    """The heads removed, of those the model had, and the share achieved ("90 of 270 heads (33%;
+    25% asked)"), with the share asked for where rounding (per key/value group with --uniform
+    or --unit group, per layer with --scope layer) made it another."""
+    removed = len(result.removed)
+    total = removed + sum(len(site.kept_heads) for site in result.model.cfg.sites())
+    achieved = removed / total if total else 0.0
+    text = f"{removed} of {counted(total, 'head')} ({achieved:.0%}"
+    if f"{achieved:.0%}" != f"{fraction:.0%}":
+        text += f"; {fraction:.0%} asked"
+    return text + ")"
+
+
 def _tables(result, fraction: float) -> None:
     import torch
 
     wide = result.metrics.pivot(index="metric", columns="variant", values="value")
-    view = Table(title=f"before / after pruning {counted(len(result.removed), 'head')} "
-                 f"({fraction:.0%})")  # fmt: skip
+    view = Table(title=f"before / after pruning {removed_share(result, fraction)}")
     view.add_column("metric")
     variants = ("original", "masked", "pruned")
     for v in variants:

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -11,6 +13,13 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture
+def plans_only(monkeypatch):
+    """Planning a head study reads only its file, so the tests of plans run where the model it
+    names is not installed (a bundled model's package is optional): its source goes unchecked."""
+    monkeypatch.setattr("probe.study.heads.spec.check_source", lambda source, where: None)
+
+
 def _skip_reason(report) -> str:
     longrepr = report.longrepr
     if isinstance(longrepr, tuple) and len(longrepr) == 3:  # (path, line, "Skipped: reason")
@@ -18,7 +27,16 @@ def _skip_reason(report) -> str:
     return str(longrepr)
 
 
-def pytest_terminal_summary(terminalreporter):
+def pytest_addoption(parser):
+    parser.addoption(
+        "--record-skips",
+        metavar="FILE",
+        help="write the ids of the skipped tests to FILE, one a line (.ci/run runs them again "
+        "once it has installed the optional packages they wait for)",
+    )
+
+
+def pytest_terminal_summary(terminalreporter, config):
     """End the run with what was skipped, grouped by what is missing, and how to install it."""
     from skips import summary
 
@@ -26,3 +44,8 @@ def pytest_terminal_summary(terminalreporter):
     line = summary(_skip_reason(r) for r in reports)
     if line:
         terminalreporter.write_line(line, yellow=True)
+    record = config.getoption("--record-skips")
+    if record:  # a module skipped whole is its path, which runs it again just as well
+        ids = dict.fromkeys(r.nodeid for r in reports)
+        Path(record).parent.mkdir(parents=True, exist_ok=True)
+        Path(record).write_text("".join(f"{i}\n" for i in ids))

@@ -140,7 +140,7 @@ def test_inspect_importance_and_sweep_on_a_gqa_model(imported, tmp_path, capsys)
     assert "perplexity" in curve and "loss" in curve
 
 
-def test_prune_uniform_exports_and_transformers_computes_the_same(imported, tmp_path):
+def test_prune_uniform_exports_and_transformers_computes_the_same(imported, tmp_path, capsys):
     ckpt = imported["llama"]
     pruned, hf = tmp_path / "pruned", tmp_path / "hf"
     assert (
@@ -162,6 +162,8 @@ def test_prune_uniform_exports_and_transformers_computes_the_same(imported, tmp_
     loaded = load_checkpoint(pruned)
     for site in loaded.model_cfg.sites():  # one of the three heads of each group went
         assert len(site.kept_heads) == 4 and len(site.kept_groups) == 2
+    # 4 of 12 heads is 33%: the share achieved, and the one asked for beside it
+    assert "pruning 4 of 12 heads (33%; 34% asked)" in " ".join(capsys.readouterr().out.split())
     assert (pruned / "tokenizer.json").is_file()
     assert exit_code(["export", str(pruned), "--out", str(hf)]) == 0
     ref = transformers.AutoModelForCausalLM.from_pretrained(str(hf)).eval()

@@ -338,6 +338,6 @@ def test_counts_in_messages_take_the_number_of_their_noun(paths, tmp_path, capsy
     assert exit_code(["train", "--steps", "1", "--layers", "1", "--heads", "1", "--d-model", "8",
                       "--eval-every", "0", "--out", str(tmp_path / "one")]) == 0  # fmt: skip
     printed = " ".join(capsys.readouterr().out.split())
-    assert "before / after pruning 1 head (50%)" in printed
+    assert "before / after pruning 1 of 2 heads (50%)" in printed
     assert "1 layer x 1 head, d_model 8" in printed and "for 1 step ->" in printed
     assert " 1 heads" not in printed and " 1 layers" not in printed

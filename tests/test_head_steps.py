@@ -13,7 +13,7 @@ from probe.study.heads.steps import SECTIONS, STEP_KINDS, TABLES, plan_steps, st
 
 
 @pytest.mark.parametrize("name", ["minilm-heads", "smollm2-heads", "smollm2-kv"])
-def test_the_kinds_a_study_plans_are_the_tables_its_run_wrote(name):
+def test_the_kinds_a_study_plans_are_the_tables_its_run_wrote(name, plans_only):
     study = parse_head_study(tomllib.loads(Path(f"studies/{name}.toml").read_text()))
     planned = {kind for _, kind, _ in plan_steps(study)}
     later = {k.name for k in STEP_KINDS if k.later is not None and k.later.expected(study)}

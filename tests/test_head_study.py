@@ -264,7 +264,7 @@ def test_each_knockout_run_masks_only_its_own_heads(llama_dir, monkeypatch):
     assert all((g == 1).all() for g in subject.model.gates())  # and nothing is left masked
 
 
-def test_only_the_steps_whose_definition_changed_carry_it_in_their_key():
+def test_only_the_steps_whose_definition_changed_carry_it_in_their_key(plans_only):
     """Wu et al.'s retrieval score and Kwon et al.'s layer-by-layer tuning are in the options
     (so in the cached hash) of exactly the retrieval, knock-out and fisher+tune curve steps:
     a rerun recomputes those and nothing else (the timing step follows its variants)."""

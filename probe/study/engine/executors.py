@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from probe import provenance
-from probe.errors import ProbeError
+from probe.errors import ProbeError, optional
 from probe.study.engine.compute import compute, relayed, worker_context
 from probe.study.engine.units import Plan, Record, Settings, Unit
 from probe.training.launch import tie_to_parent
@@ -101,14 +101,8 @@ def run_pool(plan: Plan, todo: list[Unit], settings: Settings, begun: Begun, rel
 
 
 def _ray() -> Any:
-    try:
-        import ray
-    except ModuleNotFoundError:
-        raise ProbeError(
-            "--executor ray needs Ray, which is not installed: pip install 'probe[ray]' (or "
-            "pip install ray), or run with the local executor (the default)."
-        ) from None
-    return ray
+    return optional("ray", "--executor ray", "pip install 'probe[ray]' (or pip install ray), "
+                    "or run with the local executor (the default).")  # fmt: skip
 
 
 def check_ray(address: str | None) -> None:
