@@ -317,8 +317,11 @@ def test_import_bad_sources_give_one_line(tmp_path, capsys):
     notes.write_text("not a model")
     empty = tmp_path / "empty"
     empty.mkdir()
+    import importlib.util
+
+    has_gguf = importlib.util.find_spec("gguf") is not None  # an optional package
     for source, words in (
-        (gguf, "truncated or corrupt"),
+        (gguf, "truncated or corrupt" if has_gguf else "needs the gguf package"),
         (notes, "import a Hugging Face"),
         (empty, "config.json is missing"),
         (tmp_path / "nope", "does not exist"),
