@@ -94,16 +94,9 @@ def test_a_killed_worker_is_retried_and_nothing_is_lost(local_ray, tmp_path):
 
 
 def test_missing_ray_is_one_line(monkeypatch, tmp_path):
-    import builtins
+    import sys
 
-    real = builtins.__import__
-
-    def no_ray(name, *args, **kwargs):
-        if name == "ray":
-            raise ModuleNotFoundError("No module named 'ray'", name="ray")
-        return real(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_ray)
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as where it is missing
     study = parse_study(tomllib.loads(tiny_study(steps=2)))
     with pytest.raises(ProbeError, match=r"pip install 'probe\[ray\]'"):
         run_study(study, tmp_path / "x", executor="ray")
