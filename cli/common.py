@@ -9,6 +9,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from probe_cli.preflight import (  # check_positive, check_seed: re-exported (their old home)
+    at_least_one,
+    check_positive,
+    check_seed,  # noqa: F401
+    checkpoint_given,
+    dtype_given,
+    seed_given,
+    text_given,
+)
 from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 from typer.core import TyperGroup
@@ -56,7 +65,28 @@ def _as_flags(params: list) -> list:
 
 class Group(TyperGroup):
     """`probe` and `probe study`: command groups whose (and whose commands') flags are shown as
-    flags in the help."""
+    flags in the help, and whose usage errors are one line."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        """Click's usage errors (a missing option or argument, an unknown option or command, a
+        value of the wrong type) are one line on stderr and exit code 2, like every other
+        error, instead of Typer's usage and boxed message; --help, --version and a command
+        given no arguments print the help as before."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)
+        except typer.Abort:
+            err_console.print("[bold red]error:[/] aborted", highlight=False)
+            sys.exit(1)
+        except Exception as exc:
+            if not _is_click_error(exc):
+                raise
+            if type(exc).__name__ != "NoArgsIsHelpError":  # that one has printed the help
+                err_console.print(f"[bold red]error:[/] {shown(_one_line(exc))}",
+                                  highlight=False, soft_wrap=True)  # fmt: skip
+            sys.exit(exc.exit_code)
+        sys.exit(code if isinstance(code, int) else 0)
 
     def get_params(self, ctx):
         return _as_flags(super().get_params(ctx))
@@ -68,11 +98,31 @@ class Group(TyperGroup):
         return command
 
 
+def _is_click_error(exc: Exception) -> bool:
+    """A usage error (or another ClickException) of the Click that Typer carries inside it,
+    known by its class's name: Typer does not export the class."""
+    return any(c.__name__ == "ClickException" for c in type(exc).__mro__)
+
+
+def _one_line(exc) -> str:
+    """A Click error as one sentence, and where the command's help is."""
+    text = " ".join(exc.format_message().split())
+    text = text if text.endswith((".", "?", ")")) else text + "."
+    ctx = getattr(exc, "ctx", None)
+    if ctx is None:
+        return text
+    listed = "commands" if isinstance(ctx.command, TyperGroup) else "options"
+    return f"{text} ({ctx.command_path} --help lists the {listed})"
+
+
 CheckpointArg = Annotated[
-    Path, typer.Argument(help="Checkpoint directory (model.safetensors + config.json).")
+    Path,
+    typer.Argument(
+        help="Checkpoint directory (model.safetensors + config.json).", callback=checkpoint_given
+    ),
 ]
 OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Directory to write results into.")]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed.", callback=seed_given)]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]
 DtypeOpt = Annotated[
     str | None,
@@ -80,6 +130,7 @@ DtypeOpt = Annotated[
         "--dtype",
         help="Weights' dtype: float32, bfloat16 or float16 (default: the checkpoint's own; "
         "statistics are summed in float32 either way).",
+        callback=dtype_given,
     ),
 ]
 LengthsOpt = Annotated[
@@ -88,11 +139,14 @@ LengthsOpt = Annotated[
 PickleOpt = Annotated[
     bool, typer.Option("--allow-pickle", help="Allow loading pickle weights (runs code: trust it).")
 ]
-BatchSizeOpt = Annotated[int, typer.Option("--batch-size", help="Examples per batch.")]
+BatchSizeOpt = Annotated[
+    int, typer.Option("--batch-size", help="Examples per batch.", callback=at_least_one)
+]
 MaxBatchTokensOpt = Annotated[
     int,
     typer.Option(
         "--max-batch-tokens",
+        callback=at_least_one,
         help="Tokens one forward (and backward) pass holds: every batch runs in micro-batches "
         "of whole examples up to this many tokens and the statistics are summed over them, so "
         "--batch-size sets what a score averages over and this the memory "
@@ -104,23 +158,10 @@ OverwriteOpt = Annotated[
 ]
 
 
-def inputs_of(checkpoint: Path, text: Path | None = None) -> list[Path]:
-    """What a command reads, which its output must keep apart from: the model, its --text."""
-    return [checkpoint, *([] if text is None else [text])]
-
-
-def check_positive(**options: int) -> None:
-    """Each named count option must be at least 1 (`--batches 0` would divide by zero)."""
-    for name, value in options.items():
-        if value < 1:
-            flag = "--" + name.replace("_", "-")
-            raise ProbeError(f"{flag} must be at least 1, got {value}.")
-
-
-def check_seed(seed: int) -> None:
-    """A seed torch's generators take: 0 to 2**63 - 1."""
-    if not 0 <= seed < 2**63:
-        raise ProbeError(f"--seed must be a whole number from 0 to 2**63 - 1, got {seed}.")
+def inputs_of(checkpoint: Path, text: Path | None = None) -> dict[str, Path]:
+    """What a command reads, which its output must keep apart from, by the option it came
+    from (named in a refusal): the model, its --text."""
+    return {"CHECKPOINT": checkpoint, **({} if text is None else {"--text": text})}
 
 
 def require_heads(ckpt: Checkpoint) -> None:
@@ -172,6 +213,7 @@ TextOpt = Annotated[
         "--text",
         help="Imported models: a UTF-8 text file, one document per line (default: the shipped "
         "corpus of Python standard-library docstrings).",
+        callback=text_given,
     ),
 ]
 WholeOpt = Annotated[
@@ -301,6 +343,7 @@ NprocOpt = Annotated[
     int,
     typer.Option(
         "--nproc",
+        callback=at_least_one,
         help="Processes to run in (at most one per CPU core, or per GPU with --device cuda; "
         "NCCL on GPUs, gloo on the CPU).",
     ),

@@ -16,22 +16,29 @@ from probe_cli.common import (
     PickleOpt,
     SeedOpt,
     check_seed,
+    checkpoint_given,
     console,
     load_model,
+    note_text,
     shown,
+    text_given,
     write_manifest,
 )
 
 from probe.errors import ProbeError
 
 RESULTS = ("heal.csv", "losses.csv", "heal.png", "manifest.json")
-TEXT_LIMIT = 256 * 2**20  # bytes of a --text file read (about 60M tokens)
 
 
 def heal_cli(
     checkpoint: CheckpointArg,
     teacher: Annotated[
-        Path, typer.Option("--teacher", help="The unpruned model the student was pruned from.")
+        Path,
+        typer.Option(
+            "--teacher",
+            help="The unpruned model the student was pruned from.",
+            callback=checkpoint_given,
+        ),
     ],
     out: OutOpt,
     tokens: Annotated[
@@ -43,6 +50,7 @@ def heal_cli(
             "--text",
             help="Training text, one document per line (default: the "
             "training part of the shipped manuals corpus, 1.88M tokens).",
+            callback=text_given,
         ),
     ] = None,
     eval_text: Annotated[
@@ -51,6 +59,7 @@ def heal_cli(
             "--eval-text",
             help="Held-out text for perplexity (default: the held-out "
             "part of the shipped manuals corpus, other pages).",
+            callback=text_given,
         ),
     ] = None,
     seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per row.")] = 512,
@@ -110,26 +119,28 @@ def heal_cli(
                          "text the student is not trained on.")  # fmt: skip
     from probe.checkpoint import CHECKPOINT_FILES
     from probe.files import check_apart, claim_output
-    from probe.heal.state import STATE, clear_state
+    from probe.heal.state import holding, state_folder
 
-    inputs = [checkpoint, teacher, *(p for p in (text, eval_text) if p is not None)]
+    inputs = {"CHECKPOINT": checkpoint, "--teacher": teacher, "--text": text,
+              "--eval-text": eval_text}  # fmt: skip
     check_apart(out, inputs)
-    resuming = (out / STATE / "state.json").is_file() and not overwrite
-    earlier = claim_output(out, (*CHECKPOINT_FILES, *RESULTS), overwrite, inputs=inputs)
+    writes = (*CHECKPOINT_FILES, *RESULTS)
+    claim_output(out, writes, overwrite, inputs=inputs)
+    state_folder(out)  # a file or a link of the resume folder's name: one line, before any work
     student = load_model(checkpoint, device, dtype, allow_pickle)
     original = load_model(teacher, device, dtype, allow_pickle)
     from probe.heal.pair import check_pair
 
     check_pair(original, student)
     train_docs, heldout_docs = _texts(text, eval_text)
-    try:
-        out.mkdir(parents=True, exist_ok=True)  # for the resume state; results come at the end
-    except OSError as exc:
-        raise ProbeError(f"cannot create '{out}': {exc.strerror or exc}.") from None
-    if overwrite:
-        clear_state(out)  # start again: the earlier results stay until the new ones are written
-    _run(student, original, train_docs, heldout_docs, cfg, out, earlier, device, dtype,
-         max_batch_tokens, resuming, text, eval_text)  # fmt: skip
+    with holding(out):  # the resume state's folder, one run at a time; results come at the end
+        # again, now that no other run writes here: one that finished meanwhile left results
+        earlier = claim_output(out, writes, overwrite, inputs=inputs)
+        # a saved state of these settings resumes, --overwrite or not (to the same weights as
+        # a fresh run); one it cannot resume is refused, or with --overwrite discarded. The
+        # earlier results stay until the new ones are written.
+        _run(student, original, train_docs, heldout_docs, cfg, out, earlier, device, dtype,
+             max_batch_tokens, overwrite, text, eval_text)  # fmt: skip
 
 
 def _fingerprint(path: Path | None) -> str:
@@ -144,7 +155,7 @@ def _fingerprint(path: Path | None) -> str:
 
 
 def _run(student, original, train_docs, heldout_docs, cfg, out, earlier, device, dtype,
-         max_batch_tokens, resuming, text, eval_text) -> None:  # fmt: skip
+         max_batch_tokens, overwrite, text, eval_text) -> None:  # fmt: skip
     import matplotlib.pyplot as plt
     from rich.progress import (
         BarColumn,
@@ -162,11 +173,10 @@ def _run(student, original, train_docs, heldout_docs, cfg, out, earlier, device,
     from probe.runtime import Runtime
 
     runtime = Runtime.resolve(device, dtype)
+    tokenizer = student.tokenizer()  # read once: CHECKPOINT may be gone by the end of the run
     identity = {"teacher": _fingerprint(original.path), "student": _fingerprint(student.path),
                 "text": _fingerprint(text), "eval_text": _fingerprint(eval_text),
                 "dtype": str(next(student.model.parameters()).dtype)}  # fmt: skip
-    if resuming:
-        console.print(f"resuming the heal run saved in {shown(out)}")
     columns = (TextColumn("heal"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.description}"), TimeRemainingColumn())  # fmt: skip
     with Progress(*columns, console=console, transient=True) as bar:
@@ -177,15 +187,18 @@ def _run(student, original, train_docs, heldout_docs, cfg, out, earlier, device,
             bar.update(task, completed=p.step, description=f"{loss}  {p.note}".strip())
 
         result = heal(original.model, student.model, train_docs, heldout_docs,
-                      student.tokenizer(), cfg, out, runtime,
+                      tokenizer, cfg, out, runtime,
                       max_batch_tokens=max_batch_tokens, identity=identity,
-                      progress=show)  # fmt: skip
+                      progress=show, restart=overwrite)  # fmt: skip
+    if result.resumed_at:
+        console.print(f"resumed the heal run saved in {shown(out)} at step "
+                      f"{result.resumed_at} of {cfg.steps}")  # fmt: skip
     meta = {**student.meta, "healed": {"teacher": str(original.path), "tokens":
                                        cfg.steps * cfg.step_tokens, **cfg.to_dict()}}  # fmt: skip
     trained = cfg.steps * cfg.step_tokens
     with staged(out, earlier) as stage:  # all results at once, replacing an earlier run's
         save_checkpoint(stage, student.model, student.task, student.train_cfg, meta,
-                        source=student.source, tokenizer=student.tokenizer())  # fmt: skip
+                        source=student.source, tokenizer=tokenizer)  # fmt: skip
         result.table.to_csv(stage / "heal.csv", index=False)
         result.losses.to_csv(stage / "losses.csv", index=False)
         figure = heal_plot(result.table, result.losses)
@@ -196,7 +209,7 @@ def _run(student, original, train_docs, heldout_docs, cfg, out, earlier, device,
                        eval_text=str(eval_text) if eval_text else "manuals:heldout",
                        trained_tokens=trained, resumed_at=result.resumed_at,
                        seconds=round(result.seconds, 1), **result.notes)  # fmt: skip
-    clear_state(out)
+    clear_state(out, keep_folder=True)  # `holding` removes the folder, emptied, at its end
     _notes(cfg, result.notes)
     _show(result.table, out)
 
@@ -248,12 +261,16 @@ def _steps(text: str | None) -> tuple[int, ...] | None:
 
 
 def _texts(text: Path | None, eval_text: Path | None) -> tuple[list[str], list[str]]:
+    """The training and held-out documents: the shipped manuals corpus, or the first 4 MiB of
+    each file (`read_documents`, as every command reads --text: a whole 300 MB file would be
+    tokenized as one string, tens of GB, and the tokenizer aborts the process)."""
     from probe.data.docs import docs_corpus
     from probe.data.text import read_documents
 
-    train = docs_corpus("train") if text is None else read_documents(text, max_bytes=TEXT_LIMIT)
-    heldout = (docs_corpus("heldout") if eval_text is None
-               else read_documents(eval_text, max_bytes=TEXT_LIMIT))  # fmt: skip
+    for path in (text, eval_text):
+        note_text(path)
+    train = docs_corpus("train") if text is None else read_documents(text)
+    heldout = docs_corpus("heldout") if eval_text is None else read_documents(eval_text)
     return train, heldout
 
 

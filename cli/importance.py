@@ -44,8 +44,11 @@ from probe_cli.selection import (
 from rich.table import Table
 
 from probe.config import choice
+from probe.data.task_spec import parse_lengths
 from probe.errors import ProbeError
+from probe.files import claim_output
 from probe.measure.batching import DEFAULT_BATCH_TOKENS
+from probe.pruning.choices import Unit, parse_methods
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -129,33 +132,37 @@ def importance_cli(
     """Score every attention head; writes importance.csv, importance.png (+ correlations, and
     importance_groups.csv with --unit group). With --nproc N, gradient and Fisher importance
     run data-parallel: each process scores every N-th batch and the per-head sums are added."""
+    unit = choice(Unit, unit, "pruning unit")
+    methods = parse_methods(method)
+    if lengths:
+        parse_lengths(lengths)
+    check_positive(batch_size=batch_size, batches=batches, nproc=nproc,
+                   max_batch_tokens=max_batch_tokens)  # fmt: skip
+    if nproc > 1 and (set(methods) - {"gradient", "fisher"} or unit != Unit.HEAD):
+        raise ProbeError("--nproc runs gradient and fisher importance by head only; drop the "
+                         "other methods or --unit, or run them in one process.")  # fmt: skip
+    writes = ("importance.csv", "importance.png", "correlations.csv", "correlations.png",
+              "importance_groups.csv", "importance_layers.csv", "manifest.json")  # fmt: skip
+    # --out is checked before torch is imported (by every rank; rank 0 alone writes)
+    earlier = claim_output(out, writes, overwrite, inputs=inputs_of(checkpoint, text),
+                           inside_ok=True)  # fmt: skip
     import pandas as pd
 
-    from probe.checkpoint import claim_output, open_output
-    from probe.pruning.groups import Unit, group_table
-    from probe.pruning.importance import compare_estimators, parse_methods
+    from probe.checkpoint import open_output
+    from probe.pruning.groups import group_table
+    from probe.pruning.importance import compare_estimators
     from probe.pruning.layer_drop import layer_importance
     from probe.report.files import atomic_save_figure, atomic_write_csv
     from probe.report.pruning_plots import correlation_heatmap, importance_heatmap
     from probe.training.distributed import process_group, world_from_env
     from probe.training.train import resolve_device
 
-    unit = choice(Unit, unit, "pruning unit")
-    methods = parse_methods(method)
-    check_positive(batch_size=batch_size, batches=batches, nproc=nproc,
-                   max_batch_tokens=max_batch_tokens)  # fmt: skip
-    if nproc > 1 and (set(methods) - {"gradient", "fisher"} or unit != Unit.HEAD):
-        raise ProbeError("--nproc runs gradient and fisher importance by head only; drop the "
-                         "other methods or --unit, or run them in one process.")  # fmt: skip
     # with --nproc N, everything is checked here before the N processes start
     launcher = launching(nproc, device, oversubscribe)
     world = world_from_env()
     if not world.main:
         console.quiet = True  # rank 0 alone writes and reports
-    writes = ("importance.csv", "importance.png", "correlations.csv", "correlations.png",
-              "importance_groups.csv", "importance_layers.csv", "manifest.json")  # fmt: skip
-    earlier = claim_output(out, writes, overwrite, inputs=inputs_of(checkpoint, text),
-                           inside_ok=True) if world.main else []  # fmt: skip
+        earlier = []
     ckpt = load_model(checkpoint, "cpu" if launcher else device, dtype, allow_pickle)
     require_heads(ckpt)
     check_data_options(ckpt, text, lengths)

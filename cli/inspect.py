@@ -35,7 +35,9 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from probe import provenance
+from probe.data.task_spec import parse_lengths
 from probe.errors import ProbeError
+from probe.files import claim_output, open_output
 from probe.measure.batching import DEFAULT_BATCH_TOKENS
 from probe.words import counted
 
@@ -117,20 +119,20 @@ def inspect_cli(
 
     Writes OUT/attention_stats.{csv,parquet}, OUT/roles.{csv,parquet}, heatmaps of normalized
     entropy and max logit, entropy against length per head, and role scores."""
-    import pandas as pd
-
-    from probe.analysis.attention import head_summary, inspect_batches, inspect_model
-    from probe.checkpoint import claim_output, open_output
-    from probe.data.tasks import parse_lengths
-    from probe.report.attention_plots import write_inspection
-
     if streaming not in STREAMING:
         raise ProbeError(f"--streaming must be auto, on or off, got '{streaming}'.")
     check_positive(batch_size=batch_size, batches=batches, max_batch_tokens=max_batch_tokens,
                    **({} if period is None else {"period": period}))  # fmt: skip
+    if lengths:
+        parse_lengths(lengths)  # task lengths or tokens per row: the same form, checked now
     writes = ("attention_stats.csv", "roles.csv", "manifest.json")
     earlier = claim_output(out, writes, overwrite, inputs=inputs_of(checkpoint, text),
                            inside_ok=True)  # fmt: skip
+    import pandas as pd
+
+    from probe.analysis.attention import head_summary, inspect_batches, inspect_model
+    from probe.report.attention_plots import write_inspection
+
     ckpt = load_model(checkpoint, device, dtype, allow_pickle)
     require_heads(ckpt)
     if not ckpt.imported and text is not None:
@@ -320,22 +322,20 @@ def scaling_cli(
     """Reproduce the paper's argument for 1/sqrt(d_k): score variance, entropy and saturation at
     initialization for each d_k and n, then loss and entropy curves of models trained identical
     but for the scale. Writes OUT/scaling.csv, OUT/scaling_training.csv and plots."""
-    from probe.analysis.scaling import SCALES, init_scaling, train_scaling
-    from probe.checkpoint import claim_output, open_output
-    from probe.report.attention_plots import write_scaling
-    from probe.training.train import resolve_device
-
     if steps < 0:
         raise ProbeError(f"--steps must be 0 (skip training) or more, got {steps}.")
     check_positive(queries=queries, stats_every=stats_every, d_k=d_k)
-    used = resolve_device(device)  # checked even when nothing is trained
+    widths, lengths = _ints(d_ks, "--d-ks"), _ints(ns, "--ns")
+    lo, hi = parse_range(train_len, "--train-len") if steps else (0, 0)
     earlier = claim_output(out, ("scaling.csv", "scaling_training.csv", "manifest.json"), overwrite)
-    init = init_scaling(
-        _ints(d_ks, "--d-ks"), _ints(ns, "--ns"), SCALES, n_queries=queries, seed=seed
-    )
+    from probe.analysis.scaling import SCALES, init_scaling, train_scaling
+    from probe.report.attention_plots import write_scaling
+    from probe.training.train import resolve_device
+
+    used = resolve_device(device)  # checked even when nothing is trained
+    init = init_scaling(widths, lengths, SCALES, n_queries=queries, seed=seed)
     curves = None
     if steps:
-        lo, hi = parse_range(train_len, "--train-len")
         with _progress() as bar:
             jobs = {s: bar.add_task(f"train scale {s}", total=steps, note="") for s in SCALES}
 

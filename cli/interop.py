@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from probe_cli.common import DtypeOpt, OverwriteOpt, PickleOpt, console, shown
+from probe_cli.common import DtypeOpt, OverwriteOpt, PickleOpt, checkpoint_given, console, shown
 
 from probe import provenance
 from probe.errors import ProbeError
@@ -40,15 +40,18 @@ def import_cli(
     ] = None,
 ) -> None:
     """Turn a local model into a probe checkpoint that computes the same function (offline)."""
-    from probe.checkpoint import CHECKPOINT_FILES, claim_output
+    from probe.checkpoint_files import CHECKPOINT_FILES
+    from probe.files import claim_output
+    from probe.interop.bundled import existing
+
+    # the source and --out are checked before torch is imported
+    earlier = claim_output(out, CHECKPOINT_FILES, overwrite, inputs={"SOURCE": existing(source)})
     from probe.checkpoint import save_checkpoint as save
-    from probe.interop.bundled import resolve
     from probe.interop.importer import import_model
     from probe.interop.staging import staged
     from probe.runtime import dtype_name, resolve_dtype
 
     asked = resolve_dtype(dtype)  # a bad name is one line before any work
-    earlier = claim_output(out, CHECKPOINT_FILES, overwrite, inputs=[resolve(source)])
     with staged(out, earlier) as stage:  # all files or none: an interrupted run leaves nothing
         with console.status(f"reading {source}"):
             imported = import_model(source, allow_nonfinite, asked)
@@ -71,7 +74,12 @@ def import_cli(
 
 
 def export_cli(
-    checkpoint: Annotated[Path, typer.Argument(help="An imported (and maybe pruned) checkpoint.")],
+    checkpoint: Annotated[
+        Path,
+        typer.Argument(
+            help="An imported (and maybe pruned) checkpoint.", callback=checkpoint_given
+        ),
+    ],
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write.")],
     format: Annotated[
         str,
@@ -88,16 +96,16 @@ def export_cli(
     """Write a checkpoint in the Hugging Face format, loadable with from_pretrained, or as a
     llama.cpp GGUF file (a ragged pruned model as the `deci` architecture, with per-layer head
     counts)."""
+    if format not in ("hf", "gguf"):
+        raise ProbeError(f"Unknown --format '{format}'. Available: hf, gguf.")
     from probe.checkpoint import claim_output, load_checkpoint
     from probe.interop.export import WRITES, export_hf
     from probe.interop.staging import staged
 
-    if format not in ("hf", "gguf"):
-        raise ProbeError(f"Unknown --format '{format}'. Available: hf, gguf.")
     if format == "gguf":
         _export_gguf(checkpoint, out, dtype, allow_pickle, overwrite)
         return
-    earlier = claim_output(out, WRITES, overwrite, inputs=[checkpoint])
+    earlier = claim_output(out, WRITES, overwrite, inputs={"CHECKPOINT": checkpoint})
     ckpt = load_checkpoint(checkpoint, "cpu", allow_pickle, dtype=dtype)
     if not ckpt.imported:
         raise ProbeError(
@@ -125,7 +133,7 @@ def _export_gguf(checkpoint: Path, out: Path, dtype, allow_pickle: bool, overwri
     from probe.runtime import dtype_name, resolve_dtype
 
     optional("gguf", "GGUF export", GGUF_INSTALL)
-    claim_file(out, overwrite, inputs=[checkpoint])
+    claim_file(out, overwrite, inputs={"CHECKPOINT": checkpoint})
     ckpt = load_checkpoint(checkpoint, "cpu", allow_pickle)
     if not ckpt.imported:
         raise ProbeError(f"{checkpoint} was trained by probe, not imported; GGUF export writes "

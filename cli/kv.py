@@ -81,10 +81,8 @@ def kv_plan_cli(
     OUT/manifest.json."""
     import time
 
-    from probe.checkpoint import claim_output, open_output
-    from probe.kv.duo import DuoSettings
-    from probe.kv.methods import check_plannable, make_plan
-    from probe.kv.plan import METHODS
+    from probe.files import claim_output
+    from probe.kv.plan import METHODS, KVPlan
 
     if method not in METHODS:
         raise ProbeError(f"Unknown --method '{method}'. Available: {', '.join(METHODS)}.")
@@ -94,11 +92,17 @@ def kv_plan_cli(
         raise ProbeError(f"--sink must be at least 0, got {sink}.")
     check_positive(window=window, needles=needles, context=context, period=period, rows=rows,
                    steps=steps)  # fmt: skip
-    if not lr > 0 or not l1 >= 0:
-        raise ProbeError(f"--lr must be above 0 and --l1 at least 0, got {lr} and {l1}.")
-    duo = DuoSettings(steps=steps, lr=lr, l1=l1)
+    if not 0 < lr < float("inf") or not 0 <= l1 < float("inf"):
+        raise ProbeError(f"--lr must be above 0 and --l1 at least 0, both finite; got {lr} and "
+                         f"{l1}.")  # fmt: skip
+    KVPlan(method, full_heads, sink, window, ())  # sink and window within a plan's range
     check_seed(seed)
     earlier = claim_output(out, WRITES, overwrite, inputs=inputs_of(checkpoint, text))
+    from probe.checkpoint import open_output  # torch: after the plain checks above
+    from probe.kv.duo import DuoSettings
+    from probe.kv.methods import check_plannable, make_plan
+
+    duo = DuoSettings(steps=steps, lr=lr, l1=l1)
     ckpt = load_model(checkpoint, device, dtype, allow_pickle)
     check_plannable(ckpt.model_cfg)
     limit = ckpt.model_cfg.max_positions
@@ -119,8 +123,10 @@ def kv_plan_cli(
     seconds = time.perf_counter() - start
     out = open_output(out, earlier)
     result.plan.write(out / "plan.json")
-    result.scores.to_csv(out / "scores.csv", index=False)
-    result.heads.to_csv(out / "heads.csv", index=False)
+    from probe.report.files import atomic_write_csv  # a crash or a full disk leaves no half file
+
+    atomic_write_csv(out / "scores.csv", result.scores)
+    atomic_write_csv(out / "heads.csv", result.heads)
     write_manifest(out, ckpt, command="kv-plan", method=method,
                    full_share=result.plan.full_share, full_heads_asked=full_heads,
                    sink=sink, window=window, seed=seed, aggregate="max over query heads",

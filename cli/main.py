@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     previous = signal.signal(signal.SIGINT, _interrupt)
     previous_term = signal.signal(signal.SIGTERM, _interrupt)  # kill PID: stop as cleanly
     try:
-        app(args=args, prog_name="probe")  # standalone: usage errors exit 2, then sys.exit
+        app(args=args, prog_name="probe")  # Group.main: a usage error is one line, exit 2
     except ProbeError as exc:
         if debug:
             raise
@@ -74,6 +74,11 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:
         if debug:
             raise
+        from probe.files import no_space
+
+        if full := no_space(exc):  # the environment, not a bug: one line, as bad input is
+            err_console.print(f"[bold red]error:[/] {shown(full)}", highlight=False, soft_wrap=True)
+            sys.exit(2)
         err_console.print(
             f"[bold red]error:[/] {type(exc).__name__}: {shown(exc)} "
             "(run with --debug for the traceback)",

@@ -29,6 +29,7 @@ from probe_cli.common import (
     shown,
     write_manifest,
 )
+from probe_cli.preflight import share_given
 from probe_cli.prune_output import report
 from probe_cli.selection import (
     BatchesOpt,
@@ -43,9 +44,14 @@ from probe_cli.selection import (
 )
 from rich.table import Table
 
+from probe.checkpoint_files import CHECKPOINT_FILES
+from probe.config import choice
+from probe.data.task_spec import parse_lengths
 from probe.errors import ProbeError
+from probe.files import claim_output
 from probe.measure.batching import DEFAULT_BATCH_TOKENS
 from probe.provenance import device_name
+from probe.pruning.choices import CURVE_EXTRAS, Method, Scope, Unit, parse_methods
 from probe.words import counted
 
 SWEEP_FILES = ("pruning.csv", "pruning.png", "pruning_loss.png", "manifest.json")
@@ -68,18 +74,22 @@ def _fractions(spec: str | None) -> list[float] | None:
     return values
 
 
-def _sweep(ckpt, out, methods, seeds, fractions, lengths, batch_size, batches, seed, select,
-           earlier, data, max_batch_tokens):  # fmt: skip
-    from probe.checkpoint import open_output
-    from probe.pruning.curves import CURVE_EXTRAS, primary_metric, pruning_curve
-    from probe.pruning.importance import parse_methods
-    from probe.report.files import atomic_save_figure, atomic_write_csv
-    from probe.report.pruning_plots import pruning_curve_plot
-
+def _sweep_methods(methods: str) -> list[str]:
+    """The sweep's --methods: estimators, and the curve's own methods (CURVE_EXTRAS)."""
     wanted = [m.strip() for m in methods.split(",") if m.strip()]
     extras = [m for m in wanted if m in CURVE_EXTRAS]
     rest = [m for m in wanted if m not in CURVE_EXTRAS]
-    names = (parse_methods(",".join(rest)) if rest else []) + extras
+    return (parse_methods(",".join(rest)) if rest else []) + extras
+
+
+def _sweep(ckpt, out, methods, seeds, fractions, lengths, batch_size, batches, seed, select,
+           earlier, data, max_batch_tokens):  # fmt: skip
+    from probe.checkpoint import open_output
+    from probe.pruning.curves import primary_metric, pruning_curve
+    from probe.report.files import atomic_save_figure, atomic_write_csv
+    from probe.report.pruning_plots import pruning_curve_plot
+
+    names = _sweep_methods(methods)
     if "random" not in names:
         names.append("random")
         console.print("adding the random baseline to the sweep")
@@ -121,7 +131,9 @@ def _sweep(ckpt, out, methods, seeds, fractions, lengths, batch_size, batches, s
 def prune_cli(
     checkpoint: CheckpointArg,
     out: OutOpt,
-    fraction: Annotated[float, typer.Option(help="Share of the heads to remove, 0-1.")] = 0.5,
+    fraction: Annotated[
+        float, typer.Option(help="Share of the heads to remove, 0-1.", callback=share_given)
+    ] = 0.5,
     method: Annotated[
         str, typer.Option(help="Importance estimator that ranks the heads.")
     ] = "gradient",
@@ -219,18 +231,17 @@ def prune_cli(
     overwrite: OverwriteOpt = False,
 ) -> None:
     """Remove heads for real (writes a smaller checkpoint), or with --sweep the pruning curve."""
-    from probe.checkpoint import (
-        CHECKPOINT_FILES,
-        TOKENIZER,
-        claim_output,
-        open_output,
-        save_checkpoint,
-    )
-    from probe.data.tasks import parse_lengths
-    from probe.pruning.compare import prune_and_compare
-    from probe.report.files import atomic_write_csv
-    from probe.runtime import Runtime
-
+    # the plain mistakes first (the checkpoint, --text and the counts were checked as parsed):
+    # names, numbers and --out, answered before torch is imported
+    if choice(Unit, unit, "pruning unit") != Unit.LAYER:  # whole layers rank by their own score
+        choice(Method, method, "importance method")
+    choice(Scope, scope, "pruning scope")
+    if sweep:
+        _sweep_methods(methods)
+        _fractions(fractions)
+    for spec in (lengths, timing_sizes if timing else None):
+        if spec:
+            parse_lengths(spec)
     check_positive(batch_size=batch_size, batches=batches, timing_threads=timing_threads,
                    max_batch_tokens=max_batch_tokens,
                    **({} if repeats is None else {"repeats": repeats}))  # fmt: skip
@@ -242,6 +253,11 @@ def prune_cli(
     writes = SWEEP_FILES if sweep else (*CHECKPOINT_FILES, *PRUNED_FILES)
     earlier = claim_output(out, writes, overwrite, inputs=inputs_of(checkpoint, text),
                            inside_ok=sweep)  # fmt: skip
+    from probe.checkpoint import TOKENIZER, open_output, save_checkpoint
+    from probe.pruning.compare import prune_and_compare
+    from probe.report.files import atomic_write_csv
+    from probe.runtime import Runtime
+
     ckpt = load_model(checkpoint, device, dtype, allow_pickle)
     require_heads(ckpt)
     check_data_options(ckpt, text, lengths)

@@ -12,6 +12,7 @@ from probe_cli.common import (
     console,
     note_text,
 )
+from probe_cli.preflight import at_least_one
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 if TYPE_CHECKING:
@@ -21,7 +22,10 @@ LengthsOpt = Annotated[
     str | None,
     typer.Option("--lengths", help="Task lengths, 'lo:hi' or '8,16' (default: the training ones)."),
 ]
-BatchesOpt = Annotated[int, typer.Option("--batches", help="Batches per length in each split.")]
+BatchesOpt = Annotated[
+    int,
+    typer.Option("--batches", help="Batches per length in each split.", callback=at_least_one),
+]
 NormalizeOpt = Annotated[
     bool, typer.Option("--normalize", help="L2-normalize importance within each layer.")
 ]

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from probe.errors import ProbeError
 from probe.files import check_output_dir, claim_file
+from probe.study.documents import read_toml
 from probe.words import counted
 
 if TYPE_CHECKING:  # the study modules import torch: commands import them when they run
@@ -129,6 +130,7 @@ def run_cli(
 ) -> None:
     """Run a study (finished cells or steps are reused), write its report and check its
     expectations; exit code 1 when an expectation fails."""
+    read_toml(file)  # a study file that is not there, or not TOML: one line before torch loads
     from probe.runtime import Runtime
     from probe.study.engine import Settings
     from probe.study.engine.runner import check_settings, run_plan
@@ -139,7 +141,7 @@ def run_cli(
 
     Runtime.resolve(device, dtype)  # a bad name is one line now, not after a unit
     if junit is not None:
-        claim_file(junit, overwrite=True, what="--junit", inputs=[file])
+        claim_file(junit, overwrite=True, what="--junit", inputs={"the study file": file})
     study = load_any(file)
     check_threads(threads, "--threads")
     if smoke:
@@ -150,7 +152,8 @@ def run_cli(
     plan = plan_for(study, out, settings)  # refuses what the kind cannot do
     check_settings(plan)  # --jobs, --executor, a Ray address that answers: before any output
     # a head study's results may lie inside its model's folder, never the other way round
-    check_output_dir(out, inputs=[file, *plan.inputs()], inside_ok=True)
+    inputs = [("the study file", file), *(("the study's input", p) for p in plan.inputs())]
+    check_output_dir(out, inputs=inputs, inside_ok=True)
     console.print(f"study [bold]{shown(study.name)}[/]{' (smoke)' if smoke else ''}: "
                   f"{shown(kind.describe(study, plan.size()))} -> {shown(out)}")  # fmt: skip
     columns = (
@@ -196,11 +199,11 @@ def ls_cli(
     folder: Annotated[Path, typer.Argument(help="Folder of study files.")] = Path("studies"),
 ) -> None:
     """List the study files in a folder with their question and size."""
-    from probe.study.kinds import describe, load_any
-
     files = sorted(folder.glob("*.toml"))
     if not files:
         raise ProbeError(f"No study files (*.toml) in '{folder}'.")
+    from probe.study.kinds import describe, load_any
+
     view = Table(title=shown(f"studies in {folder}"))
     for column in ("file", "name", "size", "smoke", "question"):
         view.add_column(column, overflow="fold")
@@ -220,11 +223,13 @@ def validate_cli(
     paths: Annotated[list[Path], typer.Argument(help="Study files to check, or folders of them.")],
 ) -> None:
     """Check study files (every cell's configuration is built); exit code 2 if one is invalid."""
-    from probe.study.kinds import describe, load_any
-
     files = [f for p in paths for f in (sorted(p.glob("*.toml")) if p.is_dir() else [p])]
     if not files:
         raise ProbeError(f"No study files (*.toml) in {', '.join(map(str, paths))}.")
+    if len(files) == 1:
+        read_toml(files[0])  # not there, or not TOML: its one line before torch loads
+    from probe.study.kinds import describe, load_any
+
     errors = []
     for path in files:
         try:

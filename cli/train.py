@@ -43,16 +43,17 @@ from probe_cli.kv_eval import (
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from probe.checkpoint_files import CHECKPOINT_FILES
 from probe.config import ModelConfig, Schedule, TrainConfig
+from probe.data.task_spec import TaskConfig, parse_lengths
 from probe.errors import ProbeError
+from probe.files import claim_output, open_output
 from probe.measure.batching import DEFAULT_BATCH_TOKENS
 from probe.training.presets import with_preset
 from probe.words import counted
 
 
 def parse_range(spec: str, what: str) -> tuple[int, int]:
-    from probe.data.tasks import parse_lengths
-
     lengths = parse_lengths(spec)
     if lengths != list(range(lengths[0], lengths[-1] + 1)):
         raise ProbeError(f"{what} must be a contiguous range 'lo:hi', got '{spec}'.")
@@ -143,16 +144,7 @@ def train_cli(
     oversubscribe: OversubscribeOpt = False,
 ) -> None:
     """Train a model on a synthetic task and write a checkpoint directory."""
-    from probe.checkpoint import CHECKPOINT_FILES, claim_output
-    from probe.data.tasks import TaskConfig
-    from probe.training.distributed import world_from_env
-    from probe.training.train import TrainProgress, check_training, resolve_device, train
-
-    # with --nproc N, everything is checked here before the N processes start
-    launcher = launching(nproc, device, oversubscribe)
-    world = world_from_env()
-    if not world.main:
-        console.quiet = True  # rank 0 alone reports
+    # the settings and --out are checked before torch is imported
     task_cfg = TaskConfig(name=task, n_symbols=n_symbols)
     lo, hi = parse_range(train_len, "--train-len")
     values = {
@@ -177,8 +169,16 @@ def train_cli(
     if train_cfg.schedule == Schedule.COSINE and train_cfg.warmup > steps:
         train_cfg = dataclasses.replace(train_cfg, warmup=steps)
     pe = model_cfg.pe
-    resolve_device(device)
     claim_output(out, CHECKPOINT_FILES, overwrite)  # before any work: a bad --out fails now
+    from probe.training.distributed import world_from_env
+    from probe.training.train import TrainProgress, check_training, resolve_device, train
+
+    # with --nproc N, everything is checked here before the N processes start
+    launcher = launching(nproc, device, oversubscribe)
+    world = world_from_env()
+    if not world.main:
+        console.quiet = True  # rank 0 alone reports
+    resolve_device(device)
     if launcher:
         check_training(model_cfg, task_cfg, train_cfg, shards=nproc)
         relaunch(nproc)
@@ -239,16 +239,17 @@ def eval_cli(
     needles: NeedlesOpt = None,
 ) -> None:
     """Evaluate a checkpoint at each task length; writes OUT/eval.csv."""
-    from probe.checkpoint import claim_output, open_output
-    from probe.data.tasks import parse_lengths
+    check_positive(batches=batches, batch_size=batch_size, max_batch_tokens=max_batch_tokens)
+    check_needle_options(kv_plan, needle_tokens, needles)
+    if lengths:
+        parse_lengths(lengths)  # task lengths or tokens per row: the same form, checked now
+    inputs = inputs_of(checkpoint, text) | ({"--kv-plan": kv_plan} if kv_plan else {})
+    earlier = claim_output(out, ("eval.csv", "manifest.json"), overwrite,
+                           inputs=inputs, inside_ok=True)  # fmt: skip
+    plan = read_plan(kv_plan) if kv_plan is not None else None
     from probe.measure.evaluate import evaluate
     from probe.report.files import atomic_write_csv
 
-    check_positive(batches=batches, batch_size=batch_size, max_batch_tokens=max_batch_tokens)
-    check_needle_options(kv_plan, needle_tokens, needles)
-    earlier = claim_output(out, ("eval.csv", "manifest.json"), overwrite,
-                           inputs=inputs_of(checkpoint, text), inside_ok=True)  # fmt: skip
-    plan = read_plan(kv_plan) if kv_plan is not None else None
     ckpt = load_model(checkpoint, device, dtype, allow_pickle)
     if plan is not None:
         eval_kv_plan(ckpt, plan, out, earlier, lengths, text, whole, batch_size, batches, seed,
@@ -290,8 +291,6 @@ def eval_cli(
 def _eval_text(ckpt, out, earlier, lengths, text, whole, batch_size, batches, seed,
                max_batch_tokens):  # fmt: skip
     """eval of an imported model: its text metrics at each row width."""
-    from probe.checkpoint import open_output
-    from probe.data.tasks import parse_lengths
     from probe.data.text import read_documents
     from probe.measure.evaluate import evaluate_text
     from probe.report.files import atomic_write_csv

@@ -26,9 +26,12 @@ from probe_cli.common import (
     shown,
 )
 
+from probe.config import choice
+from probe.data.task_spec import parse_lengths
 from probe.errors import ProbeError
 from probe.files import claim_file
 from probe.measure.batching import DEFAULT_BATCH_TOKENS
+from probe.pruning.choices import Method
 from probe.words import counted
 
 
@@ -75,22 +78,22 @@ def view_cli(
     entropy, max logit, role scores or importance; click a head for its attention pattern.
 
     Opens offline in any browser: the data is inlined and nothing is fetched."""
+    check_positive(batch_size=batch_size, batches=batches, max_batch_tokens=max_batch_tokens)
+    if out.suffix.lower() not in (".html", ".htm"):
+        raise ProbeError(f"--out must name an .html file, got '{out}'.")
+    if importance not in ("auto", "none"):
+        choice(Method, importance, "--importance")
+    widths = parse_lengths(length) if length else None
+    claim_file(out, overwrite, inputs=inputs_of(target, text), inside_ok=True)
+    if not target.exists():
+        raise ProbeError(f"{target} does not exist; give a checkpoint or a results directory.")
     from probe.analysis.view import checkpoint_view
-    from probe.config import choice
-    from probe.data.tasks import parse_lengths
     from probe.data.text import TextOptions
-    from probe.pruning.importance import Method
     from probe.report.html.viewer import write_viewer
     from probe.runtime import resolve_device
     from probe.study.grid.viewers import pick_cell
 
-    check_positive(batch_size=batch_size, batches=batches, max_batch_tokens=max_batch_tokens)
-    if out.suffix.lower() not in (".html", ".htm"):
-        raise ProbeError(f"--out must name an .html file, got '{out}'.")
-    claim_file(out, overwrite, inputs=inputs_of(target, text), inside_ok=True)
     resolve_device(device)
-    if not target.exists():
-        raise ProbeError(f"{target} does not exist; give a checkpoint or a results directory.")
     title = f"Heads of {target.name or target}"
     if (target / "study.toml").is_file() and (target / "manifest.json").is_file():
         picked, model = pick_cell(target, cell)
@@ -102,7 +105,6 @@ def view_cli(
     if importance == "auto":
         importance = "ablation" if ckpt.objective == "embedding" else "gradient"
     method = None if importance == "none" else str(choice(Method, importance, "--importance"))
-    widths = parse_lengths(length) if length else None
     shown_at = widths or ([64] if ckpt.imported else [2 * ckpt.train_cfg.train_len[1]])
     check_data_fits(ckpt, shown_at, batch_size, batches, backward=method is not None,
                     options="--batches, --batch-size or --length",

@@ -17,6 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from probe.checkpoint_files import (  # CHECKPOINT_FILES, read_config: re-exported (their old home)
+    CHECKPOINT_FILES,  # noqa: F401
+    CONFIG,
+    FORMAT,
+    FORMAT_VERSION,
+    METRICS,  # noqa: F401
+    TOKENIZER,
+    read_config,
+)
 from probe.config import ModelConfig, TrainConfig
 from probe.data.tasks import TaskConfig
 from probe.errors import ProbeError
@@ -31,8 +40,6 @@ from probe.measure.memory import check_model
 from probe.model import Transformer
 from probe.runtime import Runtime, dtype_name, resolve_dtype
 from probe.weights import (
-    INDEX,
-    SHARDS,
     WEIGHTS,
     nonfinite,
     open_weights,
@@ -43,16 +50,7 @@ from probe.weights import (
 if TYPE_CHECKING:
     from probe.runtime import Runtime
 
-FORMAT = "probe-checkpoint"
-FORMAT_VERSION = 1
-CONFIG = "config.json"
-# what an imported model is evaluated by on text (probe.interop.importer.Objective names them)
-OBJECTIVES = ("causal-lm", "masked-lm", "embedding")
-METRICS = "metrics.csv"
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".ckpt")
-
-
-TOKENIZER = "tokenizer.json"
 
 
 @dataclass
@@ -87,10 +85,6 @@ class Checkpoint:
                 "import the model again from a directory that has one."
             )
         return load_tokenizer(self.path / TOKENIZER)
-
-
-# the files a checkpoint may hold (SHARDS is a pattern: `claim_output` finds every shard)
-CHECKPOINT_FILES = (WEIGHTS, INDEX, SHARDS, CONFIG, METRICS, TOKENIZER)
 
 
 def _state_for_saving(model: Transformer) -> dict[str, torch.Tensor]:
@@ -137,51 +131,6 @@ def save_checkpoint(
     write_weights(path, _state_for_saving(model), shard_bytes)
     atomic_write_text(path / CONFIG, json.dumps(document, indent=2, default=str) + "\n")
     return path
-
-
-def read_config(path: str | Path) -> dict[str, Any]:
-    """The parsed config.json of a checkpoint directory, with clear errors."""
-    path = Path(path)
-    if not path.exists():
-        raise ProbeError(f"No checkpoint at '{path}': the path does not exist.")
-    if path.is_file():
-        if path.name in (CONFIG, WEIGHTS, INDEX):
-            path = path.parent
-        else:
-            raise ProbeError(
-                f"'{path}' is a file; a probe checkpoint is a directory holding {WEIGHTS} "
-                f"and {CONFIG}."
-            )
-    config_file = path / CONFIG
-    if not config_file.exists():
-        raise ProbeError(f"'{path}' is not a probe checkpoint: {CONFIG} is missing.")
-    check_input_file(config_file, f"the checkpoint's {CONFIG} (a JSON file)")
-    try:
-        document = json.loads(config_file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ProbeError(
-            f"{config_file} is not valid JSON ({exc}); the checkpoint is corrupt."
-        ) from None
-    except RecursionError:
-        raise ProbeError(
-            f"{config_file} nests JSON arrays or objects too deeply to read; the checkpoint is "
-            "corrupt."
-        ) from None
-    except OSError as exc:
-        raise ProbeError(f"{config_file} cannot be read: {exc.strerror or exc}.") from None
-    if not isinstance(document, dict) or document.get("format") != FORMAT:
-        raise ProbeError(f"{config_file} is not a probe checkpoint config (no format '{FORMAT}').")
-    imported = isinstance(document.get("source"), dict)
-    for key in ("model",) if imported else ("model", "task", "train"):
-        if not isinstance(document.get(key), dict):
-            raise ProbeError(f"{config_file} has no '{key}' section; the checkpoint is corrupt.")
-    if imported and document["source"].get("objective") not in OBJECTIVES:
-        raise ProbeError(
-            f"{config_file}: source.objective must be one of {', '.join(OBJECTIVES)}, got "
-            f"{document['source'].get('objective')!r:.60} (the file was edited or damaged; "
-            "import the model again)."
-        )
-    return document
 
 
 class _Weights:

@@ -23,6 +23,10 @@ from probe.site import Site
 E = TypeVar("E", bound=StrEnum)
 C = TypeVar("C")
 
+# the longest sliding window: transformers computes with int64 positions (a window of
+# 10**30 overflows there), and 2**40 tokens is past any context
+MAX_WINDOW = 2**40
+
 
 def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
     """' Did you mean 'x'?' when a close match exists, else ''."""
@@ -319,8 +323,10 @@ class ModelConfig:
             if self.window_layers is not None:
                 raise ProbeError("window_layers is set but sliding_window is not; set both.")
             return
-        if self.sliding_window < 1:
-            raise ProbeError(f"sliding_window must be at least 1, got {self.sliding_window}.")
+        if not 1 <= self.sliding_window <= MAX_WINDOW:
+            raise ProbeError(f"sliding_window must be at least 1 and at most 2**40 tokens (past "
+                             f"any context: leave it unset for no window), got "
+                             f"{self.sliding_window}.")  # fmt: skip
         if self.arch != Arch.DECODER:
             raise ProbeError(
                 f"sliding_window needs arch 'decoder' (causal self-attention), got '{self.arch}'."

@@ -8,10 +8,14 @@ so a bad `--out` fails in one line at once, and no output is ever an input.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import os
+import re
 import stat
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from probe.errors import ProbeError
@@ -19,12 +23,24 @@ from probe.errors import ProbeError
 TMP_SUFFIX = ".probe-tmp"  # temporary files of atomic writes: `.NAME.XXXX.probe-tmp`
 
 
-def check_apart(out: str | Path, inputs: Iterable[str | Path], what: str = "--out",
+Inputs = Mapping[str, "str | Path"] | Iterable["str | Path | tuple[str, str | Path]"]
+# what a command reads, by the option each path came from, so that a refusal names it:
+# {"CHECKPOINT": ckpt, "--text": text} or [(option, path), ...]; a bare path is "the input"
+
+
+def _labelled(inputs: Inputs) -> list[tuple[str, str | Path]]:
+    items = inputs.items() if isinstance(inputs, Mapping) else inputs
+    pairs = [item if isinstance(item, tuple) else ("the input", item) for item in items]
+    return [(label, path) for label, path in pairs if path is not None]
+
+
+def check_apart(out: str | Path, inputs: Inputs, what: str = "--out",
                 inside_ok: bool = False) -> None:  # fmt: skip
     """`out` must not be an input, hold one, or (unless `inside_ok`: a results folder inside a
-    checkpoint) lie inside one; symbolic links are followed, with or without --overwrite."""
+    checkpoint) lie inside one; symbolic links are followed, with or without --overwrite. The
+    refusal names both options (`what` and the input's label)."""
     mine = _real(out)
-    for given in inputs:
+    for label, given in _labelled(inputs):
         source = _real(given)
         if mine == source:
             relation = "is"
@@ -36,7 +52,7 @@ def check_apart(out: str | Path, inputs: Iterable[str | Path], what: str = "--ou
             continue
         link = "" if mine == Path(out).absolute() else f" (a link to '{mine}')"
         raise ProbeError(
-            f"{what} '{out}'{link} {relation} the input '{given}', which this command reads; "
+            f"{what} '{out}'{link} {relation} {label} '{given}', which this command reads; "
             "write somewhere else (--overwrite never replaces an input)."
         )
 
@@ -46,7 +62,7 @@ def _real(path: str | Path) -> Path:
     return Path(path).expanduser().resolve(strict=False)
 
 
-def check_output_dir(path: str | Path, what: str = "--out", inputs: Iterable[str | Path] = (),
+def check_output_dir(path: str | Path, what: str = "--out", inputs: Inputs = (),
                      inside_ok: bool = False) -> Path:  # fmt: skip
     """`path` can become an output directory: apart from the inputs, not a file or under one,
     and writable (or creatable under a writable folder). Creates nothing."""
@@ -56,9 +72,19 @@ def check_output_dir(path: str | Path, what: str = "--out", inputs: Iterable[str
     return path
 
 
+class Claim(list[str]):
+    """The files of `writes` an earlier run left in an output directory (what `open_output`
+    removes, with --overwrite), remembering `writes`: any other of them found there when the
+    results are written came from another run meanwhile."""
+
+    def __init__(self, present: list[str], writes: tuple[str, ...]) -> None:
+        super().__init__(present)
+        self.writes = writes
+
+
 def claim_output(path: str | Path, writes: tuple[str, ...], overwrite: bool = False,
-                 what: str = "--out", inputs: Iterable[str | Path] = (),
-                 inside_ok: bool = False) -> list[str]:  # fmt: skip
+                 what: str = "--out", inputs: Inputs = (),
+                 inside_ok: bool = False) -> Claim:  # fmt: skip
     """Check an output directory before any work, creating nothing (`check_output_dir`), and
     that it holds none of the files in `writes` (names, or patterns with a `*`) unless
     `overwrite`. Returns the files of `writes` already there, for `open_output`."""
@@ -72,7 +98,7 @@ def claim_output(path: str | Path, writes: tuple[str, ...], overwrite: bool = Fa
             f"{what} '{path}' already holds {listed} from an earlier run; choose another "
             "directory or pass --overwrite to replace them."
         )
-    return present
+    return Claim(present, writes)
 
 
 def _matching(folder: Path, writes: tuple[str, ...]) -> list[str]:
@@ -88,13 +114,17 @@ def _matching(folder: Path, writes: tuple[str, ...]) -> list[str]:
 
 
 def claim_file(path: str | Path, overwrite: bool = False, what: str = "--out",
-               inputs: Iterable[str | Path] = (), inside_ok: bool = False) -> Path:  # fmt: skip
+               inputs: Inputs = (), inside_ok: bool = False) -> Path:  # fmt: skip
     """Check an output file before any work, creating nothing: apart from the inputs, not a
     directory, in a folder that is (or can be made) writable, and absent unless `overwrite`."""
     path = Path(path)
     check_apart(path, inputs, what, inside_ok)
     if path.is_dir():
         raise ProbeError(f"{what} '{path}' is a directory; give the name of a file to write.")
+    kind = special_kind(path)
+    if kind:  # a write is a rename onto it: --overwrite would replace /dev/null with a file
+        raise ProbeError(f"{what} '{path}' is {kind}, not a regular file; give the name of a "
+                         "file to write (--overwrite replaces only regular files).")  # fmt: skip
     _check_folder(path.parent, path, what)
     if path.exists() and not overwrite:
         raise ProbeError(f"{what} '{path}' exists; pass --overwrite to replace it.")
@@ -145,8 +175,19 @@ def _check_writable(path: Path, given: Path, what: str) -> None:
 
 def open_output(path: str | Path, earlier: list[str]) -> Path:
     """Create the output directory and remove the files an earlier run left there (those
-    `claim_output` found, with --overwrite), just before writing, so no directory mixes runs."""
+    `claim_output` found, with --overwrite), just before writing, so no directory mixes runs;
+    refused when files of the same names arrived since the claim (two runs given one --out:
+    the second to finish would silently replace, or mix with, the first's results)."""
     path = Path(path)
+    arrived = [n for n in _matching(path, earlier.writes) if n not in earlier] if (
+        isinstance(earlier, Claim) and path.is_dir()) else []  # fmt: skip
+    if arrived:
+        listed = ", ".join(arrived[:4]) + (f" and {len(arrived) - 4} more" if len(arrived) > 4
+                                           else "")  # fmt: skip
+        raise ProbeError(
+            f"'{path}' received {listed} from another run while this one worked; nothing was "
+            "written: run again with another --out, or with --overwrite once that run is done."
+        )
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -158,6 +199,16 @@ def open_output(path: str | Path, earlier: list[str]) -> Path:
 
 _SPECIAL = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
+
+
+def special_kind(path: str | Path) -> str | None:
+    """What `path` is when it is a named pipe, a device or a socket (links followed), in words;
+    None for anything else (a regular file, a folder, nothing)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    return next((kind for test, kind in _SPECIAL if test(mode)), None)
 
 
 def check_input_file(path: str | Path, what: str) -> None:
@@ -178,6 +229,40 @@ def check_input_file(path: str | Path, what: str) -> None:
             raise ProbeError(f"{path} is {kind}, not a regular file; it should be {what}.")
 
 
+@contextlib.contextmanager
+def temporary_beside(path: Path) -> Iterator[Path]:
+    """A temporary file beside `path` (`.NAME.XXXX.probe-tmp`) for the block to write and then
+    rename onto `path`; held under an flock meanwhile, so that the next write of `path` removes
+    what a killed run left (the temporaries of that name whose lock is free, a whole model's
+    size for a GGUF export) and never one a live run is writing. Removed if the block fails."""
+    path = Path(path)
+    for old in path.parent.glob(f".{glob_escape(path.name)}.*{TMP_SUFFIX}"):
+        with contextlib.suppress(OSError):
+            fd = os.open(old, os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                old.unlink()
+            except BlockingIOError:
+                pass  # a run writing it now
+            finally:
+                os.close(fd)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+    tmp = Path(name)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield tmp
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        os.close(fd)
+
+
+def glob_escape(name: str) -> str:
+    """`name` with the characters glob reads as patterns taken literally."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write `data` to `path` through a temporary file in the same directory, then rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -196,3 +281,29 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+# numpy's short write (`tofile`, under gguf's writer: "N requested and M written") has no errno
+_NO_SPACE_WORDS = re.compile(
+    r"No space left on device|Disk quota exceeded|\d+ requested and \d+ written"
+)
+
+
+def no_space(exc: BaseException) -> str | None:
+    """One line for an exception that is, or came from, a write that found the disk (or the
+    quota) full, whatever library raised it (OSError, safetensors' SafetensorError, numpy);
+    None for anything else. Every probe write goes through a temporary file, so what a
+    command finished before stays, and nothing half-written is left."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        code = getattr(seen, "errno", None)
+        if code in _NO_SPACE or _NO_SPACE_WORDS.search(str(seen)):
+            why = os.strerror(code) if code in _NO_SPACE else str(seen)
+            return (
+                f"a write failed because the disk is full ({why}); free some space or "
+                "write elsewhere (--out), then run the command again (what was finished "
+                "before is kept, nothing half-written is)."
+            )
+        seen = seen.__cause__ or seen.__context__
+    return None

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from probe.dtype_names import DTYPE_CHOICES, dtype_named
 from probe.errors import ProbeError
 
 CHOICES = "auto, cpu, cuda or cuda:N"
@@ -26,9 +27,6 @@ DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
-DTYPE_ALIASES = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16", "fp16": "float16",
-                 "f16": "float16", "half": "float16"}  # fmt: skip
-DTYPE_CHOICES = "float32, bfloat16 or float16"
 ACCUMULATE = torch.float32  # what statistics and losses are summed in, whatever the weights
 
 
@@ -77,11 +75,7 @@ def resolve_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
             raise ProbeError(f"dtype {dtype_name(name)} is not one probe holds weights in; "
                              f"use {DTYPE_CHOICES}.")  # fmt: skip
         return name
-    text = str(name).strip().lower().removeprefix("torch.")
-    text = DTYPE_ALIASES.get(text, text)
-    if text not in DTYPES:
-        raise ProbeError(f"Unknown dtype '{name}'; use {DTYPE_CHOICES}.")
-    return DTYPES[text]
+    return DTYPES[dtype_named(name)]
 
 
 @dataclass(frozen=True)

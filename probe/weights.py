@@ -25,13 +25,11 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from probe.checkpoint_files import INDEX, SHARDS, WEIGHTS
 from probe.errors import ProbeError
 from probe.fields import shown
 from probe.files import TMP_SUFFIX, check_input_file
 
-WEIGHTS = "model.safetensors"
-INDEX = "model.safetensors.index.json"
-SHARDS = "model-*-of-*.safetensors"  # every shard's name matches this pattern
 SHARD_BYTES = 2 * 10**9  # a model larger than this is written in shards of at most this size
 FILES = (WEIGHTS, INDEX, SHARDS)  # what a folder's weights may be, as `claim_output` patterns
 

@@ -23,6 +23,7 @@ GROUPS = (
     (("ray is not installed", "'ray'"), "Ray missing", "pip install 'probe[ray]'"),
     (("llama-cpp-python", "'llama_cpp'"), "llama.cpp missing", "bash scripts/llama-cpp.sh"),
     (("/proc",), "not Linux (no /proc)", ""),
+    (("needs root",), "not root (a full disk is a tmpfs mounted by the test)", ""),
 )  # fmt: skip
 
 

@@ -119,7 +119,7 @@ CASES = [
     ("unknown pruning unit", "prune {good} --out {out} --unit grop --no-timing", 2,
      "Did you mean 'group'?"),
     ("prune over its source", "prune {good} --out {good} --no-timing", 2,
-     "is the input"),
+     "is CHECKPOINT"),
     ("prune over another checkpoint", "prune {good} --out {other} --no-timing", 2,
      "already holds model.safetensors, config.json, metrics.csv"),
     ("study into another study's results", "study run {study} --out {results_first}", 2,

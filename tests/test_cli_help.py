@@ -4,38 +4,23 @@ count), every command's help ends with an example, and flags are shown as flags.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
 import pytest
+from cli_run import HEAVY, in_fresh_interpreter
 from probe_cli.main import app
 from typer.testing import CliRunner
 
-HEAVY = ("torch", "pandas", "matplotlib", "scipy", "numpy", "safetensors", "tokenizers")
 COMMANDS = [["train"], ["eval"], ["info"], ["import"], ["export"], ["inspect"], ["scaling"],
             ["importance"], ["prune"], ["view"], ["study"], ["study", "run"], ["study", "ls"],
             ["study", "validate"], ["study", "report"], ["generate"], ["kv-plan"]]  # fmt: skip
 
-PROBE = """
-import json, sys
-from probe_cli.main import main
-try:
-    main(sys.argv[1:])
-except SystemExit as exc:
-    code = exc.code
-else:
-    code = 0
-heavy = [m for m in {heavy!r} if m in sys.modules]
-print(json.dumps({{"code": code, "heavy": heavy}}), file=sys.stderr)
-"""
-
 
 def run_probe(*args: str) -> tuple[dict, str]:
     """`probe ARGS` in a fresh interpreter: (exit code and heavy modules imported, stdout)."""
-    done = subprocess.run([sys.executable, "-c", PROBE.format(heavy=HEAVY), *args],
-                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
-    return json.loads(done.stderr.strip().splitlines()[-1]), done.stdout
+    done = in_fresh_interpreter(list(args))
+    return {"code": done.code, "heavy": done.heavy}, done.out
 
 
 def test_importing_the_command_line_imports_nothing_heavy():

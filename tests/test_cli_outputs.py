@@ -105,13 +105,18 @@ def overlap_cases():
         if command in MODEL_WRITERS:
             relations.append("lies inside")
         for relation in relations:
-            yield pytest.param(template, key, relation, id=f"{command}: --out {relation}")
+            yield pytest.param(template, key, relation, LABELS.get(command, ("CHECKPOINT",)),
+                               id=f"{command}: --out {relation}")  # fmt: skip
     yield pytest.param("view {x} --text {text} --out {text} --overwrite", "imp", "text",
-                       id="view: --out is its --text")  # fmt: skip
+                       ("--text",), id="view: --out is its --text")  # fmt: skip
 
 
-@pytest.mark.parametrize("template, key, relation", list(overlap_cases()))
-def test_no_output_is_an_input(template, key, relation, paths, capsys):
+# how the refusal names the input it met: the option (or argument) the path came from
+LABELS = {"import": ("SOURCE",), "study run": ("the study's input", "the study file")}
+
+
+@pytest.mark.parametrize("template, key, relation, labels", list(overlap_cases()))
+def test_no_output_is_an_input(template, key, relation, labels, paths, capsys):
     source = paths[key]
     out = {"is": source, "link": paths[f"link-{key}"], "holds": paths["root"],
            "lies inside": source / "sub", "text": paths["text"]}[relation]  # fmt: skip
@@ -121,7 +126,8 @@ def test_no_output_is_an_input(template, key, relation, paths, capsys):
     args = template.format(x=source, out=out, **{k: v for k, v in paths.items() if k != "x"})
     assert exit_code(args.split()) == 2
     word = {"link": "is", "text": "is"}.get(relation, relation)
-    line = one_line_error(capsys, f"{word} the input")
+    line = one_line_error(capsys, f"{word} ")
+    assert any(f"{word} {label} '" in line for label in labels), line
     assert "--overwrite never replaces an input" in line
     assert snapshot(watched) == before
     assert not (source / "sub").exists()

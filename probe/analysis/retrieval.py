@@ -53,6 +53,12 @@ def needle_prompts(docs: Sequence[str], tokenizer, n_prompts: int, context: int,
                    words: int = 6, seed: int = 0) -> list[NeedlePrompt]:  # fmt: skip
     """`n_prompts` prompts of about `context` tokens: shipped text as the haystack, the needle
     (random words drawn from the text) at a random depth, then the question and the answer."""
+    from probe.measure.memory import check_fits
+
+    # each prompt holds its ids as Python ints and tensors (~24 bytes a token) and ~1 KB more
+    check_fits(n_prompts * (24 * max(context, 0) + 1024),
+               f"{n_prompts:,} needle prompts of {context:,} tokens",
+               "fewer needle prompts")  # fmt: skip
     gen = torch.Generator().manual_seed(seed)
     text_ids = tokenizer.encode("\n".join(docs), add_special_tokens=False).ids
     vocab_words = sorted({w for d in docs for w in d.split() if w.isalpha() and len(w) > 3})

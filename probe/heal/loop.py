@@ -7,8 +7,9 @@ on a cosine to a tenth (`cosine`). Held-out perplexity is measured before (teach
 and after chosen steps (always the last). Every few minutes, and at every evaluation, the
 student, the optimizer and the rows measured so far are saved to `.probe-heal-state/` in the
 output directory; `heal` called again on the same folder with the same settings resumes there,
-with the same result as an uninterrupted run. The caller removes the
-state (`probe.heal.state.clear_state`) once it has written its results.
+with the same result as an uninterrupted run. The caller keeps other runs out of the folder
+meanwhile (`probe.heal.state.holding`) and removes the state (`clear_state`) once it has
+written its results.
 
     cfg = HealConfig(tokens=131072)
     result = heal(teacher, student, train_docs, heldout_docs, tokenizer, cfg, out)
@@ -26,7 +27,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from probe.errors import ProbeError
+from probe.errors import Interrupted, ProbeError
 from probe.heal.distill import hidden_sum, kl_sum
 from probe.heal.state import State
 from probe.measure.batching import rows_per_pass
@@ -76,8 +77,11 @@ class HealConfig:
             raise ProbeError(f"--warmup is a share of the steps in [0, 1), got {self.warmup}.")
         if self.schedule not in SCHEDULES:
             raise ProbeError(f"Unknown --schedule '{self.schedule}'; use {' or '.join(SCHEDULES)}.")
-        if not self.weight_decay >= 0 or not self.hidden_weight >= 0:
-            raise ProbeError("--weight-decay and --hidden-weight must be at least 0.")
+        for name in ("weight_decay", "hidden_weight"):
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise ProbeError(f"--{name.replace('_', '-')} must be a finite number of at "
+                                 f"least 0, got {value}.")  # fmt: skip
         if not (self.temperature > 0 and math.isfinite(self.temperature)):
             raise ProbeError(f"--temperature must be above 0, got {self.temperature}.")
         if self.eval_at is not None:
@@ -212,9 +216,11 @@ def heal(
     max_batch_tokens: int | None = None,
     identity: dict | None = None,
     progress: Callable[[HealProgress], None] | None = None,
+    restart: bool = False,
 ) -> HealResult:
     """Distill `student` (trained in place) from `teacher` (frozen); see the module's docstring.
-    `identity` (the inputs' paths, ...) must match a saved state to resume from it."""
+    `identity` (the inputs' paths, ...) must match a saved state to resume from it; a state
+    that cannot be resumed is refused in one line, or with `restart` (--overwrite) discarded."""
     started = time.perf_counter()
     report = progress or (lambda p: None)
     _check_trainable(student, cfg)
@@ -229,48 +235,55 @@ def heal(
     optimizer = optimizer_for(student, cfg)
     names = {id(p): n for n, p in student.named_parameters()}
     state = State(out, cfg.to_dict(), identity or {})
-    rows, losses, step = state.restore(student, optimizer, names)
+    rows, losses, step = state.restore(student, optimizer, names, discard=restart)
     resumed_at = step
-    if step == 0:
-        report(HealProgress(0, cfg.steps, None, 0.0, "held-out perplexity before"))
-        for stage, model in (("original", teacher), ("pruned", student)):
-            loss, ppl = perplexity(model, heldout, runtime, max_batch_tokens)
-            rows += [_row(stage, 0, "loss", loss), _row(stage, 0, "perplexity", ppl)]
     last_save = time.perf_counter()
     per_pass = rows_per_pass(cfg.seq_len, max_batch_tokens)
-    while step < cfg.steps:
-        lr = cfg.lr_at(step)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        batch = train[step * cfg.rows_per_step : (step + 1) * cfg.rows_per_step]
-        kl_total, hidden_total = 0.0, 0.0
-        for start in range(0, batch.shape[0], per_pass):
-            ids = batch[start : start + per_pass].to(runtime.device)  # [micro, seq]
-            kl, hid = _micro_step(teacher, student, ids, cfg, runtime)
-            kl_total += kl
-            hidden_total += hid
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        kl_mean = kl_total / cfg.step_tokens
-        if not math.isfinite(kl_mean):
-            raise ProbeError(f"healing diverged at step {step} (loss {kl_mean}); lower --lr.")
-        losses.append({"step": step, "tokens": step * cfg.step_tokens, "lr": lr,
-                       "kl": kl_mean, "hidden": hidden_total / cfg.step_tokens})  # fmt: skip
-        report(HealProgress(step, cfg.steps, kl_mean, lr))
-        evaluate = step in cfg.eval_steps
-        if evaluate:
-            report(HealProgress(step, cfg.steps, kl_mean, lr, "held-out perplexity"))
-            loss, ppl = perplexity(student, heldout, runtime, max_batch_tokens)
-            if not math.isfinite(loss):
-                raise ProbeError(f"healing diverged by step {step}: the held-out loss is {loss}; "
-                                 "lower --lr.")  # fmt: skip
-            tokens = step * cfg.step_tokens
-            rows += [_row("healed", tokens, "loss", loss),
-                     _row("healed", tokens, "perplexity", ppl)]  # fmt: skip
-        if step < cfg.steps and (evaluate or time.perf_counter() - last_save > SAVE_SECONDS):
-            state.save(student, optimizer, names, rows, losses, step)
-            last_save = time.perf_counter()
+    saved = resumed_at  # the step the resume state holds (0: none)
+    try:
+        if step == 0:
+            report(HealProgress(0, cfg.steps, None, 0.0, "held-out perplexity before"))
+            for stage, model in (("original", teacher), ("pruned", student)):
+                loss, ppl = perplexity(model, heldout, runtime, max_batch_tokens)
+                rows += [_row(stage, 0, "loss", loss), _row(stage, 0, "perplexity", ppl)]
+        while step < cfg.steps:
+            lr = cfg.lr_at(step)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            batch = train[step * cfg.rows_per_step : (step + 1) * cfg.rows_per_step]
+            kl_total, hidden_total = 0.0, 0.0
+            for start in range(0, batch.shape[0], per_pass):
+                ids = batch[start : start + per_pass].to(runtime.device)  # [micro, seq]
+                kl, hid = _micro_step(teacher, student, ids, cfg, runtime)
+                kl_total += kl
+                hidden_total += hid
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            kl_mean = kl_total / cfg.step_tokens
+            if not math.isfinite(kl_mean):
+                raise ProbeError(f"healing diverged at step {step} (loss {kl_mean}); lower --lr.")
+            losses.append({"step": step, "tokens": step * cfg.step_tokens, "lr": lr,
+                           "kl": kl_mean, "hidden": hidden_total / cfg.step_tokens})  # fmt: skip
+            report(HealProgress(step, cfg.steps, kl_mean, lr))
+            evaluate = step in cfg.eval_steps
+            if evaluate:
+                report(HealProgress(step, cfg.steps, kl_mean, lr, "held-out perplexity"))
+                loss, ppl = perplexity(student, heldout, runtime, max_batch_tokens)
+                if not math.isfinite(loss):
+                    raise ProbeError(f"healing diverged by step {step}: the held-out loss is "
+                                     f"{loss}; lower --lr.")  # fmt: skip
+                tokens = step * cfg.step_tokens
+                rows += [_row("healed", tokens, "loss", loss),
+                         _row("healed", tokens, "perplexity", ppl)]  # fmt: skip
+            if step < cfg.steps and (evaluate or time.perf_counter() - last_save > SAVE_SECONDS):
+                state.save(student, optimizer, names, rows, losses, step)
+                last_save, saved = time.perf_counter(), step
+    except Interrupted:  # Ctrl-C or SIGTERM (the CLI's handler): say what a rerun finds
+        kept = (f"the resume state of step {saved} is kept in {state.folder}: the same "
+                "command resumes there" if saved else "nothing was saved yet: the same "
+                "command starts again")  # fmt: skip
+        raise Interrupted(f"healing stopped at step {step} of {cfg.steps}; {kept}") from None
     if not all(bool(torch.isfinite(p).all()) for p in student.parameters()):
         raise ProbeError("healing diverged: the student's weights hold NaN or infinite values; "
                          "lower --lr.")  # fmt: skip

@@ -34,11 +34,15 @@ def prune_for_healing(
 
     if method == "fisher+tune":
         result = fisher_prune(model, batches, fraction, max_batch_tokens=max_batch_tokens)
-        return result.model, result.removed[["layer", "head"]]
-    if method not in METHODS:
+        pruned, removed = result.model, result.removed
+    elif method not in METHODS:
         raise ProbeError(f"Unknown pruning method '{method}'; use {', '.join(METHODS)}.")
-    unit, uniform = ("group", False) if method == "fisher-group" else ("head", True)
-    removed = select_units(model, batches, fraction, method="fisher", unit=unit, uniform=uniform,
-                           max_batch_tokens=max_batch_tokens)  # fmt: skip
-    heads = list(zip(removed["layer"], removed["head"], strict=True))
-    return prune_heads(model, heads), removed[["layer", "head"]]
+    else:
+        unit, uniform = ("group", False) if method == "fisher-group" else ("head", True)
+        removed = select_units(model, batches, fraction, method="fisher", unit=unit,
+                               uniform=uniform, max_batch_tokens=max_batch_tokens)  # fmt: skip
+        pruned = prune_heads(model, list(zip(removed["layer"], removed["head"], strict=True)))
+    if len(removed) == 0:  # nothing to heal: the "healed" model would be the original
+        raise ProbeError(f"removing a fraction {fraction:g} of the query heads by {method} "
+                         "removes none of this model's; use a larger fraction.")  # fmt: skip
+    return pruned, removed[["layer", "head"]]

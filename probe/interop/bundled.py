@@ -46,3 +46,11 @@ def resolve(source: str | Path) -> Path:
     """`bundled:NAME` -> the model's path; anything else is a path as given."""
     text = str(source)
     return bundled_path(text[len(PREFIX) :]) if text.startswith(PREFIX) else Path(source)
+
+
+def existing(source: str | Path) -> Path:
+    """`resolve(source)`, which must exist (checked before torch is imported)."""
+    path = resolve(source)
+    if not path.exists():
+        raise ProbeError(f"Nothing to import at '{path}': the path does not exist.")
+    return path

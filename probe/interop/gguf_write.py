@@ -27,7 +27,6 @@ The tokenizer is carried over from the checkpoint's tokenizer.json: byte-level B
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +34,7 @@ import numpy as np
 import torch
 
 from probe.errors import ProbeError, optional
+from probe.files import temporary_beside
 from probe.interop.gguf import GGUF_INSTALL
 from probe.interop.tokenizer import _FAMILIES, _GPT2, bytes_to_unicode
 from probe.model import Transformer
@@ -168,9 +168,7 @@ def export_gguf(
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ProbeError(f"cannot create '{path.parent}': {exc.strerror or exc}.") from None
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe-tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    with temporary_beside(path) as tmp:  # a killed export's leftover goes on the next one
         writer = gguf.GGUFWriter(tmp, arch)
         writer.add_name(name)
         writer.add_file_type(FILE_TYPES[dtype])
@@ -198,9 +196,6 @@ def export_gguf(
         writer.close()
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     padded = sum(h is None for slots, _ in plan for h in slots)
     return GGUFExport(path, arch, heads, kv_heads, padded, dtype, path.stat().st_size)
 

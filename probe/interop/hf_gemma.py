@@ -74,7 +74,10 @@ def _rope(section: Fields, theta: float, what: str) -> tuple[float, float]:
         section.refuse(kind_key, kind, f"this rotary scaling is not implemented in probe's "
                        f"{what}, which computes rope_type 'default' and 'linear'.")  # fmt: skip
     factor = section.number("factor") if kind == "linear" else 1.0
-    return section.number("rope_theta", theta), factor
+    theta = section.number("rope_theta", theta)
+    if not theta > 1 and section.has("rope_theta"):
+        section.fail("rope_theta", "a number greater than 1 (usually 10000)", theta)
+    return theta, factor
 
 
 def _rotary(hf: Fields, kind: str) -> tuple[float, float, float | None]:

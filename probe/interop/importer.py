@@ -24,7 +24,7 @@ import torch
 from probe.config import Arch, ModelConfig
 from probe.errors import ProbeError
 from probe.files import check_input_file
-from probe.interop.bundled import resolve
+from probe.interop.bundled import existing
 from probe.interop.families import family
 from probe.interop.fields import Fields
 from probe.interop.gguf import read_gguf
@@ -172,7 +172,12 @@ def build(
     `dtype` (default: the dtype most of the source's weights are stored in); and its family's
     model type. `label` names the config's file in messages."""
     fam = family(hf, where)
-    cfg = fam.config(Fields(hf, label), where, set(tensors))
+    try:
+        cfg = fam.config(Fields(hf, label), where, set(tensors))
+    except ProbeError as e:  # ModelConfig's own checks name no file: say which one it was
+        if label in str(e) or where in str(e):
+            raise
+        raise ProbeError(f"{label}: {e}") from None
     target = dtype or tensors.source_dtype()
     check_model(cfg, dtype=target)  # a vocabulary of 10**12 is refused here, before allocating
     header = _Reads(tensors, where, header=True)
@@ -215,9 +220,7 @@ def import_model(path: str | Path, allow_nonfinite: bool = False,
     float16; default: the source's own, float32 for a quantized GGUF, which is dequantized).
     Weights holding NaN or infinities are refused unless `allow_nonfinite`."""
     dtype = resolve_dtype(dtype)
-    path = resolve(path)
-    if not path.exists():
-        raise ProbeError(f"Nothing to import at '{path}': the path does not exist.")
+    path = existing(path)
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ProbeError(

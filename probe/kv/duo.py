@@ -20,6 +20,7 @@ text haystacks with a worded question; a few dozen steps on a CPU with a constan
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -45,8 +46,10 @@ class DuoSettings:
                 f"duo needs at least one step, prompt and passkey token; got steps {self.steps}, "
                 f"batch {self.batch}, key_len {self.key_len}."
             )
-        if not self.lr > 0 or not self.l1 >= 0:
-            raise ProbeError(f"duo needs lr > 0 and l1 >= 0, got lr {self.lr}, l1 {self.l1}.")
+        # finite too: an infinite rate or penalty turns every gate into NaN, a plan of noise
+        if not 0 < self.lr < math.inf or not 0 <= self.l1 < math.inf:
+            raise ProbeError(f"duo needs a finite lr > 0 and l1 >= 0, got lr {self.lr}, l1 "
+                             f"{self.l1}.")  # fmt: skip
 
 
 def streaming_plan(model: Transformer, sink: int, window: int) -> KVPlan:

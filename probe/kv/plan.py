@@ -13,12 +13,15 @@ from typing import Any
 
 from probe.errors import ProbeError
 from probe.fields import shown
-from probe.files import atomic_write_text
+from probe.files import atomic_write_text, check_input_file
 
 FORMAT = 1
 FIELDS = ("format", "method", "full_share", "sink", "window", "full")
 HEAD_METHODS = ("retrieval", "razor", "duo", "random")  # those that choose heads by a score
 METHODS = (*HEAD_METHODS, "streaming", "full")
+# the most tokens a sink or window may count: far past any context, and small enough that
+# positions minus the window stay within torch's int64 (a larger one only means "every token")
+MAX_TOKENS = 2**40
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,12 @@ class KVPlan:
             raise ProbeError(
                 f"a streaming head keeps sink >= 0 and window >= 1 tokens, got sink {self.sink}, "
                 f"window {self.window}."
+            )
+        if max(self.sink, self.window) > MAX_TOKENS:
+            big = "sink" if self.sink > MAX_TOKENS else "window"
+            raise ProbeError(
+                f"{big} {getattr(self, big)} is past the most tokens a plan counts (2**40); "
+                "a window longer than the text already keeps every token."
             )
 
     def streaming(self, site: int, groups: tuple[int, ...]) -> tuple[int, ...]:
@@ -78,13 +87,19 @@ class KVPlan:
         path = Path(path)
         if path.is_dir():
             path = path / "plan.json"
+        check_input_file(path, "the plan.json of probe kv-plan")  # a FIFO would block the read
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_no_repeats)
         except FileNotFoundError:
             raise ProbeError(f"{path} does not exist; write a plan with `probe kv-plan`.") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        except ProbeError as e:
+            raise ProbeError(f"{path}: {e}") from None
+        # ValueError: a JSON error, or an integer of more digits than Python converts;
+        # RecursionError: arrays nested thousands deep
+        except (OSError, ValueError, RecursionError) as e:
             raise ProbeError(f"{path} is not a readable plan.json: {e}") from None
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
+        form = data.get("format") if isinstance(data, dict) else None
+        if isinstance(form, bool) or form != FORMAT:
             raise ProbeError(f"{path} is not a plan.json of format {FORMAT}.")
         extra = sorted(set(data) - set(FIELDS))
         if extra:
@@ -109,6 +124,16 @@ class KVPlan:
             raise ProbeError(
                 f"{path}: a field is missing or of the wrong type ({shown(e)})."
             ) from None
+
+
+def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are distinct (json keeps the last of a repeated key silently)."""
+    data = dict(pairs)
+    if len(data) != len(pairs):
+        seen = [k for k, _ in pairs]
+        twice = sorted({k for k in seen if seen.count(k) > 1})
+        raise ProbeError(f"the field {twice[0]!r} appears twice; keep one.")
+    return data
 
 
 def _whole(value: Any, what: str) -> int:

@@ -20,6 +20,7 @@ import pandas as pd
 import torch
 
 from probe.analysis.roles import InductionProbe, RepeatProbe, repeated_tokens
+from probe.measure.memory import check_fits, data_bytes, forward_bytes
 from probe.measure.observe import Fanout
 from probe.model import Transformer
 
@@ -30,6 +31,10 @@ def razor_scores(model: Transformer, period: int = 64, rows: int = 8, seed: int 
     """Echo and induction scores of every head (columns layer, site, head, statistic ("echo",
     "induction"), value) on `rows` sequences of `period` random tokens repeated twice, at most
     `max_rows` sequences per forward pass."""
+    check_fits(data_bytes(1, rows, 2 * period + 1)
+               + forward_bytes(model.cfg, min(rows, max_rows), 2 * period + 1),
+               f"razor's {rows:,} repeated sequences of {2 * period + 1:,} tokens",
+               "fewer rows (--rows) or a shorter --period")  # fmt: skip
     device = next(model.parameters()).device
     tokens = repeated_tokens(model.cfg.vocab_size, period, rows, seed).to(device)
     # echo: the same token one period back; induction: the token after it

@@ -61,6 +61,29 @@ def check_request(
         )
 
 
+def check_memory(model: Transformer, tokens: torch.Tensor, max_new_tokens: int, check: bool,
+                 plan: Any = None) -> None:  # fmt: skip
+    """One line, before anything is allocated, when the cache of prompt + new tokens (a plan's
+    streaming heads: at most sink + window + 1 of them) and the prefill's forward pass (with
+    `check`, the full forward over the whole sequence) would not fit in memory."""
+    from probe.measure.memory import check_fits, forward_bytes
+
+    cfg = model.cfg
+    batch, prompt = tokens.shape
+    total = prompt + max_new_tokens
+    size = next(model.parameters()).dtype.itemsize
+    rows = 0  # cached positions summed over every site's key/value heads
+    for i, site in enumerate(cfg.sites()):
+        full = site.kept_groups if plan is None else plan.full[i]
+        stream = len(site.kept_groups) - len(full)
+        rows += len(full) * total + stream * min(total, plan.sink + plan.window + 1 if plan else 0)
+    cache = 2 * 2 * batch * rows * (cfg.d_head or 0) * size  # k and v; a step's cat copies them
+    forward = forward_bytes(cfg, batch, total if check else prompt, dtype=model.embed.weight.dtype)
+    check_fits(cache + forward, f"{batch * total:,} tokens of generation ({prompt:,} prompt and "
+               f"{max_new_tokens:,} new{', each step checked' if check else ''})",
+               "fewer --max-new-tokens or a shorter prompt")  # fmt: skip
+
+
 def _compare(
     model: Transformer, seq: torch.Tensor, cached: torch.Tensor, step: int, plan=None
 ) -> None:
@@ -85,7 +108,10 @@ def _next(
     """logits [batch, vocab] -> next tokens [batch, 1]."""
     if greedy:
         return logits.argmax(dim=-1, keepdim=True)  # [batch, 1]
-    probs = torch.softmax(logits.float() / temperature, dim=-1)  # [batch, vocab]
+    # shifted so the top logit is 0 before dividing: a tiny temperature then sends the others
+    # to -inf (probability 0) instead of every logit to +-inf (NaN probabilities)
+    shifted = logits.double() - logits.double().amax(dim=-1, keepdim=True)  # [batch, vocab]
+    probs = torch.softmax(shifted / temperature, dim=-1)  # [batch, vocab]
     return torch.multinomial(probs, 1, generator=generator)  # [batch, 1]
 
 
@@ -119,9 +145,10 @@ def generate(
     same plan, which computes the same function)."""
     check_request(model, tokens, max_new_tokens, greedy, temperature)
     if cache is None:
-        cache = model.new_cache(plan)
+        cache = model.new_cache(plan)  # empty: allocates nothing yet (and checks the plan)
     elif cache.length:
         raise ProbeError(f"the cache given already holds {cache.length} tokens; pass an empty one.")
+    check_memory(model, tokens, max_new_tokens, check, cache.plan)
     device = next(model.parameters()).device
     tokens = tokens.to(device)
     generator = None if greedy else torch.Generator(device=device).manual_seed(seed)

@@ -20,6 +20,7 @@ from probe.errors import ProbeError
 from probe.measure.batching import micro_batches
 from probe.measure.evaluate import batch_loss, forward_batch, text_metrics
 from probe.model import Transformer
+from probe.pruning.choices import CURVE_EXTRAS  # re-exported: its old home
 from probe.pruning.fisher import tune_masks
 from probe.pruning.groups import plan_units
 from probe.pruning.heads import (
@@ -94,12 +95,6 @@ def default_fractions(n_heads: int) -> list[float]:
     if n_heads <= 24:
         return [k / n_heads for k in range(n_heads + 1)]
     return [k / 10 for k in range(11)]
-
-
-# curve methods beyond the head-importance estimators: Fisher ranking with mask tuning at every
-# point (Kwon et al. 2022, layer by layer: `tune_masks`), and whole attention sub-layers by their
-# importance (He et al. 2024)
-CURVE_EXTRAS = ("fisher+tune", "attention-layer")
 
 
 def _extra_points(model, method: str, split, scoring, fractions, n_heads: int, unit: str = "head",

@@ -16,7 +16,6 @@ layer), or the same number of groups from every layer
 from __future__ import annotations
 
 from collections.abc import Sequence
-from enum import StrEnum
 
 import pandas as pd
 
@@ -24,17 +23,12 @@ from probe.config import choice
 from probe.data.tasks import Batch
 from probe.errors import ProbeError
 from probe.model import Transformer
+from probe.pruning.choices import Unit  # re-exported: its old home
 from probe.pruning.heads import n_to_remove, present_heads, ranking
 from probe.pruning.importance import head_importance
 from probe.pruning.layer_drop import layer_importance, plan_layers
 
 COLUMNS = ["step", "layer", "head", "method", "value"]
-
-
-class Unit(StrEnum):
-    HEAD = "head"  # query heads one by one
-    GROUP = "group"  # whole key/value groups
-    LAYER = "layer"  # whole attention sub-layers, by attention-layer importance (He et al. 2024)
 
 
 def group_table(table: pd.DataFrame, model: Transformer) -> pd.DataFrame:

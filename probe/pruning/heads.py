@@ -20,7 +20,6 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from enum import StrEnum
 
 import pandas as pd
 import torch
@@ -29,6 +28,7 @@ from probe.config import choice
 from probe.data.tasks import Batch
 from probe.errors import ProbeError
 from probe.model import Transformer
+from probe.pruning.choices import Scope  # re-exported: its old home
 from probe.pruning.importance import head_importance
 from probe.words import counted
 
@@ -37,11 +37,6 @@ Heads = Iterable[tuple[int, int]]  # (layer, original head id) pairs
 
 # estimators whose value is LARGER for a LESS important head (entropy: a diffuse head)
 LOW_IS_IMPORTANT = frozenset({"entropy"})
-
-
-class Scope(StrEnum):
-    GLOBAL = "global"  # rank all heads together
-    LAYER = "layer"  # the same fraction from every attention site
 
 
 # ------------------------------------------------------------------ naming and checking

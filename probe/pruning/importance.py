@@ -25,7 +25,6 @@ original head id. Importance data must be disjoint from the data a pruned model 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from enum import StrEnum
 
 import pandas as pd
 import torch
@@ -38,21 +37,12 @@ from probe.measure.batching import check_budget, micro_batches, split_batch
 from probe.measure.evaluate import batch_loss, eval_batches, features_batch
 from probe.measure.observe import AttentionStats
 from probe.model import AttentionCall, Transformer
+from probe.pruning.choices import Method, parse_methods  # re-exported: their old home
 from probe.pruning.gate_gradients import gate_gradients
 from probe.training.distributed import active_world
 
 Progress = Callable[[int, int], None]  # (done, total)
 COLUMNS = ["layer", "head", "method", "value"]
-
-
-class Method(StrEnum):
-    GRADIENT = "gradient"
-    FISHER = "fisher"
-    ABLATION = "ablation"
-    MEAN_ABLATION = "mean-ablation"
-    CONFIDENCE = "confidence"
-    ENTROPY = "entropy"
-    RANDOM = "random"
 
 
 # --------------------------------------------------------------------------- data
@@ -312,17 +302,6 @@ def importance_correlations(table: pd.DataFrame) -> pd.DataFrame:
                 }
             )
     return pd.DataFrame(rows, columns=["method", "other", "rho", "p_value", "n"])
-
-
-def parse_methods(spec: str | Sequence[str]) -> list[str]:
-    """Estimator names from "gradient,ablation" or a list; "all" means every estimator."""
-    names = [s.strip() for s in spec.split(",")] if isinstance(spec, str) else list(spec)
-    names = [n for n in names if n]
-    if names == ["all"]:
-        return [str(m) for m in Method]
-    if not names:
-        raise ProbeError(f"No importance method given. Available: {', '.join(Method)}.")
-    return list(dict.fromkeys(str(choice(Method, n, "importance method")) for n in names))
 
 
 def compare_estimators(

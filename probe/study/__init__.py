@@ -9,7 +9,18 @@ result = run_study(study, "results/quickstart", jobs=2)
 report, outcomes = kind_of(study).report(Path("results/quickstart"), study, result)
 """
 
-from probe.study.kinds import kind_of, load_any, rebuild_report, smoke_of
-from probe.study.runner import load_tables, run_study
+from importlib import import_module
+from typing import Any
+
+# imported when first used (PEP 562): `probe.study.documents` reads a study file without torch,
+# so the command line answers a typo'd study file before it imports the engine
+_HOMES = {"kind_of": "kinds", "load_any": "kinds", "rebuild_report": "kinds", "smoke_of": "kinds",
+          "load_tables": "runner", "run_study": "runner"}  # fmt: skip
 
 __all__ = ["kind_of", "load_any", "load_tables", "rebuild_report", "run_study", "smoke_of"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'probe.study' has no attribute {name!r}")
+    return getattr(import_module(f"probe.study.{_HOMES[name]}"), name)

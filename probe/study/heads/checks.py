@@ -54,8 +54,8 @@ LIMITS: dict[str, dict[str, tuple[float, Any, str]]] = {
     },
     "kv": {
         "full_shares": (0, 1, "shares of key/value heads keeping the full cache"),
-        "sink": (0, None, "first tokens a streaming head keeps"),
-        "window": (1, None, "recent tokens a streaming head keeps"),
+        "sink": (0, 2**40, "first tokens a streaming head keeps"),
+        "window": (1, 2**40, "recent tokens a streaming head keeps"),
         "lengths": (64, None, "tokens per passkey prompt"),
         "needles": (1, None, "passkey prompts per length and seed"),
         "seeds": (1, None, "seeds of prompts, text rows and random plans"),
@@ -102,7 +102,9 @@ def check_values(study: HeadStudy) -> None:
             high = high() if callable(high) else high
             for v in value if isinstance(value, tuple) else (value,):
                 if v < low or (high is not None and v > high):
-                    span = f"at least {low:g}" if high is None else f"from {low:g} to {high:g}"
+                    span = (f"at least {low:g}" if high is None
+                            else f"at least {low:g} and at most {high:,}" if isinstance(high, int)
+                            else f"from {low:g} to {high:g}")  # fmt: skip
                     raise ProbeError(
                         f"{where} [{section}] {name} must be {span} ({what}), got {v!r}."
                     )
@@ -316,6 +318,7 @@ def check_model_fit(subject: Any) -> None:
                 f"{str(exc).rstrip('.')}; {off}."
             ) from None
     _check_kv_fit(subject)
+    _check_heal_fit(subject)
     n_heads = sum(len(h) for h in present_heads(subject.model))
     for k in study.knockout.heads:
         if 2 * k > n_heads:
@@ -324,6 +327,36 @@ def check_model_fit(subject: Any) -> None:
                 f"{counted(n_heads, 'head')} to draw the random ones from; use at most "
                 f"{n_heads // 2}."
             )
+
+
+def _check_heal_fit(subject: Any) -> None:
+    """Healing distills next-token distributions: a causal language model, rows within its
+    positions."""
+    study = subject.study
+    heal, where = study.heal, study.where
+    if not heal.methods:
+        return
+    if subject.objective != "causal-lm":
+        raise ProbeError(
+            f"{where} [heal]: healing distills next-token distributions, so it needs a causal "
+            f"language model, and this one is scored by {subject.objective}; remove the [heal] "
+            "section (or its methods)."
+        )
+    limit = subject.model.cfg.max_positions
+    if limit is not None and heal.seq_len > limit:
+        raise ProbeError(
+            f"{where} [heal] seq_len = {heal.seq_len} is longer than this model's position "
+            f"table ({counted(limit, 'position')})."
+        )
+    from probe.data.docs import docs_corpus
+
+    cfg = heal.config()
+    size = sum(len(d.encode()) + 1 for d in docs_corpus("train"))  # a token is a byte or more
+    if cfg.steps * cfg.step_tokens > size:  # the step's own count comes after minutes of work
+        raise ProbeError(
+            f"{where} [heal] tokens = {heal.tokens:,} is more than the training pages of the "
+            f"manuals corpus hold ({size:,} bytes, a token each at most); lower it."
+        )
 
 
 def _check_kv_fit(subject: Any) -> None:
@@ -346,7 +379,21 @@ def _check_kv_fit(subject: Any) -> None:
             f"model's position table ({counted(limit, 'position')})."
         )
     from probe.kv.needles import passkey_prompts
+    from probe.measure.memory import check_fits, data_bytes, forward_bytes
 
+    # before any prompt is made: the prompts and text rows held (~24 bytes a token), a prefill
+    # of the longest, and razor's repeated sequences (8 rows a pass)
+    cfg, dtype = subject.model.cfg, next(subject.model.parameters()).dtype
+    held = 24 * kv.seeds * (kv.needles * sum(kv.lengths) + kv.loss_rows * kv.loss_tokens)
+    razor = 2 * kv.razor_period + 1
+    need = held + max(forward_bytes(cfg, 1, longest, dtype=dtype),
+                      data_bytes(1, kv.razor_rows, razor) if "razor" in kv.methods else 0,
+                      forward_bytes(cfg, min(kv.razor_rows, 8), razor, dtype=dtype)
+                      if "razor" in kv.methods else 0)  # fmt: skip
+    check_fits(need, f"{where} [kv] (prompts of up to {counted(longest, 'token')}, "
+               f"{kv.seeds} x {kv.needles} needles per length)",
+               "shorter lengths or loss_tokens, fewer needles, seeds or razor_rows, a shorter "
+               "razor_period")  # fmt: skip
     try:
         passkey_prompts(subject.imported.tokenizer, 1, min(kv.lengths))
     except ProbeError as exc:

@@ -8,6 +8,7 @@ after the steps asked for. The report's section and the answer's sentence on the
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -42,6 +43,35 @@ def _plan(study: HeadStudy) -> list[tuple[str, Options]]:
             for seed in range(h.seeds) for method in h.methods]  # fmt: skip
 
 
+def _pruned_folder(subject: Subject, method: str, fraction: float):
+    """Where `_pruned` keeps `method`'s pruned model: named by a digest of the model, the text
+    options, the method and the fraction."""
+    text = json.dumps([subject.study.text.__dict__, method, fraction, subject.digest],
+                      sort_keys=True, default=str)  # fmt: skip
+    return subject.workdir / f"heal-pruned-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+
+def _work(subject: Subject, options: Options):
+    """The folder a heal step keeps its resume state in: named by the step and a digest of its
+    options and its pruned model, so a step recomputed because the model, the [text] options or
+    its own options changed never resumes a state saved for the old ones (the same shapes would
+    load without a complaint). The states of the step's earlier digests are removed: the study
+    made them, and their step is gone from its cache."""
+    from probe.heal.state import clear_state
+
+    key = step_key(options["method"], int(options["seed"]))
+    pruned = _pruned_folder(subject, options["method"], float(options["fraction"]))
+    text = json.dumps([options, pruned.name], sort_keys=True, default=str)
+    work = subject.workdir / f"{key}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+    clear_state(subject.workdir / key)  # where states were kept before: the step's own folder
+    for old in subject.workdir.glob(f"{key}-*"):
+        if old != work and old.is_dir() and not old.is_symlink():
+            clear_state(old)
+            with contextlib.suppress(OSError):  # anything else in it: not heal's to remove
+                old.rmdir()
+    return work
+
+
 def _pruned(subject: Subject, method: str, fraction: float):
     """The pruned model of `method`: made once per run and kept in the run's steps/ folder
     (named by a digest of the model, the text and the method), so the seeds of a method, in any
@@ -52,9 +82,7 @@ def _pruned(subject: Subject, method: str, fraction: float):
 
     from probe.checkpoint import load_checkpoint, save_checkpoint
 
-    text = json.dumps([subject.study.text.__dict__, method, fraction, subject.digest],
-                      sort_keys=True, default=str)  # fmt: skip
-    folder = subject.workdir / f"heal-pruned-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+    folder = _pruned_folder(subject, method, fraction)
     key = ("heal-pruned", folder.name)
     if key in subject.memo:
         return subject.memo[key]
@@ -81,16 +109,18 @@ def heal_step(subject: Subject, options: Options, given, progress) -> pd.DataFra
     cfg = subject.study.heal.config(seed)
     student = copy.deepcopy(_pruned(subject, method, float(options["fraction"])))
     tokenizer = subject.imported.tokenizer
-    work = subject.workdir / step_key(method, seed)
+    work = _work(subject, options)
 
     def report(p) -> None:
         progress(p.step, cfg.steps)
 
+    # a state the step cannot resume (damaged) is the study's own: it is discarded, as a
+    # damaged cell is computed again
     result = heal(subject.model, student, docs_corpus("train"), docs_corpus("heldout"),
                   tokenizer, cfg, work, subject.runtime,
                   max_batch_tokens=subject.study.heal.max_batch_tokens,
                   identity={"method": method, "fraction": options["fraction"]},
-                  progress=report)  # fmt: skip
+                  progress=report, restart=True)  # fmt: skip
     clear_state(work)  # the table is the step's result; the engine stores it next
     sites = student.cfg.sites()
     table = result.table
