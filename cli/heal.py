@@ -107,7 +107,7 @@ def heal_cli(
     original, pruned, healed after each measured step), losses.csv, heal.png and
     manifest.json. A run stopped for any reason resumes where it last saved when the same
     command is given again."""
-    from probe.heal.loop import HealConfig
+    from probe.heal.config import HealConfig
 
     check_seed(seed)
     cfg = HealConfig(tokens=tokens, seq_len=seq_len, batch_tokens=batch_tokens, lr=lr,
@@ -117,7 +117,7 @@ def heal_cli(
     if text is not None and eval_text is not None and text.resolve() == eval_text.resolve():
         raise ProbeError("--text and --eval-text are the same file; held-out perplexity needs "
                          "text the student is not trained on.")  # fmt: skip
-    from probe.checkpoint import CHECKPOINT_FILES
+    from probe.checkpoint_files import CHECKPOINT_FILES
     from probe.files import check_apart, claim_output
     from probe.heal.state import holding, state_folder
 

@@ -91,8 +91,8 @@ class HealOptions:
     # (0: none; the step needs llama-cpp-python, scripts/llama-cpp.sh)
 
     def config(self, seed: int = 0):
-        """The `probe.heal.loop.HealConfig` of one seed's run."""
-        from probe.heal.loop import HealConfig
+        """The `probe.heal.config.HealConfig` of one seed's run."""
+        from probe.heal.config import HealConfig
 
         return HealConfig(tokens=self.tokens, seq_len=self.seq_len,
                           batch_tokens=self.batch_tokens, lr=self.lr, warmup=self.warmup,
