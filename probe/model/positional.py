@@ -21,6 +21,7 @@ from torch import nn
 
 from probe.config import PE, ModelConfig
 from probe.errors import ProbeError
+from probe.model.rope_kinds import KINDS, RopeScaling
 
 
 def sinusoidal_table(positions: torch.Tensor, d_model: int) -> torch.Tensor:
@@ -76,9 +77,11 @@ class Rotary(nn.Module):
         self.register_buffer("inv_freq", self._inv_freq(), persistent=False)
 
     def _inv_freq(self, device: torch.device | None = None) -> torch.Tensor:
-        half = self.dims // 2
-        inv_freq = self.base ** (-torch.arange(half, dtype=torch.float32, device=device) / half)
-        return inv_freq if self.factor == 1.0 else inv_freq / self.factor
+        """The frequencies of rotary kind default (linear with a factor), computed as
+        transformers computes them (on the default device, as it does) and moved to `device`."""
+        scaling = RopeScaling() if self.factor == 1.0 else RopeScaling("linear", self.factor)
+        inv_freq, _ = KINDS[scaling.kind](self.base, self.dims, scaling)  # [dims/2]
+        return inv_freq if device is None else inv_freq.to(device)
 
     def _apply(self, fn, recurse: bool = True):
         """Moving or casting the model (`.to(bf16)`, `to_empty`) recomputes the frequencies on
