@@ -328,3 +328,19 @@ def test_two_runs_given_one_out_do_not_replace_each_others_results(tmp_path):
     again = claim_output(out, ("eval.csv", "manifest.json"), overwrite=True)  # asked: replaced
     open_output(out, again)
     assert not (out / "eval.csv").exists()
+
+
+def test_a_plan_of_another_model_is_refused_naming_its_file(tmp_path):
+    """A plan.json whose key/value head ids the model does not have: one line naming the file
+    (it said only "the plan"), and a plan made in memory still says "the plan"."""
+    from probe.config import ModelConfig
+    from probe.model import Transformer
+
+    model = Transformer(ModelConfig(vocab_size=8, n_layer=1, n_head=4, n_kv_head=2, d_model=16))
+    written = KVPlan("random", 0.5, 1, 2, ((0, 5),)).write(tmp_path / "plan.json")
+    with pytest.raises(ProbeError, match=rf"the plan {tmp_path}/plan\.json: .*has no key/value "
+                       r"heads \[5\] \(it keeps \[0, 1\]\)"):  # fmt: skip
+        model.stream_rules(KVPlan.read(written))
+    with pytest.raises(ProbeError, match=r"^the plan: "):
+        model.stream_rules(KVPlan("random", 0.5, 1, 2, ((0, 5),)))
+    assert KVPlan.read(written) == KVPlan("random", 0.5, 1, 2, ((0, 5),))  # the file is no part

@@ -7,7 +7,7 @@ against the model it is applied to, with one line naming the problem."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,8 @@ class KVPlan:
     # per site (in `ModelConfig.sites()` order), the key/value heads (original group ids) that
     # keep the full cache
     full: tuple[tuple[int, ...], ...]
+    # the plan.json it was read from (None: made in memory), for messages; not part of the plan
+    source: Path | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -56,8 +58,10 @@ class KVPlan:
         """The key/value heads among `groups` (original ids, in cache order) that stream."""
         return tuple(g for g in groups if g not in self.full[site])
 
-    def check(self, cfg: Any, where: str = "the plan") -> None:
-        """One line when the plan does not fit model `cfg` (site count, group ids)."""
+    def check(self, cfg: Any, where: str | None = None) -> None:
+        """One line when the plan does not fit model `cfg` (site count, group ids), naming
+        `where` (default: the plan's file)."""
+        where = where or (f"the plan {self.source}" if self.source else "the plan")
         sites = cfg.sites()
         if len(self.full) != len(sites):
             raise ProbeError(
@@ -117,7 +121,7 @@ class KVPlan:
             if isinstance(share, bool) or not isinstance(share, int | float):
                 raise TypeError(f"full_share must be a number, got {share!r}")
             return cls(str(data["method"]), float(share), _whole(data["sink"], "sink"),
-                       _whole(data["window"], "window"), full)  # fmt: skip
+                       _whole(data["window"], "window"), full, source=path)  # fmt: skip
         except ProbeError as e:  # a field out of range (a ValueError too): its own line
             raise ProbeError(f"{path}: {e}") from None
         except (KeyError, TypeError, ValueError) as e:
