@@ -329,6 +329,22 @@ def check_model_fit(subject: Any) -> None:
             )
 
 
+def _causal_within(subject: Any, section: str, needs: str, inputs: str, longest: int,
+                   remove: str = "") -> None:  # fmt: skip
+    """A study section that runs on a causal language model, with inputs of `longest` tokens
+    within its positions: else one line naming the section ("[kv] makes inputs of ...")."""
+    where = subject.study.where
+    if subject.objective != "causal-lm":
+        raise ProbeError(
+            f"{where} [{section}]: {needs} a causal language model, and this one is scored by "
+            f"{subject.objective}; remove the [{section}] section{f' {remove}' if remove else ''}."
+        )
+    limit = subject.model.cfg.max_positions
+    if limit is not None and longest > limit:
+        raise ProbeError(f"{where} [{section}] {inputs} longer than this model's position table "
+                         f"({counted(limit, 'position')}).")  # fmt: skip
+
+
 def _check_heal_fit(subject: Any) -> None:
     """Healing distills next-token distributions: a causal language model, rows within its
     positions."""
@@ -336,18 +352,8 @@ def _check_heal_fit(subject: Any) -> None:
     heal, where = study.heal, study.where
     if not heal.methods:
         return
-    if subject.objective != "causal-lm":
-        raise ProbeError(
-            f"{where} [heal]: healing distills next-token distributions, so it needs a causal "
-            f"language model, and this one is scored by {subject.objective}; remove the [heal] "
-            "section (or its methods)."
-        )
-    limit = subject.model.cfg.max_positions
-    if limit is not None and heal.seq_len > limit:
-        raise ProbeError(
-            f"{where} [heal] seq_len = {heal.seq_len} is longer than this model's position "
-            f"table ({counted(limit, 'position')})."
-        )
+    _causal_within(subject, "heal", "healing distills next-token distributions, so it needs",
+                   f"seq_len = {heal.seq_len} is", heal.seq_len, "(or its methods)")  # fmt: skip
     from probe.data.docs import docs_corpus
 
     cfg = heal.config()
@@ -365,19 +371,10 @@ def _check_kv_fit(subject: Any) -> None:
     kv, where = study.kv, study.where
     if not kv.lengths:
         return
-    if subject.objective != "causal-lm":
-        raise ProbeError(
-            f"{where} [kv]: key/value-cache plans are measured on a causal language model, and "
-            f"this one is scored by {subject.objective}; remove the [kv] section."
-        )
-    limit = subject.model.cfg.max_positions
     longest = max(*kv.lengths, kv.loss_tokens, kv.score_context if "retrieval" in kv.methods
                   else 0)  # fmt: skip
-    if limit is not None and longest > limit:
-        raise ProbeError(
-            f"{where} [kv] makes inputs of {counted(longest, 'token')}, longer than this "
-            f"model's position table ({counted(limit, 'position')})."
-        )
+    _causal_within(subject, "kv", "key/value-cache plans are measured on",
+                   f"makes inputs of {counted(longest, 'token')},", longest)  # fmt: skip
     from probe.kv.needles import passkey_prompts
     from probe.measure.memory import check_fits, data_bytes, forward_bytes
 
