@@ -81,11 +81,13 @@ def kv_plan_cli(
     OUT/manifest.json."""
     import time
 
+    from probe.config import did_you_mean
     from probe.files import claim_output
     from probe.kv.plan import METHODS, KVPlan
 
     if method not in METHODS:
-        raise ProbeError(f"Unknown --method '{method}'. Available: {', '.join(METHODS)}.")
+        raise ProbeError(f"Unknown --method '{method}'.{did_you_mean(method, METHODS)} "
+                         f"Available: {', '.join(METHODS)}.")  # fmt: skip
     if not 0.0 <= full_heads <= 1.0:
         raise ProbeError(f"--full-heads must be a share in [0, 1], got {full_heads}.")
     if sink < 0:

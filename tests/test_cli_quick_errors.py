@@ -79,6 +79,7 @@ PLAIN = [
     ("importance {ckpt} --out {out} --nproc 0", "--nproc must be at least 1"),
     ("kv-plan nowhere --method duo --out {out}", "No checkpoint at 'nowhere'"),
     ("kv-plan {ckpt} --method x --out {out}", "Unknown --method 'x'"),
+    ("kv-plan {ckpt} --method razr --out {out}", "Unknown --method 'razr'. Did you mean 'razor'?"),
     ("kv-plan {ckpt} --method duo --full-heads 2 --out {out}", "--full-heads must be a share"),
     ("kv-plan {ckpt} --method duo --out {afile}", "is a file"),
     ("generate nowhere --tokens 1,2", "No checkpoint at 'nowhere'"),
