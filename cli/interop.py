@@ -98,13 +98,13 @@ def export_cli(
     counts)."""
     if format not in ("hf", "gguf"):
         raise ProbeError(f"Unknown --format '{format}'. Available: hf, gguf.")
+    if format == "gguf":
+        _export_gguf(checkpoint, out, dtype, allow_pickle, overwrite)
+        return
     from probe.checkpoint import claim_output, load_checkpoint
     from probe.interop.export import WRITES, export_hf
     from probe.interop.staging import staged
 
-    if format == "gguf":
-        _export_gguf(checkpoint, out, dtype, allow_pickle, overwrite)
-        return
     earlier = claim_output(out, WRITES, overwrite, inputs={"CHECKPOINT": checkpoint})
     ckpt = load_checkpoint(checkpoint, "cpu", allow_pickle, dtype=dtype)
     if not ckpt.imported:
@@ -125,15 +125,15 @@ def export_cli(
 
 
 def _export_gguf(checkpoint: Path, out: Path, dtype, allow_pickle: bool, overwrite: bool) -> None:
-    from probe.checkpoint import load_checkpoint
     from probe.errors import optional
     from probe.files import claim_file
-    from probe.interop.gguf import GGUF_INSTALL
+
+    claim_file(out, overwrite, inputs={"CHECKPOINT": checkpoint})  # before torch is imported
+    optional("gguf", "GGUF export")
+    from probe.checkpoint import load_checkpoint
     from probe.interop.gguf_write import export_gguf, source_eos
     from probe.runtime import dtype_name, resolve_dtype
 
-    optional("gguf", "GGUF export", GGUF_INSTALL)
-    claim_file(out, overwrite, inputs={"CHECKPOINT": checkpoint})
     ckpt = load_checkpoint(checkpoint, "cpu", allow_pickle)
     if not ckpt.imported:
         raise ProbeError(f"{checkpoint} was trained by probe, not imported; GGUF export writes "

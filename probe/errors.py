@@ -16,11 +16,19 @@ class Interrupted(BaseException):
     KeyboardInterrupt, so no `except Exception` swallows it. The CLI prints it and exits 130."""
 
 
-def optional(module: str, needed_for: str, install: str) -> ModuleType:
-    """The optional package `module`, imported; when it is not installed, one line saying what
-    needs it and how to install it (a ProbeError, exit 2), never an ImportError's traceback."""
+# how to install each optional package a feature may need (the extras of pyproject.toml)
+INSTALL = {
+    "gguf": "pip install 'probe[gguf]' (or pip install 'gguf>=0.10')",
+    "ray": "pip install 'probe[ray]' (or pip install ray)",
+}
+
+
+def optional(module: str, needed_for: str, then: str = "") -> ModuleType:
+    """The optional package `module` (a key of INSTALL), imported; when it is not installed, one
+    line saying what needs it and how to install it (a ProbeError, exit 2), never an
+    ImportError's traceback. `then`: what else the user may do, appended."""
     try:
         return importlib.import_module(module)
     except ImportError:
         raise ProbeError(f"{needed_for} needs the {module} package, which is not installed: "
-                         f"{install}") from None  # fmt: skip
+                         f"{INSTALL[module]}{then}") from None  # fmt: skip

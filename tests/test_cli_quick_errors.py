@@ -63,6 +63,7 @@ PLAIN = [
     ("import nowhere --out {out}", "Nothing to import at 'nowhere'"),
     ("export nowhere --out {out}", "No checkpoint at 'nowhere'"),
     ("export {ckpt} --out {out} --format x", "Unknown --format 'x'"),
+    ("export {ckpt} --format gguf --out /dev/null --overwrite", "is a character device"),
     ("prune nowhere --out {out}", "No checkpoint at 'nowhere'"),
     ("prune {ckpt} --out {out} --fraction 1.5", "--fraction must be a share between 0 and 1"),
     ("prune {ckpt} --out {out} --method bogus", "Unknown importance method 'bogus'"),

@@ -26,12 +26,12 @@ def without(monkeypatch):
 def test_a_missing_package_is_one_line_naming_the_feature_and_the_install(without):
     without("gguf")
     with pytest.raises(ProbeError) as caught:
-        optional("gguf", "Reading a GGUF file", "pip install 'probe[gguf]'")
+        optional("gguf", "Reading a GGUF file")
     assert str(caught.value) == (
         "Reading a GGUF file needs the gguf package, which is not installed: "
-        "pip install 'probe[gguf]'"
+        "pip install 'probe[gguf]' (or pip install 'gguf>=0.10')"
     )
-    assert optional("json", "anything", "") is sys.modules["json"]  # installed: the module
+    assert optional("json", "anything") is sys.modules["json"]  # installed: the module
 
 
 def test_importing_a_gguf_file_without_gguf_says_how_to_install_it(without, tmp_path, capsys):

@@ -143,16 +143,12 @@ def read_gguf(path: str | Path) -> GGUFModel:
     return GGUFModel(config=config, tensors=tensors, metadata=metadata, label=spec.label)
 
 
-# how to install the optional package probe reads and writes GGUF files with
-GGUF_INSTALL = "pip install 'probe[gguf]' (or pip install 'gguf>=0.10')"
-
-
 def _open_reader(path: Path) -> Any:
     if not path.exists():
         raise ProbeError(f"GGUF file '{path}' does not exist")
     if not path.is_file():
         raise ProbeError(f"GGUF path '{path}' is not a file")
-    gguf = optional("gguf", "Reading a GGUF file", GGUF_INSTALL)
+    gguf = optional("gguf", "Reading a GGUF file")
     try:
         with path.open("rb") as f:
             magic = f.read(4)

@@ -35,7 +35,6 @@ import torch
 
 from probe.errors import ProbeError, optional
 from probe.files import temporary_beside
-from probe.interop.gguf import GGUF_INSTALL
 from probe.interop.tokenizer import _FAMILIES, _GPT2, bytes_to_unicode
 from probe.model import Transformer
 
@@ -97,7 +96,7 @@ def _permute(weight: torch.Tensor, n_head: int) -> torch.Tensor:
 
 def _array(tensor: torch.Tensor, dtype: torch.dtype) -> tuple[np.ndarray, object | None]:
     """A numpy array the writer takes, and the raw GGUF type for bfloat16 (numpy has none)."""
-    gguf = optional("gguf", "GGUF export", GGUF_INSTALL)
+    gguf = optional("gguf", "GGUF export")
 
     tensor = tensor.detach().to("cpu", dtype).contiguous()
     if dtype == torch.bfloat16:
@@ -151,7 +150,7 @@ def export_gguf(
     """Write `model` to the GGUF file `path` (atomically: a killed export leaves no file).
     `eos`: the end-of-text id the model's source names (`source_eos`); else it is read off the
     tokenizer (`gguf_vocab`)."""
-    gguf = optional("gguf", "GGUF export", GGUF_INSTALL)
+    gguf = optional("gguf", "GGUF export")
 
     check_exportable(model, model_type)
     cfg = model.cfg

@@ -131,12 +131,10 @@ def gguf_metadata(path: str | Path, prefix: str = "") -> dict[str, Any]:
 
     `prefix` keeps only the keys starting with it, e.g. `"tokenizer."`.
     """
-    from probe.interop.gguf import GGUF_INSTALL
-
     path = Path(path)
     if not path.is_file():
         raise ProbeError(f"No GGUF file at {path}: check the path.")
-    GGUFReader = optional("gguf", "Reading a GGUF file", GGUF_INSTALL).GGUFReader
+    GGUFReader = optional("gguf", "Reading a GGUF file").GGUFReader
     try:
         reader = GGUFReader(path)
     except Exception as exc:  # bad magic, truncated file, unknown version

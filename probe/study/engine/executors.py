@@ -101,8 +101,7 @@ def run_pool(plan: Plan, todo: list[Unit], settings: Settings, begun: Begun, rel
 
 
 def _ray() -> Any:
-    return optional("ray", "--executor ray", "pip install 'probe[ray]' (or pip install ray), "
-                    "or run with the local executor (the default).")  # fmt: skip
+    return optional("ray", "--executor ray", ", or run with the local executor (the default).")
 
 
 def check_ray(address: str | None) -> None:
