@@ -15,7 +15,7 @@ import os
 import re
 import stat
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 from probe.errors import ProbeError
@@ -91,14 +91,17 @@ def claim_output(path: str | Path, writes: tuple[str, ...], overwrite: bool = Fa
     path = check_output_dir(path, what, inputs, inside_ok)
     present = _matching(path, writes)
     if present and not overwrite:
-        listed = ", ".join(present[:4]) + (
-            f" and {len(present) - 4} more" if len(present) > 4 else ""
-        )
         raise ProbeError(
-            f"{what} '{path}' already holds {listed} from an earlier run; choose another "
+            f"{what} '{path}' already holds {_listed(present)} from an earlier run; choose another "
             "directory or pass --overwrite to replace them."
         )
     return Claim(present, writes)
+
+
+def _listed(names: list[str]) -> str:
+    """The first four of `names` and how many more ("a, b, c, d and 3 more")."""
+    more = f" and {len(names) - 4} more" if len(names) > 4 else ""
+    return ", ".join(names[:4]) + more
 
 
 def _matching(folder: Path, writes: tuple[str, ...]) -> list[str]:
@@ -182,11 +185,10 @@ def open_output(path: str | Path, earlier: list[str]) -> Path:
     arrived = [n for n in _matching(path, earlier.writes) if n not in earlier] if (
         isinstance(earlier, Claim) and path.is_dir()) else []  # fmt: skip
     if arrived:
-        listed = ", ".join(arrived[:4]) + (f" and {len(arrived) - 4} more" if len(arrived) > 4
-                                           else "")  # fmt: skip
         raise ProbeError(
-            f"'{path}' received {listed} from another run while this one worked; nothing was "
-            "written: run again with another --out, or with --overwrite once that run is done."
+            f"'{path}' received {_listed(arrived)} from another run while this one worked; "
+            "nothing was written: run again with another --out, or with --overwrite once that "
+            "run is done."
         )
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -205,9 +207,13 @@ def special_kind(path: str | Path) -> str | None:
     """What `path` is when it is a named pipe, a device or a socket (links followed), in words;
     None for anything else (a regular file, a folder, nothing)."""
     try:
-        mode = os.stat(path).st_mode
+        return _special(os.stat(path).st_mode)
     except OSError:
         return None
+
+
+def _special(mode: int) -> str | None:
+    """A file mode's kind in words when it is a named pipe, a device or a socket."""
     return next((kind for test, kind in _SPECIAL if test(mode)), None)
 
 
@@ -224,9 +230,9 @@ def check_input_file(path: str | Path, what: str) -> None:
         raise ProbeError(f"{path} cannot be read: {exc.strerror or exc}.") from None
     if stat.S_ISDIR(mode):
         raise ProbeError(f"{path} is a directory; it should be {what}.")
-    for test, kind in _SPECIAL:
-        if test(mode):
-            raise ProbeError(f"{path} is {kind}, not a regular file; it should be {what}.")
+    kind = _special(mode)
+    if kind:
+        raise ProbeError(f"{path} is {kind}, not a regular file; it should be {what}.")
 
 
 @contextlib.contextmanager
@@ -263,20 +269,33 @@ def glob_escape(name: str) -> str:
     return "".join(f"[{c}]" if c in "*?[" else c for c in name)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a temporary file in the same directory, then rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
+    """`write(tmp)` a temporary file beside `path`, then `publish` it onto `path`; the
+    temporary file is removed if anything fails (a reader sees the old file or the new one)."""
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes files private; results are meant to be shared
-        os.replace(tmp, path)
+        write(tmp)
+        publish(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+
+
+def publish(tmp: Path, path: Path) -> None:
+    """Sync the written temporary file `tmp`, make it readable by all (mkstemp makes files
+    private; results are meant to be shared) and rename it onto `path`."""
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` (its folder made if missing) through a temporary file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda tmp: tmp.write_bytes(data))
 
 
 def atomic_write_text(path: Path, text: str) -> None:

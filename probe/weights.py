@@ -13,9 +13,7 @@ process's memory; each file is written under a temporary name, synced and rename
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,7 +26,7 @@ from safetensors.torch import save_file
 from probe.checkpoint_files import INDEX, SHARDS, WEIGHTS
 from probe.errors import ProbeError
 from probe.fields import shown
-from probe.files import TMP_SUFFIX, check_input_file
+from probe.files import atomic_write, check_input_file
 
 SHARD_BYTES = 2 * 10**9  # a model larger than this is written in shards of at most this size
 FILES = (WEIGHTS, INDEX, SHARDS)  # what a folder's weights may be, as `claim_output` patterns
@@ -215,7 +213,7 @@ def write_weights(folder: Path, tensors: Mapping[str, torch.Tensor], shard_bytes
         total = sum(t.nbytes for t in tensors.values())
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         written.append(folder / INDEX)
-        _atomic_write(written[-1], lambda tmp: tmp.write_text(json.dumps(index, indent=2) + "\n"))
+        atomic_write(written[-1], lambda tmp: tmp.write_text(json.dumps(index, indent=2) + "\n"))
     for stale in weight_files(folder):
         if stale not in written:
             stale.unlink(missing_ok=True)
@@ -245,23 +243,7 @@ def _unshared(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def _write_file(path: Path, tensors: dict[str, torch.Tensor], metadata: dict | None) -> None:
-    _atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
-
-
-def _atomic_write(path: Path, write) -> None:
-    """`write(tmp)` a temporary file beside `path`, sync it, then rename it to `path`."""
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # results are meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
 
 def weights_dtype(model: torch.nn.Module) -> torch.dtype:

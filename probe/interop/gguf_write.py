@@ -26,7 +26,6 @@ The tokenizer is carried over from the checkpoint's tokenizer.json: byte-level B
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +33,7 @@ import numpy as np
 import torch
 
 from probe.errors import ProbeError, optional
-from probe.files import temporary_beside
+from probe.files import publish, temporary_beside
 from probe.interop.tokenizer import _FAMILIES, _GPT2, bytes_to_unicode
 from probe.model import Transformer
 
@@ -193,8 +192,7 @@ def export_gguf(
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        publish(tmp, path)
     padded = sum(h is None for slots, _ in plan for h in slots)
     return GGUFExport(path, arch, heads, kv_heads, padded, dtype, path.stat().st_size)
 

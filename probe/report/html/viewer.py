@@ -44,9 +44,7 @@ import html
 import json
 import math
 import numbers
-import os
 import re
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -54,6 +52,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from probe.errors import ProbeError
+from probe.files import atomic_write_text
 from probe.report.html.viewer_page import PAGE, STYLE
 from probe.report.html.viewer_script import SCRIPT
 from probe.words import counted
@@ -311,17 +310,5 @@ def viewer_html(data: Mapping[str, Any], decimals: int = 5) -> str:
 def write_viewer(data: Mapping[str, Any], path: Path | str, decimals: int = 5) -> Path:
     """Write the viewer page to `path` atomically: a temporary file in the same folder, renamed."""
     path = Path(path)
-    text = viewer_html(data, decimals)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(handle, 0o644)  # mkstemp makes it 0600; a page is meant to be shared
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, viewer_html(data, decimals))
     return path
