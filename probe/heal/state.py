@@ -19,8 +19,9 @@ from pathlib import Path
 import torch
 
 from probe.errors import ProbeError
-from probe.files import atomic_write_text
-from probe.weights import _atomic_write, load_safetensors
+from probe.files import atomic_write, atomic_write_text
+from probe.heal.config import HealConfig
+from probe.weights import load_safetensors
 
 STATE = ".probe-heal-state"  # the resume folder inside the output directory (heal's own name)
 STATE_FILES = ("state.json", "student-*.safetensors", "optimizer-*.safetensors",
@@ -161,15 +162,14 @@ class State:
         """The saved step, rows, losses and Adam step counts, each what this run would have
         written by then (a save comes before the last step; one row a metric and stage
         measured; one loss a step), or a ProbeError saying which is not."""
-        rows_per_step = int(self.cfg["batch_tokens"]) // int(self.cfg["seq_len"])
-        step_tokens = rows_per_step * int(self.cfg["seq_len"])
-        steps = int(self.cfg["tokens"]) // step_tokens
+        run = HealConfig(**self.cfg)  # the settings' own step arithmetic
+        steps, step_tokens = run.steps, run.step_tokens
         step = saved.get("step")
         if isinstance(step, bool) or not isinstance(step, int) or not 1 <= step < steps:
             raise ProbeError(f"its step is {step!r}, not one of 1..{steps - 1} of this "
                              f"{steps}-step run; {DISCARD}")  # fmt: skip
         rows, losses, adam = saved.get("rows"), saved.get("losses"), saved.get("adam_steps")
-        measured = [s for s in self.cfg["eval_at"] if s <= step]
+        measured = [s for s in run.eval_steps if s <= step]
         want = {(stage, 0, m) for stage in STAGES[:2] for m in METRICS}
         want |= {("healed", s * step_tokens, m) for s in measured for m in METRICS}
         if not (isinstance(rows, list) and all(_row_ok(r) for r in rows)
@@ -202,7 +202,7 @@ class State:
         written = [self.folder / f"{stem}-{step}.safetensors" for stem in ("student", "optimizer")]
         try:
             for path, tensors in zip(written, (weights, moments), strict=True):
-                _atomic_write(path, lambda tmp, t=tensors: save_file(t, str(tmp)))
+                atomic_write(path, lambda tmp, t=tensors: save_file(t, str(tmp)))
             atomic_write_text(self.folder / "state.json", json.dumps(document) + "\n")
         except BaseException:  # a full disk, Ctrl-C: the earlier state stays whole, and alone
             if _saved_step(self.folder) != step:  # (a signal just after the rename: it is saved)
