@@ -173,15 +173,19 @@ def require_heads(ckpt: Checkpoint) -> None:
 
 
 def write_manifest(out: Path, ckpt: Checkpoint, **settings) -> None:
-    """OUT/manifest.json: the command, its settings, the checkpoint's config and provenance (the
-    device recorded is the one the model ran on, `--device auto` resolved)."""
+    """OUT/manifest.json: the command, its settings, the checkpoint's config, the rotary scaling
+    it ran with instead of its own (None: its own) and provenance (the device recorded is the
+    one the model ran on, `--device auto` resolved)."""
+    from probe_cli.rope import rope_record
+
     from probe.provenance import context
     from probe.report.files import atomic_write_json
 
     atomic_write_json(
         out / "manifest.json",
         {"command": settings.pop("command"), "checkpoint": str(ckpt.path), "settings": settings,
-         "model": ckpt.model_cfg.to_dict(), **describe(ckpt), **context(model=ckpt.model)},
+         "model": ckpt.model_cfg.to_dict(), "rope_scaling": rope_record(ckpt), **describe(ckpt),
+         **context(model=ckpt.model)},
     )  # fmt: skip
 
 

@@ -18,6 +18,14 @@ from probe_cli.common import (
     shown,
 )
 from probe_cli.kv_eval import read_plan
+from probe_cli.rope import (
+    RopeAlphaOpt,
+    RopeFactorOpt,
+    RopeOriginalOpt,
+    RopeScalingOpt,
+    apply_rope,
+    rope_request,
+)
 
 from probe.errors import ProbeError
 from probe.words import counted
@@ -92,6 +100,10 @@ def generate_cli(
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = None,
     allow_pickle: PickleOpt = False,
+    rope_scaling: RopeScalingOpt = None,
+    rope_factor: RopeFactorOpt = None,
+    rope_original: RopeOriginalOpt = None,
+    rope_alpha: RopeAlphaOpt = None,
 ) -> None:
     """Continue a prompt, one token a step through the key/value cache; prints the
     continuation, tokens/s and the cache's bytes."""
@@ -104,6 +116,7 @@ def generate_cli(
     check_seed(seed)
     if max_new_tokens < 1:
         raise ProbeError(f"--max-new-tokens must be at least 1, got {max_new_tokens}.")
+    rope = rope_request(checkpoint, rope_scaling, rope_factor, rope_original, rope_alpha)
     plan = read_plan(kv_plan) if kv_plan is not None else None  # before the model is loaded
     ckpt = load_model(checkpoint, device, dtype, allow_pickle)
     if ckpt.model_cfg.arch != "decoder":
@@ -112,6 +125,7 @@ def generate_cli(
             "(a causal language model)."
         )
     ids, tokenizer = _prompt_ids(ckpt, prompt, tokens)
+    apply_rope(ckpt, rope)
     vocab = ckpt.model_cfg.vocab_size
     if not all(0 <= i < vocab for i in ids):
         raise ProbeError(

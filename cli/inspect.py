@@ -30,6 +30,14 @@ from probe_cli.common import (
     shown,
     text_data,
 )
+from probe_cli.rope import (
+    RopeAlphaOpt,
+    RopeFactorOpt,
+    RopeOriginalOpt,
+    RopeScalingOpt,
+    apply_rope,
+    rope_request,
+)
 from probe_cli.train import parse_range
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -114,6 +122,10 @@ def inspect_cli(
     dtype: DtypeOpt = None,
     allow_pickle: PickleOpt = False,
     overwrite: OverwriteOpt = False,
+    rope_scaling: RopeScalingOpt = None,
+    rope_factor: RopeFactorOpt = None,
+    rope_original: RopeOriginalOpt = None,
+    rope_alpha: RopeAlphaOpt = None,
 ) -> None:
     """Per-head attention statistics and head roles of a checkpoint at several lengths.
 
@@ -125,6 +137,7 @@ def inspect_cli(
                    **({} if period is None else {"period": period}))  # fmt: skip
     if lengths:
         parse_lengths(lengths)  # task lengths or tokens per row: the same form, checked now
+    rope = rope_request(checkpoint, rope_scaling, rope_factor, rope_original, rope_alpha)
     writes = ("attention_stats.csv", "roles.csv", "manifest.json")
     earlier = claim_output(out, writes, overwrite, inputs=inputs_of(checkpoint, text),
                            inside_ok=True)  # fmt: skip
@@ -135,6 +148,7 @@ def inspect_cli(
 
     ckpt = load_model(checkpoint, device, dtype, allow_pickle)
     require_heads(ckpt)
+    rope_used = apply_rope(ckpt, rope)
     if not ckpt.imported and text is not None:
         check_data_options(ckpt, text, None)
     wanted = parse_lengths(lengths or ("128" if ckpt.imported else "8,16,32"))
@@ -193,6 +207,7 @@ def inspect_cli(
         "streaming": streaming,
         "induction_period": result.period,
         "model": ckpt.model_cfg.to_dict(),
+        "rope_scaling": rope_used,  # what the model ran with instead of its own (None: its own)
         **describe(ckpt),
         **({"text": str(text) if text else "shipped corpus", "whole": whole} if data else {}),
         **provenance.context(model=ckpt.model),

@@ -68,6 +68,12 @@ def import_cli(
         f"{dtype_name(next(imported.model.parameters()).dtype)} (stored as "
         f"{imported.source['dtype']}); scored on text by {imported.source['objective']}"
     )
+    for scaling, where in (
+        (cfg.rope_scaling, "rotary scaling"),
+        (cfg.rope_local_scaling, "rotary scaling of the sliding-window layers"),
+    ):
+        if not scaling.plain:
+            console.print(f"{where}: {scaling.describe()}")
     if imported.tokenizer is None:
         console.print("no tokenizer.json in the source: commands that read text will refuse")
     console.print(f"wrote the checkpoint {shown(out)}")

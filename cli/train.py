@@ -40,6 +40,14 @@ from probe_cli.kv_eval import (
     eval_kv_plan,
     read_plan,
 )
+from probe_cli.rope import (
+    RopeAlphaOpt,
+    RopeFactorOpt,
+    RopeOriginalOpt,
+    RopeScalingOpt,
+    apply_rope,
+    rope_request,
+)
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -237,10 +245,15 @@ def eval_cli(
     kv_plan: KVPlanOpt = None,
     needle_tokens: NeedleTokensOpt = None,
     needles: NeedlesOpt = None,
+    rope_scaling: RopeScalingOpt = None,
+    rope_factor: RopeFactorOpt = None,
+    rope_original: RopeOriginalOpt = None,
+    rope_alpha: RopeAlphaOpt = None,
 ) -> None:
     """Evaluate a checkpoint at each task length; writes OUT/eval.csv."""
     check_positive(batches=batches, batch_size=batch_size, max_batch_tokens=max_batch_tokens)
     check_needle_options(kv_plan, needle_tokens, needles)
+    rope = rope_request(checkpoint, rope_scaling, rope_factor, rope_original, rope_alpha)
     if lengths:
         parse_lengths(lengths)  # task lengths or tokens per row: the same form, checked now
     inputs = inputs_of(checkpoint, text) | ({"--kv-plan": kv_plan} if kv_plan else {})
@@ -251,6 +264,7 @@ def eval_cli(
     from probe.report.files import atomic_write_csv
 
     ckpt = load_model(checkpoint, device, dtype, allow_pickle)
+    apply_rope(ckpt, rope)
     if plan is not None:
         eval_kv_plan(ckpt, plan, out, earlier, lengths, text, whole, batch_size, batches, seed,
                      max_batch_tokens, needle_tokens, needles)  # fmt: skip

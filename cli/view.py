@@ -25,6 +25,14 @@ from probe_cli.common import (
     require_heads,
     shown,
 )
+from probe_cli.rope import (
+    RopeAlphaOpt,
+    RopeFactorOpt,
+    RopeOriginalOpt,
+    RopeScalingOpt,
+    apply_rope,
+    rope_request,
+)
 
 from probe.config import choice
 from probe.data.task_spec import parse_lengths
@@ -73,6 +81,10 @@ def view_cli(
     dtype: DtypeOpt = None,
     allow_pickle: PickleOpt = False,
     overwrite: OverwriteOpt = False,
+    rope_scaling: RopeScalingOpt = None,
+    rope_factor: RopeFactorOpt = None,
+    rope_original: RopeOriginalOpt = None,
+    rope_alpha: RopeAlphaOpt = None,
 ) -> None:
     """Write one self-contained HTML page of a model's heads: a layer x head grid coloured by
     entropy, max logit, role scores or importance; click a head for its attention pattern.
@@ -87,6 +99,9 @@ def view_cli(
     claim_file(out, overwrite, inputs=inputs_of(target, text), inside_ok=True)
     if not target.exists():
         raise ProbeError(f"{target} does not exist; give a checkpoint or a results directory.")
+    study_dir = (target / "study.toml").is_file() and (target / "manifest.json").is_file()
+    rope = rope_request(None if study_dir else target, rope_scaling, rope_factor, rope_original,
+                        rope_alpha)  # fmt: skip
     from probe.analysis.view import checkpoint_view
     from probe.data.text import TextOptions
     from probe.report.html.viewer import write_viewer
@@ -95,13 +110,14 @@ def view_cli(
 
     resolve_device(device)
     title = f"Heads of {target.name or target}"
-    if (target / "study.toml").is_file() and (target / "manifest.json").is_file():
+    if study_dir:
         picked, model = pick_cell(target, cell)
         title, target = f"Heads of {target.name}: {picked.label}", model
     elif cell is not None:
         raise ProbeError("--cell picks a cell of a study's results directory; drop it here.")
     ckpt = load_model(target, device, dtype, allow_pickle)
     require_heads(ckpt)
+    rope_used = apply_rope(ckpt, rope)
     if importance == "auto":
         importance = "ablation" if ckpt.objective == "embedding" else "gradient"
     method = None if importance == "none" else str(choice(Method, importance, "--importance"))
@@ -120,6 +136,7 @@ def view_cli(
     from probe import provenance
 
     data["provenance"] = provenance.context(model=ckpt.model)  # inlined: device, dtype, versions
+    data["provenance"]["rope_scaling"] = rope_used  # instead of the model's own (None: its own)
     write_viewer(data, out)
     n_heads = sum(len(layer["heads"]) for layer in data["layers"])
     console.print(f"wrote {shown(out)}: {counted(len(data['layers']), 'attention site')}, "

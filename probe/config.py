@@ -8,7 +8,6 @@ rejects unknown keys with a did-you-mean message and values of the wrong type by
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import re
 import typing
@@ -18,7 +17,9 @@ from typing import Any, TypeVar
 
 from probe.errors import ProbeError
 from probe.fields import field_value
+from probe.rope import UNSCALED, RopeScaling
 from probe.site import Site
+from probe.words import did_you_mean
 
 E = TypeVar("E", bound=StrEnum)
 C = TypeVar("C")
@@ -26,12 +27,6 @@ C = TypeVar("C")
 # the longest sliding window: transformers computes with int64 positions (a window of
 # 10**30 overflows there), and 2**40 tokens is past any context
 MAX_WINDOW = 2**40
-
-
-def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
-    """' Did you mean 'x'?' when a close match exists, else ''."""
-    close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.5)
-    return f" Did you mean '{close[0]}'?" if close else ""
 
 
 def choice(enum: type[E], value: Any, what: str, field: str = "") -> E:
@@ -91,7 +86,10 @@ def from_dict(cls: type[C], data: dict[str, Any], what: str) -> C:
 
 
 def to_plain(value: Any) -> Any:
-    """A config value as JSON has it: enums as strings, tuples as lists."""
+    """A config value as JSON has it: enums as strings, tuples as lists, nested settings as
+    their to_dict."""
+    if isinstance(value, RopeScaling):
+        return value.to_dict()
     if isinstance(value, StrEnum):
         return value.value
     if isinstance(value, tuple | list):
@@ -184,13 +182,17 @@ class ModelConfig:
     max_len: int = 256  # positions a learned table holds; range for randomized positions
     rope_fraction: float = 1.0  # fraction of each head's dimensions that rotary rotates
     rope_base: float = 10000.0
-    rope_local_base: float | None = None  # rotary base of the sliding-window layers (Gemma 3)
+    # the rotary scaling of the layers of rope_base: a kind of probe.rope.KINDS (transformers'
+    # rope_type: linear, dynamic, yarn, llama3, longrope; and ntk) with its parameters
+    rope_scaling: RopeScaling = UNSCALED
+    # the sliding-window layers' own rotary base and scaling (Gemma 3, OLMo-3: one rotary per
+    # layer type; None: those layers rotate as the others)
+    rope_local_base: float | None = None
+    rope_local_scaling: RopeScaling = UNSCALED
+    nope_layers: tuple[int, ...] | None = None  # layers (0-based) without rotary (SmolLM3)
     # rotary rotates q and k in float32 and rounds once (OLMo-2), rather than in their dtype with
     # cos and sin rounded to it (Llama, GPT-NeoX); the same in float32
     rope_float32: bool = False
-    # linear rotary scaling: the layers of rope_base turn at positions / factor (transformers'
-    # rope_type "linear"; Gemma 3's global layers); those of rope_local_base are not scaled
-    rope_linear_factor: float = 1.0
     t5_buckets: int = 32  # relative-position buckets of the T5 bias
     t5_max_distance: int = 128  # distance where the T5 buckets stop growing
     scale: Scale = Scale.SQRT
@@ -303,12 +305,21 @@ class ModelConfig:
                              "it needs norm 'pre' and an FFN.")  # fmt: skip
         if self.qk_norm_whole and not self.qk_norm:
             raise ProbeError("qk_norm_whole says how qk_norm spans the heads; set qk_norm too.")
-        if not 0 < self.rope_linear_factor < math.inf:
-            raise ProbeError(
-                f"rope_linear_factor must be a positive number, got {self.rope_linear_factor}."
-            )
-        if self.rope_linear_factor != 1.0 and self.pe != PE.ROPE:
-            raise ProbeError("rope_linear_factor scales rotary positions: it needs pe 'rope'.")
+        self._check_rotary()
+
+    def _check_rotary(self) -> None:
+        """The rotary fields beyond base and fraction: each needs pe 'rope', and what it
+        names must fit the model."""
+        for name in ("rope_scaling", "rope_local_scaling"):
+            scaling = getattr(self, name)
+            if isinstance(scaling, dict):  # as a study file or checkpoint writes it
+                scaling = field_value(RopeScaling, name, scaling, "model")
+                object.__setattr__(self, name, scaling)
+            if not isinstance(scaling, RopeScaling):
+                raise ProbeError(f"{name} must be a rotary scaling, got {scaling!r:.60}.")
+            if not scaling.plain and self.pe != PE.ROPE:
+                raise ProbeError(f"{name} scales rotary positions: it needs pe 'rope'.")
+            scaling.check_dims(self.rotary_dims)
         if self.rope_local_base is not None:
             if self.pe != PE.ROPE or self.sliding_window is None:
                 raise ProbeError("rope_local_base is the rotary base of the sliding-window "
@@ -317,6 +328,27 @@ class ModelConfig:
                 raise ProbeError(
                     f"rope_local_base must be greater than 1, got {self.rope_local_base}."
                 )
+        elif not self.rope_local_scaling.plain:
+            raise ProbeError("rope_local_scaling scales the sliding-window layers' own rotary: "
+                             "it needs rope_local_base.")  # fmt: skip
+        if self.nope_layers is not None:
+            layers = tuple(int(i) for i in self.nope_layers)
+            if len(set(layers)) != len(layers) or not set(layers) <= set(range(self.n_layer)):
+                raise ProbeError(f"nope_layers must list distinct layers in "
+                                 f"0..{self.n_layer - 1}, got {list(layers)}.")  # fmt: skip
+            if self.pe != PE.ROPE or self.arch == Arch.ENCODER_DECODER:
+                raise ProbeError("nope_layers names the layers without rotary: it needs pe "
+                                 "'rope' and a decoder or encoder.")  # fmt: skip
+            object.__setattr__(self, "nope_layers", tuple(sorted(layers)))
+
+    def rotary(self, layer: int) -> tuple[float, RopeScaling] | None:
+        """(base, scaling) of the rotary embedding of decoder or encoder layer `layer`'s
+        self-attention, or None where it has none."""
+        if self.pe != PE.ROPE or (self.nope_layers is not None and layer in self.nope_layers):
+            return None
+        if self.rope_local_base is not None and self.window(layer) is not None:
+            return self.rope_local_base, self.rope_local_scaling
+        return self.rope_base, self.rope_scaling
 
     def _check_window(self) -> None:
         if self.sliding_window is None:
@@ -413,6 +445,11 @@ class ModelConfig:
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
         if isinstance(data, dict) and "heads" in data and "kept_heads" not in data:
             data = {("kept_heads" if k == "heads" else k): v for k, v in data.items()}  # before 0.2
+        if isinstance(data, dict) and "rope_linear_factor" in data:  # before rope_scaling
+            data = dict(data)
+            factor = data.pop("rope_linear_factor")
+            if factor != 1.0 and "rope_scaling" not in data:
+                data["rope_scaling"] = {"kind": "linear", "factor": factor}
         return from_dict(cls, data, "model")
 
     def to_dict(self) -> dict[str, Any]:

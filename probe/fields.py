@@ -7,6 +7,7 @@ tuples.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import types
 import typing
@@ -52,6 +53,11 @@ def _conform(tp: Any, value: Any) -> Any:
                 return tuple(_conform(args[0], v) for v in value)
             if len(value) == len(args):
                 return tuple(_conform(a, v) for a, v in zip(args, value, strict=True))
+    elif dataclasses.is_dataclass(tp):  # a nested setting (RopeScaling): its own from_dict
+        if isinstance(value, tp):
+            return value
+        if isinstance(value, dict):
+            return tp.from_dict(value)  # type: ignore[attr-defined]
     elif origin is dict or tp is dict:
         if isinstance(value, dict) and all(isinstance(k, str) for k in value):
             return value
@@ -80,6 +86,8 @@ def _expected(tp: Any, plural: bool = False) -> str:
             return f"{'lists' if plural else 'a list'} of {_expected(args[0], plural=True)}"
         inner = _expected(args[0], plural=True) if len(set(args)) == 1 else "values"
         return f"{'lists' if plural else 'a list'} of {len(args)} {inner}"
+    if dataclasses.is_dataclass(tp):
+        return "tables" if plural else "a table"
     if isinstance(tp, type) and issubclass(tp, StrEnum):
         return f"one of {', '.join(m.value for m in tp)}"
     words = {
@@ -112,6 +120,8 @@ def field_value(tp: Any, name: str, value: Any, what: str) -> Any:
     """`value` as a field `name` of type `tp` holds it, or a ProbeError naming the field."""
     try:
         return _conform(tp, value)
+    except ProbeError as e:  # a nested setting's own check (RopeScaling)
+        raise ProbeError(f"{what} field '{name}': {e}") from None
     except _Mismatch:
         raise ProbeError(
             f"{what} field '{name}' must be {_expected(tp)}, got {shown(value)}."

@@ -1,6 +1,9 @@
-"""Counts in messages: "1 head", "2 heads", "1,000 batches" (never "1 heads")."""
+"""Words in messages: counts ("1 head", "2 heads", "1,000 batches", never "1 heads") and
+suggestions ("Did you mean 'copy'?")."""
 
 from __future__ import annotations
+
+import difflib
 
 IRREGULAR = {"batch": "batches", "process": "processes", "index": "indices", "matrix": "matrices"}
 
@@ -20,3 +23,9 @@ def counted(n: int, noun: str, many: str | None = None, *, grouped: bool = True)
     irregular plural."""
     number = f"{n:,}" if grouped else f"{n}"
     return f"{number} {noun if n == 1 else (many or plural(noun))}"
+
+
+def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
+    """' Did you mean 'x'?' when a close match exists, else ''."""
+    close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.5)
+    return f" Did you mean '{close[0]}'?" if close else ""

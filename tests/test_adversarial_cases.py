@@ -146,8 +146,6 @@ def test_a_safetensors_header_that_lies_is_one_line_in_words(how, bases, tmp_pat
 @pytest.mark.parametrize(
     "key,value,words",
     [
-        ("llama.rope.scaling.factor", 4.0, "rotary scaling (a scaling factor)"),
-        ("llama.rope.scale_linear", 2.0, "linear rotary scaling"),
         ("llama.expert_count", 4, "mixture-of-experts layers"),
     ],
 )
@@ -157,6 +155,21 @@ def test_gguf_metadata_that_changes_the_function_is_refused(key, value, words, t
     path = write_gguf(tmp_path / "m.gguf", {key: value})
     message = refused(path, tmp_path / "out", capsys)
     assert f"metadata: {key} = {value!r}: {words} is not implemented" in message, message
+
+
+@pytest.mark.parametrize("key", ["llama.rope.scaling.factor", "llama.rope.scale_linear"])
+def test_gguf_scaling_factor_without_a_type_is_linear_as_llama_cpp_reads_it(key, tmp_path):
+    """llama.cpp's loader takes a factor without `rope.scaling.type` (and the older
+    `rope.scale_linear`) as linear scaling; probe imports it so, never drops it."""
+    from test_import_bad_gguf import write_gguf
+
+    from probe.checkpoint import load_checkpoint
+    from probe.rope import RopeScaling
+
+    path = write_gguf(tmp_path / "m.gguf", {key: 4.0})
+    assert exit_code(["import", str(path), "--out", str(tmp_path / "out")]) == 0
+    cfg = load_checkpoint(tmp_path / "out", read_weights=False).model_cfg
+    assert cfg.rope_scaling == RopeScaling("linear", 4.0)
 
 
 def test_gguf_neutral_scaling_factor_still_imports(tmp_path, capsys):

@@ -19,6 +19,7 @@ from probe.interop.export import export_hf
 from probe.interop.importer import import_model
 from probe.model import Transformer
 from probe.pruning.heads import masked, prune_heads
+from probe.rope import RopeScaling
 
 transformers = pytest.importorskip("transformers")
 
@@ -113,7 +114,7 @@ def test_float32_logits_match_past_the_window_with_padding(kind, tmp_path):
     if kind == "gemma2":
         variants.append(dataclasses.replace(cfg, attn_softcap=None))
     else:
-        variants += [dataclasses.replace(cfg, rope_linear_factor=1.0),
+        variants += [dataclasses.replace(cfg, rope_scaling=RopeScaling()),
                      dataclasses.replace(cfg, rope_local_base=None)]  # fmt: skip
     for variant in variants:
         other = Transformer(variant).eval()
@@ -160,7 +161,7 @@ def test_gemma3_old_style_config_and_ignored_attention_softcap(tmp_path):
     assert ref.config.layer_types == MIXED[:2] * 2
     model = import_model(path).model
     assert model.cfg.window_layers == (0, 2) and model.cfg.rope_local_base == 30.0
-    assert (model.cfg.rope_base, model.cfg.rope_linear_factor) == (700.0, 3.0)
+    assert (model.cfg.rope_base, model.cfg.rope_scaling) == (700.0, RopeScaling("linear", 3.0))
     tokens, keep = inputs()
     assert gap(ours(model, tokens, keep), theirs(ref, tokens, keep), keep) < TOL
 
@@ -252,12 +253,15 @@ def edited(path, **changes):
 @pytest.mark.parametrize(
     ("kind", "changes", "words"),
     [
-        ("gemma2", {"rope_parameters": {"rope_type": "yarn", "factor": 2.0}}, "rope_type = 'yarn'"),
-        ("gemma", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "'dynamic'"),
+        ("gemma2", {"rope_parameters": {"rope_type": "yarn", "factor": -2.0}},
+         "rope_parameters: rotary scaling 'factor' must be a finite number > 0, got -2.0"),
+        ("gemma", {"rope_parameters": {"rope_type": "dynamik", "factor": 2.0}},
+         "Did you mean 'dynamic'"),
         ("gemma3_text", {"rope_parameters": {
             "full_attention": {"rope_type": "default"},
-            "sliding_attention": {"rope_type": "linear", "factor": 2.0}}},
-         "linear rotary scaling of the sliding-window layers"),
+            "sliding_attention": {"rope_type": "longrope", "short_factor": [1.0],
+                                  "long_factor": [1.0], "factor": 2.0}}},
+         "'short_factor' has 1 entries"),
         ("gemma3_text", {"use_bidirectional_attention": True}, "bidirectional"),
         ("gemma2", {"attention_bias": True}, "attention_bias = True"),
         ("gemma2", {"hidden_activation": "gelu"}, "hidden_activation = 'gelu'"),

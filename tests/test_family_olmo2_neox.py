@@ -226,8 +226,16 @@ def test_old_pythia_configs_and_weight_names_import(tmp_path):
 @pytest.mark.parametrize(
     ("kind", "changes", "words"),
     [
-        ("neox", {"rope_parameters": {"rope_type": "linear", "factor": 2.0}}, "rope_type"),
-        ("neox", {"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope_scaling.type"),
+        (
+            "neox",
+            {"rope_parameters": {"rope_type": "linear", "factor": True}},
+            "rope_parameters: rotary scaling 'factor' must be a finite number > 0, got True",
+        ),
+        (
+            "neox",
+            {"rope_scaling": {"type": "dynamic"}},
+            "rope_scaling: rotary scaling kind 'dynamic' needs 'factor'",
+        ),
         (
             "neox",
             {"rope_parameters": {"rope_theta": 500, "partial_rotary_factor": 0.3}},
@@ -240,7 +248,11 @@ def test_old_pythia_configs_and_weight_names_import(tmp_path):
             {"tie_word_embeddings": True, "attn_logit_softcapping": 30.0},
             "attn_logit_softcapping",
         ),
-        ("olmo2", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "yarn"),
+        (
+            "olmo2",
+            {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 1.0}},
+            "'beta_fast' \\(1.0\\) must be greater than 'beta_slow'",
+        ),
         ("olmo2", {"attention_bias": True}, "attention_bias"),
         ("olmo2", {"hidden_act": "gelu"}, "hidden_act"),
         ("olmo2", {"final_logit_softcapping": 30.0}, "final_logit_softcapping"),

@@ -207,14 +207,17 @@ def test_export_loads_in_transformers_with_equal_logits(variant, tmp_path):
 
 
 REFUSED = [
-    ("qwen3", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6}},
-     "rope_parameters.rope_type = 'yarn'"),
+    ("qwen3", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6,
+                                   "beta_fastt": 32}}, "rope_parameters: rotary scaling has key "
+     "'beta_fastt', which probe does not know. Did you mean 'beta_fast'"),
     ("qwen3", {"hidden_act": "gelu"}, "hidden_act = 'gelu'"),
     ("qwen3", {"attn_logit_softcapping": 30.0}, "attn_logit_softcapping"),
     ("phi3", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4,
-                                  "short_factor": [1.0] * 2, "long_factor": [1.0] * 2}},
-     "rope_type = 'longrope'"),
-    ("phi3", {"rope_parameters": None, "rope_scaling": {"type": "su"}}, "type = 'su'"),
+                                  "short_factor": [1.0] * 3, "long_factor": [1.0] * 3}},
+     "'short_factor' has 3 entries; 4 rotated dims need 2"),
+    ("phi3", {"rope_parameters": None, "rope_scaling": {"type": "su"}}, "needs 'short_factor'"),
+    ("phi3", {"rope_parameters": {"rope_type": "linear", "factor": 2.0}},
+     "rope_type = 'linear': Phi-3 computes rope_type 'default' or 'longrope'"),
     ("phi3", {"rope_parameters": {"rope_theta": 1e4, "partial_rotary_factor": 0.375}},
      "partial_rotary_factor = 0.375: it rotates 3 of"),
     ("phi3", {"hidden_act": "gelu_new"}, "hidden_act"),

@@ -16,6 +16,7 @@ from family_models import VOCAB, save_tiny
 from safetensors.torch import load_file, save_file
 
 from probe.interop.importer import import_model
+from probe.rope import RopeScaling
 
 transformers = pytest.importorskip("transformers")
 
@@ -115,7 +116,7 @@ def test_rope_scaling_replaces_rope_parameters_as_transformers_reads_it(kind, ti
 def test_gemma2_linear_rope_scaling_beside_default_rope_parameters(tiny_dirs, tmp_path):
     scaling = {"rope_type": "linear", "factor": 4.0}
     path = edited(tiny_dirs["gemma2"], tmp_path / "g", _scaling_beside(scaling))
-    assert import_model(path).model.cfg.rope_linear_factor == 4.0
+    assert import_model(path).model.cfg.rope_scaling == RopeScaling("linear", 4.0)
     assert max_diff(path) < 1e-4
 
 

@@ -233,9 +233,13 @@ def _rewrite(path: Path, arch: str, extra_kv: dict, extra_tensors: dict | None =
 
 U32, F32, STR = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.STRING
 REFUSALS = [
-    ("phi3", {}, {"rope_factors_long.weight": np.ones(2, np.float32)}, "rotary scaling factors"),
-    ("gemma3", {"gemma3.rope.scaling.type": ("linear", STR),
-                "gemma3.rope.scaling.factor": (8.0, F32)}, {}, "rotary scaling is not implemented"),
+    ("phi3", {}, {"rope_factors_long.weight": np.ones(2, np.float32)}, "lacks the tensor "
+     "'rope_factors_short.weight' \\(longrope needs both"),
+    ("gemma3", {"gemma3.rope.scaling.type": ("longrope", STR),
+                "gemma3.rope.scaling.factor": (8.0, F32)}, {}, "probe reads rotary scaling "
+     "'linear' and 'yarn' from metadata"),
+    ("qwen3", {}, {"rope_freqs.weight": np.ones(8, np.float32)}, "probe reads for llama "
+     "\\(rope_freqs, llama3 scaling\\) and phi3 .*, not for Qwen3"),
     ("olmo2", {"olmo2.attention.sliding_window": (4, U32)}, {}, "sliding-window layers"),
     ("qwen3", {"qwen3.expert_count": (8, U32)}, {}, "mixture-of-experts layers"),
     ("gptneox", {}, {"blk.0.attn_q.weight": np.ones((32, 32), np.float32)}, "no place in a "
@@ -243,7 +247,8 @@ REFUSALS = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("arch, kv, tensors, message", REFUSALS, ids=[r[0] for r in REFUSALS])
+@pytest.mark.parametrize("arch, kv, tensors, message", REFUSALS,
+                         ids=[f"{r[0]}-{i}" for i, r in enumerate(REFUSALS)])  # fmt: skip
 def test_what_probe_cannot_compute_is_one_line(arch, kv, tensors, message, tmp_path):
     _, hf, saved = tiny_checkpoint(arch, tmp_path)
     path = write_like_llama_cpp(tmp_path / f"{arch}.gguf", arch, hf, saved)

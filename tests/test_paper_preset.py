@@ -116,7 +116,7 @@ def test_fields_added_later_keep_old_cell_keys_at_their_default():
                  "head_transform", "head_bias", "sliding_window", "window_layers", "norm_offset",
                  "norm_gain_float32", "parallel_residual", "rope_local_base", "qk_norm_whole",
                  "scale_dim", "attn_softcap", "final_softcap", "rope_float32",
-                 "rope_linear_factor")  # fmt: skip
+                 "rope_scaling", "rope_local_scaling", "nope_layers")  # fmt: skip
     model = {("heads" if k == "kept_heads" else k): v
              for k, v in cosine.model.to_dict().items() if k not in new_model}  # fmt: skip
     old = {"model": model, "task": cosine.task.to_dict(), "train": train, "format": 1}

@@ -16,7 +16,7 @@ from probe.config import ModelConfig
 from probe.errors import ProbeError
 from probe.interop.hf_rope import rope_scaling_from_hf, rope_scaling_to_hf
 from probe.model.positional import Rotary
-from probe.model.rope_kinds import KINDS, RopeScaling
+from probe.rope import KINDS, RopeScaling
 
 transformers = pytest.importorskip("transformers")
 from transformers import LlamaConfig, Phi3Config  # noqa: E402
@@ -206,7 +206,7 @@ def test_rotary_linear_factor_equals_transformers():
     cfg = ModelConfig(d_model=512, n_head=2, pe="rope", rope_base=1e6)
     hf = _hf_config(1e6, 256, 1.0, 8192, {"rope_type": "linear", "factor": 8.0})
     want, _ = ROPE_INIT_FUNCTIONS["linear"](hf, None)
-    assert torch.equal(Rotary(cfg, 1e6, 8.0).inv_freq, want)
+    assert torch.equal(Rotary(cfg, 1e6, RopeScaling("linear", 8.0)).inv_freq, want)
 
 
 BAD = [
@@ -240,7 +240,7 @@ BAD = [
     ({"rope_type": "longrope", "short_factor": [1.0] * 48, "long_factor": [2.0] * 48,
       "original_max_position_embeddings": 4096}, "'factor'", "max_position_embeddings"),
     ({"rope_type": "dynamic", "factor": 2.0}, "'max_position_embeddings'", "missing"),
-    ({"rope_type": "ntk"}, "'alpha'", "missing"),
+    ({"rope_type": "ntk"}, "'ntk' is probe's own", "transformers has none"),
     ({"rope_type": "default", "mrope_section": [16, 24, 24]}, "'mrope_section'", "does not know"),
 ]  # fmt: skip
 

@@ -19,19 +19,30 @@ and may set
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from types import ModuleType
 from typing import Any
 
-from probe.config import did_you_mean
 from probe.errors import ProbeError
 from probe.interop.fields import Fields
 
 
 def _modules() -> dict[str, ModuleType]:
-    from probe.interop import hf_bert, hf_gemma, hf_gpt2, hf_llama, hf_neox, hf_olmo2, hf_phi3
+    from probe.interop import (
+        hf_bert,
+        hf_gemma,
+        hf_gpt2,
+        hf_llama,
+        hf_neox,
+        hf_olmo2,
+        hf_olmo3,
+        hf_phi3,
+        hf_smollm3,
+    )
 
-    families = (hf_bert, hf_gpt2, hf_llama, hf_gemma, hf_neox, hf_olmo2, hf_phi3)
+    families = (hf_bert, hf_gpt2, hf_llama, hf_gemma, hf_neox, hf_olmo2, hf_phi3, hf_smollm3,
+                hf_olmo3)  # fmt: skip
     return {t: m for m in families for t in m.MODEL_TYPES}
 
 
@@ -57,7 +68,53 @@ MISSING = {
     "recurrent_gemma": "recurrent (Griffin) layers",
     "cohere": "parallel blocks with LayerNorm without bias and logit scaling",
     "starcoder2": "StarCoder2's biases and sliding window in a GPT-style block",
+    # real model types whose names look like supported ones
+    "olmo": "OLMo-1's LayerNorm without weights and clipped q/k/v",
+    "gemma3n": "Gemma 3n's per-layer embeddings, AltUp and LAuReL blocks",
+    "llama4": "mixture-of-experts FFN layers and chunked attention",
+    "qwen3_next": "gated DeltaNet (linear attention) layers and mixture-of-experts FFN layers",
 }
+
+
+def _slip(a: str, b: str) -> bool:
+    """Whether the word `a` is `b` typed with one slip: two adjacent letters swapped, a letter
+    doubled or undoubled, one dropped or added inside the word (at an end it makes another
+    word: 'gemma' + 'n'), or one replaced in a word of 6 letters or more ('llava' is not
+    'llama')."""
+    a, b = sorted((a, b), key=len)
+    if len(a) == len(b):
+        slips = [i for i in range(len(a)) if a[i] != b[i]]
+        if len(slips) == 1:
+            return len(a) >= 6
+        i = slips[0] if len(slips) == 2 and slips[1] == slips[0] + 1 else None
+        return i is not None and (a[i], a[i + 1]) == (b[i + 1], b[i])
+    if len(b) != len(a) + 1:
+        return False
+    at = next((i for i in range(len(a)) if a[i] != b[i]), len(a))  # b's extra letter
+    if b[:at] + b[at + 1 :] != a:
+        return False
+    doubled = (at > 0 and b[at - 1] == b[at]) or (at + 1 < len(b) and b[at + 1] == b[at])
+    return doubled or 0 < at < len(a)
+
+
+def _typo(name: str, known: str) -> bool:
+    """Whether `name` is the model type `known` mistyped: the same once case, '-', '_' and '.'
+    are dropped ('gpt-neox', 'Qwen_2'), or the same words and numbers but one word with one
+    slip (`_slip`: 'lama', 'mistal'). A different number ('olmo4', 'qwen4') or a word more
+    ('gemma3n', 'qwen2_vl') names another model, never a typo."""
+    if re.sub(r"[\W_]", "", name.lower()) == re.sub(r"[\W_]", "", known.lower()):
+        return True
+    words, target = (re.findall(r"[a-z]+|\d+", n.lower()) for n in (name, known))
+    if len(words) != len(target):
+        return False
+    differ = [(a, b) for a, b in zip(words, target, strict=True) if a != b]
+    return len(differ) == 1 and differ[0][0].isalpha() and _slip(*differ[0])
+
+
+def _suggestion(name: str, known: Iterable[str]) -> str:
+    """' Did you mean 'x'?' when `name` is a supported model type mistyped (`_typo`), else ''."""
+    close = [k for k in sorted(known) if _typo(name, k)]
+    return f" Did you mean '{close[0]}'?" if len(close) == 1 else ""
 
 
 def supported() -> list[str]:
@@ -83,7 +140,7 @@ def family(hf_config: dict[str, Any], where: str) -> ModuleType:
             f"these architectures: {known}."
         )
     if not isinstance(model_type, str) or model_type not in modules:
-        hint = did_you_mean(model_type, list(modules)) if isinstance(model_type, str) else ""
+        hint = _suggestion(model_type, modules) if isinstance(model_type, str) else ""
         raise ProbeError(
             f"{where}: model_type {model_type!r:.60} is not supported.{hint} probe imports these "
             f"architectures: {known}."
@@ -231,3 +288,31 @@ def require_unpruned(cfg, name: str, detail: str = "") -> None:
             f"one head count and head size for every layer{detail}. Export the unpruned model, "
             "or keep it as a probe checkpoint."
         )
+
+
+LAYER_TYPES = ("full_attention", "sliding_attention")  # the values of `layer_types`
+
+
+def windows(
+    hf: Fields, n_layer: int, default_types: list[str], default_window: int | None
+) -> tuple[int | None, tuple[int, ...] | None]:
+    """(sliding_window, window_layers) of a family whose `layer_types` names each layer's
+    attention (absent: `default_types`, as the family's config class fills it in): the layers
+    it calls sliding_attention see the last `sliding_window` keys (absent: `default_window`;
+    null: none, which transformers cannot run either); none: no window. A `layer_types` that
+    is not a list of `n_layer` of LAYER_TYPES, or sliding layers without a window, is one line
+    naming the key."""
+    types = hf.raw("layer_types", default_types)
+    if (
+        not isinstance(types, list)
+        or len(types) != n_layer
+        or any(t not in LAYER_TYPES for t in types)
+    ):
+        hf.fail("layer_types", f"a list of {n_layer} of {', '.join(LAYER_TYPES)}", types)
+    layers = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+    if not layers:
+        return None, None
+    if hf.get("sliding_window", default_window) is None:  # transformers fails on it too
+        hf.fail("sliding_window", "a positive integer (layer_types has sliding layers)", None)
+    window = hf.integer("sliding_window", default_window)
+    return window, None if len(layers) == n_layer else layers

@@ -38,6 +38,7 @@ import torch
 from probe.errors import ProbeError, optional
 from probe.interop.gguf_archs import ARCHS, GGUFArch, expected_shapes
 from probe.interop.gguf_configs import Meta
+from probe.interop.gguf_rope import ROPE_TENSORS
 from probe.weights import HeaderTensors
 
 SUPPORTED_ARCHITECTURES = tuple(ARCHS)  # llama first
@@ -66,13 +67,16 @@ class GGUFTensors(HeaderTensors):
     so they never add up to a second copy of the model in the process's memory."""
 
     def __init__(self, reader: Any, config: dict[str, Any], path: Path,
-                 arch: GGUFArch = ARCHS["llama"]) -> None:  # fmt: skip
+                 arch: GGUFArch = ARCHS["llama"],
+                 used: frozenset[str] = frozenset()) -> None:  # fmt: skip
         self.reader, self.path, self.config, self.arch = reader, path, config, arch
         self._tensors = {}  # HF name -> the reader's tensor
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.dtypes: dict[str, str] = {}  # GGUF type names: F32, F16, Q4_1, ...
         shapes = expected_shapes(arch, config)
         for tensor in reader.tensors:
+            if tensor.name in used:  # read into the config (rotary scaling), not a weight
+                continue
             hf_name = _hf_name(arch, tensor.name, config["num_hidden_layers"], path)
             shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))  # row-major
             if shape != shapes[hf_name]:
@@ -137,8 +141,10 @@ def read_gguf(path: str | Path) -> GGUFModel:
         )
     spec = ARCHS[arch]
     shapes = {t.name: tuple(int(n) for n in reversed(t.shape.tolist())) for t in reader.tensors}
-    config = spec.config(Meta(metadata, shapes, arch, path))
-    tensors = GGUFTensors(reader, config, path, spec)
+    by_name = {t.name: t for t in reader.tensors}
+    meta = Meta(metadata, shapes, arch, path, lambda name: _small(by_name[name], path))
+    config = spec.config(meta)
+    tensors = GGUFTensors(reader, config, path, spec, frozenset(meta.used))
     config["torch_dtype"] = str(tensors.source_dtype()).removeprefix("torch.")
     return GGUFModel(config=config, tensors=tensors, metadata=metadata, label=spec.label)
 
@@ -182,7 +188,10 @@ def metadata_of(reader: Any, path: Path) -> dict[str, Any]:
     return metadata
 
 
-_ROPE_FACTORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
+def _small(tensor: Any, path: Path) -> tuple[np.ndarray, str]:
+    """A small tensor the config is built from (rotary scaling) as float32 numpy values, and
+    its GGUF type name."""
+    return _read(tensor, path).float().numpy(), tensor.tensor_type.name
 
 
 def _optional(arch: GGUFArch, hf_name: str) -> bool:
@@ -197,10 +206,11 @@ def _hf_name(arch: GGUFArch, gguf_name: str, n_layer: int, path: Path) -> str:
     match = _BLOCK_RE.fullmatch(gguf_name)
     if match and int(match[1]) < n_layer and match[2] in arch.blocks:
         return f"{arch.layer_prefix}{int(match[1])}.{arch.blocks[match[2]][0]}"
-    if gguf_name in _ROPE_FACTORS:
+    if gguf_name in ROPE_TENSORS:
         raise ProbeError(
-            f"GGUF file '{path}': tensor '{gguf_name}' holds rotary scaling factors "
-            "(long-context rope); probe computes the plain rotary embedding only"
+            f"GGUF file '{path}': tensor '{gguf_name}' holds rotary scaling factors, which "
+            f"probe reads for llama (rope_freqs, llama3 scaling) and phi3 (rope_factors_long and "
+            f"_short, longrope), not for {arch.label}"
         )
     raise ProbeError(
         f"GGUF file '{path}': tensor '{gguf_name}' has no place in a Hugging Face {arch.label} "

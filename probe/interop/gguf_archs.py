@@ -148,7 +148,7 @@ ARCHS: dict[str, GGUFArch] = {
             {**_ATTENTION, **_GATED_FFN, **_PRE_NORMS},
             fixes={"attn_q.weight": lambda w, c: unpermute_rotary(w, c["num_attention_heads"]),
                    "attn_k.weight": lambda w, c: unpermute_rotary(w, c["num_key_value_heads"])},
-            hint="only plain Llama checkpoints are supported: no biases, experts or rope_freqs",
+            hint="only plain Llama checkpoints are supported: no biases or experts",
         ),
         GGUFArch(
             "qwen3", "Qwen3", CONFIGS["qwen3"], _LLAMA_GLOBALS,

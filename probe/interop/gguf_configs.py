@@ -3,10 +3,13 @@ function per architecture (`general.architecture`), each undoing what llama.cpp'
 `convert_hf_to_gguf.py` wrote for that architecture.
 
 Every key is read through `Fields` under the architecture's prefix (`qwen3.embedding_length`);
-a value that asks for something probe does not compute (rotary scaling, experts, a second rotary
-base where Hugging Face has one) is refused in one line naming the key. What the converter drops,
-these functions rebuild as llama.cpp itself does at load time (`llama-model.cpp`): Gemma 2/3's
-`query_pre_attn_scalar` from the model size, Gemma 3's local rotary base and layer pattern.
+a value that asks for something probe does not compute (experts, a second rotary base where
+Hugging Face has one, a rotary scaling llama.cpp has and transformers lacks) is refused in one
+line naming the key. Rotary scaling (linear, yarn; llama3 from `rope_freqs.weight`, Phi-3's
+longrope from its factor tensors) becomes the config's `rope_parameters` (`gguf_rope`). What
+the converter drops, these functions rebuild as llama.cpp itself does at load time
+(`llama-model.cpp`): Gemma 2/3's `query_pre_attn_scalar` from the model size, Gemma 3's local
+rotary base and layer pattern.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import numpy as np
 
 from probe.errors import ProbeError
 from probe.interop.fields import REQUIRED, Fields
+from probe.interop.gguf_rope import llama3_section, longrope_section, read_section
 
 
 def float32_value(value: float) -> float:
@@ -28,13 +32,23 @@ def float32_value(value: float) -> float:
 
 class Meta:
     """The metadata of one file, read under its architecture's prefix; `shapes` are the tensors'
-    row-major shapes by GGUF name."""
+    row-major shapes by GGUF name; `read` reads a small tensor (GGUF name -> (float32 values,
+    GGUF type name)), for the rotary tensors a config is built from, which `used` then names."""
 
     def __init__(self, metadata: dict[str, Any], shapes: dict[str, tuple[int, ...]],
-                 arch: str, path: Path) -> None:  # fmt: skip
+                 arch: str, path: Path,
+                 read: Callable[[str], tuple[np.ndarray, str]] | None = None) -> None:  # fmt: skip
         self.label = f"GGUF file '{path}': metadata"
         self.fields = Fields(metadata, self.label)
-        self.shapes, self.arch, self.path = shapes, arch, path
+        self.shapes, self.arch, self.path, self.read = shapes, arch, path, read
+        self.used: set[str] = set()  # tensors the config was built from (not weights)
+
+    def tensor(self, name: str) -> tuple[np.ndarray, str]:
+        """Tensor `name` as float32 values and its GGUF type, counted as used."""
+        if self.read is None:
+            raise ProbeError(f"GGUF file '{self.path}': tensor '{name}' cannot be read here")
+        self.used.add(name)
+        return self.read(name)
 
     def key(self, name: str) -> str:
         return f"{self.arch}.{name}"
@@ -45,8 +59,8 @@ class Meta:
     def count(self, name: str, default: Any = REQUIRED, lo: int = 1) -> int:
         return self.fields.integer(self.key(name), default, lo=lo)
 
-    def number(self, name: str, default: Any = REQUIRED) -> float:
-        return self.fields.number(self.key(name), default)
+    def number(self, name: str, default: Any = REQUIRED, positive: bool = True) -> float:
+        return self.fields.number(self.key(name), default, positive)
 
     def flag(self, name: str, default: bool) -> bool:
         return self.fields.flag(self.key(name), default)
@@ -58,9 +72,6 @@ class Meta:
 # Metadata that changes the function computed -> (the values that compute what probe computes,
 # the feature): set otherwise, the file is refused.
 _UNIMPLEMENTED = {
-    "rope.scaling.factor": ((0, 0.0, 1, 1.0), "rotary scaling (a scaling factor)"),
-    "rope.scale_linear": ((0, 0.0, 1, 1.0), "linear rotary scaling"),
-    "rope.scaling.attn_factor": ((1, 1.0), "rotary attention scaling (long-context rope)"),
     "expert_count": ((0,), "mixture-of-experts layers"),
     "expert_used_count": ((0,), "mixture-of-experts layers"),
 }
@@ -85,10 +96,6 @@ def llama(meta: Meta) -> dict[str, Any]:
             f"length {d_value}, rotary dims {rotary_dims}); probe imports heads whose keys, "
             "values and rotary dimensions have one even size"
         )
-    scaling = fields.name("llama.rope.scaling.type", "none")
-    if scaling != "none":
-        fields.refuse("llama.rope.scaling.type", scaling, "rotary scaling is not implemented in "
-                      "probe, which computes the plain rotary embedding.")  # fmt: skip
     for name, (neutral, feature) in _UNIMPLEMENTED.items():
         if meta.has(name) and fields.raw(meta.key(name)) not in neutral:
             meta.refuse(name, f"{feature} is not implemented in probe.")
@@ -116,6 +123,13 @@ def llama(meta: Meta) -> dict[str, Any]:
         "mlp_bias": False,
         "rms_norm_eps": float32_value(meta.number("attention.layer_norm_rms_epsilon")),
         "rope_theta": float32_value(freq_base),
+        "rope_parameters": _scaled(
+            meta,
+            {"rope_type": "default", "rope_theta": float32_value(freq_base)},
+            d_head,
+            meta.count("context_length"),
+            freqs=True,
+        ),
         "max_position_embeddings": meta.count("context_length"),
         "tie_word_embeddings": "output.weight" not in meta.shapes,
         "torch_dtype": "float32",
@@ -141,10 +155,6 @@ def _common(meta: Meta, rms: bool = True) -> dict[str, Any]:
     if meta.count("attention.value_length", d_head) != d_head:
         meta.refuse("attention.value_length", f"probe imports heads whose keys and values "
                     f"have one size (key length {d_head}).")  # fmt: skip
-    scaling = fields.name(meta.key("rope.scaling.type"), "none")
-    if scaling != "none":
-        meta.refuse("rope.scaling.type", "rotary scaling is not implemented in probe, which "
-                    "computes the plain rotary embedding.")  # fmt: skip
     for name, (neutral, feature) in _UNIMPLEMENTED.items():
         if meta.has(name) and fields.raw(meta.key(name)) not in neutral:
             meta.refuse(name, f"{feature} is not implemented in probe.")
@@ -171,7 +181,7 @@ def _common(meta: Meta, rms: bool = True) -> dict[str, Any]:
     return config
 
 
-def _rope(meta: Meta, d_head: int, partial: bool = False) -> dict[str, Any]:
+def _rope(meta: Meta, d_head: int, partial: bool = False, longrope: bool = False) -> dict[str, Any]:
     """`rope_parameters` of the file's rotary base, for heads of `d_head`; `partial`: rotary
     dimensions may be fewer than a head's (as `partial_rotary_factor`), else they are all of it."""
     dims = meta.count("rope.dimension_count", d_head)
@@ -187,7 +197,21 @@ def _rope(meta: Meta, d_head: int, partial: bool = False) -> dict[str, Any]:
     rope = {"rope_type": "default", "rope_theta": float32_value(theta)}
     if partial:
         rope["partial_rotary_factor"] = factor
-    return rope
+    return _scaled(meta, rope, dims, meta.count("context_length"), longrope=longrope)
+
+
+def _scaled(meta: Meta, rope: dict[str, Any], dims: int, context: int, freqs: bool = False,
+            longrope: bool = False) -> dict[str, Any]:  # fmt: skip
+    """`rope` (a plain section) with the file's rotary scaling: linear or yarn metadata, or
+    (`freqs`: llama) llama3's `rope_freqs.weight`; `longrope`: Phi-3, whose factor tensors and
+    attention factor `phi3` reads."""
+    section = read_section(meta, context, longrope)
+    if freqs and "rope_freqs.weight" in meta.shapes:
+        if section:
+            meta.refuse("rope.scaling.type", "a file with rope_freqs.weight (llama3 scaling) "
+                        "has no other rotary scaling.")  # fmt: skip
+        section = llama3_section(meta, "rope_freqs.weight", dims, rope["rope_theta"])
+    return {**rope, **section}
 
 
 def _no_sliding_window(meta: Meta, what: str) -> None:
@@ -220,9 +244,12 @@ def phi3(meta: Meta) -> dict[str, Any]:
     d_head = config.pop("head_dim")  # Phi-3's config derives it
     if d_head * config["num_attention_heads"] != config["hidden_size"]:
         meta.refuse("attention.key_length", "Phi-3 heads are embedding_length / head_count wide.")
-    config["rope_parameters"] = _rope(meta, d_head, partial=True)
-    window = meta.count("attention.sliding_window", 0, lo=0)
+    rope = _rope(meta, d_head, partial=True, longrope=True)
     original = meta.count("rope.scaling.original_context_length", config["max_position_embeddings"])
+    dims = round(d_head * rope["partial_rotary_factor"])
+    rope |= longrope_section(meta, dims, config["max_position_embeddings"], original)
+    config["rope_parameters"] = rope
+    window = meta.count("attention.sliding_window", 0, lo=0)
     return {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "hidden_act": "silu",
             **config, "original_max_position_embeddings": original,
             "sliding_window": window or None}  # fmt: skip
@@ -294,8 +321,11 @@ def gemma2(meta: Meta) -> dict[str, Any]:
 
 def gemma3(meta: Meta) -> dict[str, Any]:
     config = _gemma_base(meta, "gemma3_text", "Gemma3ForCausalLM")
-    full = _rope(meta, config["head_dim"])
-    local = {**full, "rope_theta": float32_value(meta.number("rope.freq_base_swa", 10000.0))}
+    full = _rope(meta, config["head_dim"])  # llama.cpp scales the global layers only
+    local = {
+        "rope_type": "default",
+        "rope_theta": float32_value(meta.number("rope.freq_base_swa", 10000.0)),
+    }
     n_layer, window = config["num_hidden_layers"], meta.count("attention.sliding_window", 0, lo=0)
     layer_types = _layer_types(meta, n_layer, 6) if window else ["full_attention"] * n_layer
     softcap = meta.number("final_logit_softcapping", None)

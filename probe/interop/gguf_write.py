@@ -19,6 +19,9 @@ What llama.cpp cannot say, and how the file still computes the same function:
   halves of a head, so q and k rows are permuted per head, as llama.cpp's converter does (the
   inverse of `gguf_archs.unpermute_rotary`).
 - Per-head gates other than 1 (a masked model) are folded into the output projection.
+- Rotary scaling as llama.cpp's converter writes it (`gguf_rope`): linear and yarn as metadata,
+  llama3 as the tensor `rope_freqs.weight`; the kinds llama.cpp's llama cannot compute
+  (dynamic, longrope, ntk) are refused.
 
 The tokenizer is carried over from the checkpoint's tokenizer.json: byte-level BPE vocabularies
 (`tokenizer.ggml.model = "gpt2"`), with the pre-tokenizer named as llama.cpp knows it.
@@ -34,6 +37,8 @@ import torch
 
 from probe.errors import ProbeError, optional
 from probe.files import publish, temporary_beside
+from probe.interop.gguf_rope import add_scaling
+from probe.interop.gguf_rope import check_exportable as check_scaling
 from probe.interop.tokenizer import _FAMILIES, _GPT2, bytes_to_unicode
 from probe.model import Transformer
 
@@ -80,9 +85,10 @@ def check_exportable(model: Transformer, model_type: str) -> None:
     if cfg.qk_norm or cfg.sliding_window is not None or cfg.qkv_bias or cfg.bias:
         raise ProbeError("GGUF export writes plain Llama layers; this model has QK-norm, a "
                          "sliding window or biases. Use --format hf.")  # fmt: skip
-    if cfg.rope_linear_factor != 1.0 or cfg.rope_fraction != 1.0:
-        raise ProbeError("GGUF export writes the plain rotary embedding; this model scales or "
-                         "cuts it. Use --format hf.")  # fmt: skip
+    if cfg.rope_fraction != 1.0:
+        raise ProbeError("GGUF export writes a rotary over whole heads; this model rotates "
+                         f"{cfg.rope_fraction} of each. Use --format hf.")  # fmt: skip
+    check_scaling(cfg.rope_scaling)
 
 
 def _permute(weight: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -182,7 +188,10 @@ def export_gguf(
         writer.add_rope_dimension_count(cfg.d_head)
         writer.add_rope_freq_base(cfg.rope_base)
         writer.add_layer_norm_rms_eps(cfg.ln_eps)
+        extra = add_scaling(writer, cfg.rope_base, cfg.d_head, cfg.rope_scaling)
         _add_vocab(writer, vocab)
+        for gguf_name, array in extra.items():  # llama3's rope_freqs: float32, as the converter
+            writer.add_tensor(gguf_name, array)
         for gguf_name, tensor in _tensors(model, plan).items():
             keep = torch.float32 if tensor.dim() == 1 else dtype  # norms stay float32
             array, raw = _array(tensor, keep)

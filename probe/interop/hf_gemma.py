@@ -8,8 +8,8 @@ attention, tied output. Gemma: pre-norm. Gemma 2: a norm before and after attent
 post_feedforward_layernorm are probe's ln_attn / ln_attn_out / ln_ffn / ln_ffn_out), scores
 scaled by 1/sqrt(query_pre_attn_scalar), soft-capped attention and output logits, sliding-window
 layers where `layer_types` says (transformers' one mask rule, probe.model.mask). Gemma 3: as
-Gemma 2 with an RMSNorm (1 + w) on each head's q and k, its own rotary base on the sliding
-layers, linear rotary scaling on the global ones (the 4B and larger models), and no attention
+Gemma 2 with an RMSNorm (1 + w) on each head's q and k, one rotary per layer type (its own base
+on the sliding layers; the 4B and larger scale the global ones linearly), and no attention
 soft-capping (transformers 5.24 reads `attn_logit_softcapping` but never applies it, so neither
 does probe). A multimodal Gemma 3 (`gemma3`) imports as its text model: `text_config` and the
 language model's weights (the vision tower is left out), without the final soft-capping, which
@@ -28,14 +28,17 @@ import torch
 from probe.config import FFN, PE, Arch, ModelConfig, Norm, NormType
 from probe.errors import ProbeError
 from probe.interop.families import (
+    LAYER_TYPES,
     LLAMA_NORMS,
     llama_names,
     renamed,
     same_tied_head,
     tied_output,
     uniform_shape,
+    windows,
 )
 from probe.interop.fields import Fields
+from probe.interop.hf_rope import read_rotary, rotary_to_hf
 
 MODEL_TYPES = ("gemma", "gemma2", "gemma3_text", "gemma3")
 # source tensors probe may leave unused: a tied lm_head, rotary frequencies of older files, and
@@ -62,48 +65,17 @@ DEFAULTS = {
 }  # fmt: skip
 ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
                  "gemma3_text": "Gemma3ForCausalLM"}  # fmt: skip
-KINDS = ("full_attention", "sliding_attention")
 
 
-def _rope(section: Fields, theta: float, what: str) -> tuple[float, float]:
-    """(rotary base, linear factor) of a rope section: the plain rotary embedding or its linear
-    scaling; any other variant is refused by name."""
-    kind_key = "rope_type" if section.has("rope_type") else "type"
-    kind = section.name(kind_key, "default")
-    if kind not in ("default", "linear"):
-        section.refuse(kind_key, kind, f"this rotary scaling is not implemented in probe's "
-                       f"{what}, which computes rope_type 'default' and 'linear'.")  # fmt: skip
-    factor = section.number("factor") if kind == "linear" else 1.0
-    theta = section.number("rope_theta", theta)
-    if not theta > 1 and section.has("rope_theta"):
-        section.fail("rope_theta", "a number greater than 1 (usually 10000)", theta)
-    return theta, factor
-
-
-def _rotary(hf: Fields, kind: str) -> tuple[float, float, float | None]:
-    """(global base, linear factor of the global layers, base of the sliding layers or None)."""
+def _rotary(hf: Fields, kind: str, context: int) -> dict:
+    """The rotary ModelConfig keywords (probe.interop.hf_rope.read_rotary): Gemma and Gemma 2
+    one section; Gemma 3 one per layer type, its global base from `rope_theta` and its local
+    one from `rope_local_base_freq` where the sections do not say."""
     d = DEFAULTS[kind]
-    theta = hf.number("rope_theta", d["rope_theta"])
-    if kind != "gemma3_text":  # one rotary for every layer: as transformers, a non-empty
-        section = hf.section("rope_scaling")  # rope_scaling replaces rope_parameters whole
-        if not section.data:
-            section = hf.section("rope_parameters")
-        return (*_rope(section, theta, "Gemma"), None)
-    params = hf.section("rope_parameters")  # Gemma 3: one section per layer type
-    if params.data and not any(params.has(k) for k in KINDS):
-        hf.fail("rope_parameters", "a mapping of full_attention and sliding_attention", params.data)
-    full = params.section("full_attention")
-    if hf.section("rope_scaling").data:  # older files: it scales the global layers
-        full = Fields({**full.data, **hf.section("rope_scaling").data}, hf.label, "rope_scaling.")
-    theta, factor = _rope(full, theta, "Gemma 3")
-    local = params.section("sliding_attention")
-    local_theta, local_factor = _rope(
-        local, hf.number("rope_local_base_freq", d["rope_local_base_freq"]), "Gemma 3"
-    )
-    if local_factor != 1.0:
-        local.refuse("rope_type", "linear", "linear rotary scaling of the sliding-window layers "
-                     "is not implemented in probe (only of the global layers).")  # fmt: skip
-    return theta, factor, local_theta
+    if kind != "gemma3_text":
+        return read_rotary(hf, context, theta=d["rope_theta"])
+    local = hf.number("rope_local_base_freq", d["rope_local_base_freq"])
+    return read_rotary(hf, context, theta=d["rope_theta"], local_theta=local, nested=True)
 
 
 def _windows(hf: Fields, kind: str, n_layer: int) -> tuple[int | None, tuple[int, ...] | None]:
@@ -112,22 +84,11 @@ def _windows(hf: Fields, kind: str, n_layer: int) -> tuple[int | None, tuple[int
     Gemma 2, as transformers fills them in)."""
     if kind == "gemma":
         return None, None
-    types = hf.raw("layer_types")
-    if types is None:
-        pattern = DEFAULTS[kind]["sliding_window_pattern"]
-        if kind == "gemma3_text":
-            pattern = hf.integer("sliding_window_pattern", pattern)
-        types = ["sliding_attention" if (i + 1) % pattern else "full_attention"
-                 for i in range(n_layer)]  # fmt: skip
-    if not isinstance(types, list) or len(types) != n_layer or any(t not in KINDS for t in types):
-        hf.fail("layer_types", f"a list of {n_layer} of {', '.join(KINDS)}", types)
-    layers = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
-    if not layers:
-        return None, None
-    if "sliding_window" in hf and hf.get("sliding_window") is None:  # transformers fails too
-        hf.fail("sliding_window", "a positive integer (layer_types has sliding layers)", None)
-    window = hf.integer("sliding_window", DEFAULTS[kind]["sliding_window"])
-    return window, None if len(layers) == n_layer else layers
+    pattern = DEFAULTS[kind]["sliding_window_pattern"]
+    if kind == "gemma3_text":
+        pattern = hf.integer("sliding_window_pattern", pattern)
+    types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n_layer)]
+    return windows(hf, n_layer, types, DEFAULTS[kind]["sliding_window"])
 
 
 def _cap(hf: Fields, key: str, default: float | None) -> float | None:
@@ -169,8 +130,11 @@ def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> Mode
     if n_head % n_kv_head:
         hf.fail("num_key_value_heads", f"a divisor of num_attention_heads ({n_head})", n_kv_head)
     n_layer = hf.integer("num_hidden_layers", d["num_hidden_layers"])
-    theta, factor, local_theta = _rotary(hf, kind)
+    context = hf.integer("max_position_embeddings", d["max_position_embeddings"])
+    rotary = _rotary(hf, kind, context)
     window, window_layers = _windows(hf, kind, n_layer)
+    if window is None:  # no layer slides: the local rotary is no layer's
+        rotary = {k: v for k, v in rotary.items() if not k.startswith("rope_local")}
     later = kind != "gemma"  # Gemma 2 and 3
     capped = later and not multimodal  # Gemma3ForConditionalGeneration does not soft-cap
     return ModelConfig(
@@ -188,10 +152,8 @@ def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> Mode
         norm_offset=1.0,
         norm_gain_float32=True,
         pe=PE.ROPE,
-        rope_base=theta,
-        rope_linear_factor=factor,
-        rope_local_base=local_theta if window is not None else None,
-        max_len=hf.integer("max_position_embeddings", d["max_position_embeddings"]),
+        **rotary,
+        max_len=context,
         bias=False,
         qkv_bias=False,
         tie_embeddings=tied_output(top, names, default=True),
@@ -254,12 +216,6 @@ def _kind(cfg: ModelConfig) -> str:
     return "gemma3_text" if cfg.qk_norm else "gemma2"
 
 
-def _rope_section(base: float, factor: float) -> dict:
-    if factor == 1.0:
-        return {"rope_type": "default", "rope_theta": base}
-    return {"rope_type": "linear", "factor": factor, "rope_theta": base}
-
-
 def _integral(x: float) -> float | int:
     """An integral number as an int (transformers' config classes type the key as one)."""
     return int(x) if float(x).is_integer() else x
@@ -294,13 +250,13 @@ def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]
         "hidden_act" if kind == "gemma" else "hidden_activation": "gelu_pytorch_tanh",
         "max_position_embeddings": cfg.max_len,
         "rms_norm_eps": cfg.ln_eps,
-        "rope_parameters": _rope_section(cfg.rope_base, cfg.rope_linear_factor),
+        "rope_parameters": rotary_to_hf(cfg, nested=kind == "gemma3_text"),
         "attention_bias": False,
         "attention_dropout": 0.0,
         "tie_word_embeddings": cfg.tie_embeddings,
     }
     if kind != "gemma":
-        types = [KINDS[cfg.window(i) is not None] for i in range(cfg.n_layer)]
+        types = [LAYER_TYPES[cfg.window(i) is not None] for i in range(cfg.n_layer)]
         hf |= {
             "query_pre_attn_scalar": _integral(cfg.scale_dim or cfg.d_head),
             # transformers builds the sliding mask even where no layer uses it: any size will do
@@ -308,11 +264,5 @@ def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]
             "layer_types": types,
             "final_logit_softcapping": cfg.final_softcap,
             "attn_logit_softcapping": cfg.attn_softcap,
-        }
-    if kind == "gemma3_text":
-        local = cfg.rope_local_base if cfg.rope_local_base is not None else cfg.rope_base
-        hf["rope_parameters"] = {
-            "full_attention": hf["rope_parameters"],
-            "sliding_attention": _rope_section(local, 1.0),
         }
     return hf, {name: state[p] for name, p in _names(cfg).items()}

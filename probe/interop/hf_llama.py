@@ -7,6 +7,7 @@ Mistral, Qwen2 and Qwen3 (`_window`), and Qwen3's RMSNorm on each head's q and k
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 
@@ -21,6 +22,7 @@ from probe.interop.families import (
     uniform_shape,
 )
 from probe.interop.fields import Fields
+from probe.interop.hf_rope import read_rotary, rotary_to_hf
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # source tensors probe may leave unused: the rotary frequencies of older files, a tied lm_head,
@@ -30,39 +32,29 @@ IGNORED = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq", r"lm_head\.we
 
 
 def rope(
-    hf: Fields, family_name: str = "Llama family", partial: bool = False
-) -> tuple[float, float]:
-    """(rotary base, fraction of each head it rotates); any rotary variant but the plain one is
-    refused by name, and so is a partial rotary unless the family has one (`partial`, Phi-3:
-    `partial_rotary_factor` in `rope_parameters`, else at the top level). transformers 5 writes
-    `rope_parameters`, older files `rope_theta` and `rope_scaling` at the top level; a non-empty
-    `rope_scaling` replaces `rope_parameters` whole, as transformers 5.24 reads them."""
-    theta = hf.number("rope_theta", 10000.0)
+    hf: Fields,
+    context: int,
+    family_name: str = "Llama family",
+    partial: bool = False,
+    **how: Any,
+) -> dict[str, Any]:
+    """The rotary ModelConfig keywords (base, scaling, rotated fraction) of a config whose model
+    has `context` positions (probe.interop.hf_rope.read_rotary, which `how` is passed to); a
+    partial rotary is refused unless the family has one (`partial`, Phi-3:
+    `partial_rotary_factor` in the rotary section, else at the top level)."""
     fraction = hf.number("partial_rotary_factor", 1.0) if partial else 1.0
     section = hf.section("rope_scaling")
     if not section.data:
         section = hf.section("rope_parameters")
-    kind_key = "rope_type" if section.has("rope_type") else "type"
-    kind = section.name(kind_key, "default")
-    if kind != "default":
-        section.refuse(
-            kind_key,
-            kind,
-            "this rotary scaling is not implemented in probe, "
-            "which computes the plain rotary embedding (rope_type 'default').",
-        )
     factor = section.raw("partial_rotary_factor")
     if partial:
         fraction = section.number("partial_rotary_factor", fraction)
     elif factor is not None and section.number("partial_rotary_factor") != 1.0:
         section.refuse("partial_rotary_factor", factor, "rotary embedding on part of each "
                        f"head is not implemented in probe's {family_name}.")  # fmt: skip
-    theta = section.number("rope_theta", theta)
-    if not theta > 1:
-        hf.fail("rope_theta", "a number greater than 1 (usually 10000)", theta)
     if not fraction <= 1:
         hf.fail("partial_rotary_factor", "a number in (0, 1]", fraction)
-    return theta, fraction
+    return {**read_rotary(hf, context, partial=True, **how), "rope_fraction": fraction}
 
 
 def _window(hf: Fields) -> tuple[int | None, tuple[int, ...] | None]:
@@ -112,6 +104,7 @@ def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> Mode
     if not hf.has("head_dim") and not qwen3:  # Qwen3Config's head_dim defaults to 128
         hf.divides("hidden_size", "num_attention_heads")
     window, window_layers = _window(hf)
+    context = hf.integer("max_position_embeddings", 2048)
     return ModelConfig(
         arch=Arch.DECODER,
         vocab_size=hf.integer("vocab_size"),
@@ -125,8 +118,8 @@ def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> Mode
         norm=Norm.PRE,
         norm_type=NormType.RMS,
         pe=PE.ROPE,
-        rope_base=rope(hf)[0],
-        max_len=hf.integer("max_position_embeddings", 2048),
+        max_len=context,
+        **rope(hf, context),
         bias=False,
         qkv_bias=qkv_bias,
         tie_embeddings=tied_output(hf, names, default=False),
@@ -153,13 +146,16 @@ def to_probe(state: Mapping, cfg: ModelConfig, where: str) -> Iterator[tuple[str
     yield from renamed(state, llama_names(cfg), where)
 
 
-def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]:
+def to_hf(
+    state: dict[str, torch.Tensor], cfg: ModelConfig, family_name: str = "Llama"
+) -> tuple[dict, dict]:
     shape = uniform_shape(cfg)
     if isinstance(shape, str):
         raise ProbeError(
-            f"This pruned model cannot be written as a Hugging Face Llama: {shape}, but its "
-            "config.json has one head count for every layer. Prune with `probe prune --uniform` "
-            "(the same number of heads, or groups, in every layer) to make it exportable."
+            f"This pruned model cannot be written as a Hugging Face {family_name}: {shape}, but "
+            "its config.json has one head count for every layer. Prune with `probe prune "
+            "--uniform` (the same number of heads, or groups, in every layer) to make it "
+            "exportable."
         )
     n_q, n_kv = shape
     weights = {hf: state[p] for hf, p in llama_names(cfg).items()}
@@ -176,7 +172,7 @@ def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]
         "hidden_act": "silu",
         "max_position_embeddings": cfg.max_len,
         "rms_norm_eps": cfg.ln_eps,
-        "rope_theta": cfg.rope_base,
+        "rope_parameters": rotary_to_hf(cfg),
         "attention_bias": bool(cfg.qkv_bias),
         "mlp_bias": False,
         "tie_word_embeddings": cfg.tie_embeddings,

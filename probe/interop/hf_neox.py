@@ -7,6 +7,7 @@ export), biases on every linear layer, exact GELU, untied output `embed_out`."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 
@@ -14,6 +15,7 @@ from probe.config import FFN, PE, Arch, ModelConfig, Norm
 from probe.errors import ProbeError
 from probe.interop.families import refuse_unimplemented, renamed, require, same_tied_head
 from probe.interop.fields import Fields
+from probe.interop.hf_rope import read_rotary, rotary_to_hf
 
 MODEL_TYPES = ("gpt_neox",)
 # source tensors probe may leave unused: the causal-mask and rotary buffers of older files, an
@@ -34,25 +36,14 @@ HEADS = (
 PRUNED_EXPORT = "a GPT-NeoX config has no head size (it is hidden_size / num_attention_heads)."
 
 
-def rope_parameters(hf: Fields) -> Fields:
-    """The rotary section transformers 5.24 reads: `rope_scaling` when it is a non-empty
-    mapping, else `rope_parameters`; any rotary type but the plain one refused by name."""
+def _rotary(hf: Fields, d_head: int, context: int) -> dict[str, Any]:
+    """The rotary ModelConfig keywords as GPTNeoXConfig reads them: the rotary section's
+    values (probe.interop.hf_rope.read_rotary), else the old top-level `rotary_emb_base` and
+    `rotary_pct` (10000 and 0.25 when absent)."""
+    rotary = read_rotary(hf, context, theta=hf.number("rotary_emb_base", 10000.0), partial=True)
     section = hf.section("rope_scaling")
     if not section.data:
         section = hf.section("rope_parameters")
-    kind_key = "rope_type" if section.has("rope_type") else "type"
-    kind = section.name(kind_key, "default")
-    if kind != "default":
-        section.refuse(kind_key, kind, "this rotary scaling is not implemented in probe, which "
-                       "computes the plain rotary embedding (rope_type 'default').")  # fmt: skip
-    return section
-
-
-def _rotary(hf: Fields, d_head: int) -> tuple[float, float]:
-    """(base, fraction) as GPTNeoXConfig reads them: the rotary section's values, else the old
-    top-level `rotary_emb_base` and `rotary_pct` (10000 and 0.25 when absent)."""
-    section = rope_parameters(hf)
-    base = section.number("rope_theta", hf.number("rotary_emb_base", 10000.0))
     fraction = section.number("partial_rotary_factor", hf.number("rotary_pct", 0.25))
     key = "rope_parameters.partial_rotary_factor" if section.has("partial_rotary_factor") else (
         "rotary_pct")  # fmt: skip
@@ -63,9 +54,7 @@ def _rotary(hf: Fields, d_head: int) -> tuple[float, float]:
             "each head; probe's rotary embedding needs an even number of them, at least 2 and at "
             "most the head size."
         )
-    if not base > 1:
-        hf.fail("rope_theta", "a number greater than 1 (usually 10000)", base)
-    return base, fraction
+    return {**rotary, "rope_fraction": fraction}
 
 
 def _head(names: set[str] | None) -> str | None:
@@ -85,7 +74,8 @@ def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> Mode
     if hf.has("head_dim") and hf.integer("head_dim") != d_head:
         why = f"GPT-NeoX's heads are hidden_size / num_attention_heads = {d_head} wide."
         hf.refuse("head_dim", hf.raw("head_dim"), f"{why} Another head_dim is not implemented.")
-    base, fraction = _rotary(hf, d_head)
+    context = hf.integer("max_position_embeddings", 2048)
+    rotary = _rotary(hf, d_head, context)
     tied = hf.flag("tie_word_embeddings", False)
     if not tied and names is not None and _head(names) is None:
         raise ProbeError(f"{hf.label}: tie_word_embeddings is false but the weights hold no "
@@ -102,9 +92,8 @@ def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> Mode
         norm=Norm.PRE,
         parallel_residual=hf.flag("use_parallel_residual", True),
         pe=PE.ROPE,
-        rope_base=base,
-        rope_fraction=fraction,
-        max_len=hf.integer("max_position_embeddings", 2048),
+        **rotary,
+        max_len=context,
         bias=True,  # the MLP always has biases; without attention_bias dense's are zeros
         qkv_bias=bias,
         tie_embeddings=tied,
@@ -222,11 +211,7 @@ def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]
         "layer_norm_eps": cfg.ln_eps,
         "use_parallel_residual": cfg.parallel_residual,
         "attention_bias": True,
-        "rope_parameters": {
-            "rope_type": "default",
-            "rope_theta": cfg.rope_base,
-            "partial_rotary_factor": cfg.rope_fraction,
-        },
+        "rope_parameters": rotary_to_hf(cfg, fraction=True),
         "tie_word_embeddings": cfg.tie_embeddings,
         "attention_dropout": 0.0,
         "hidden_dropout": 0.0,

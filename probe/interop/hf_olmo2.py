@@ -22,7 +22,8 @@ from probe.interop.families import (
     tied_output,
 )
 from probe.interop.fields import Fields
-from probe.interop.hf_neox import padded, rope_parameters
+from probe.interop.hf_neox import padded
+from probe.interop.hf_rope import read_rotary, rotary_to_hf
 
 # OLMo-2's norms sit on each sub-layer's output (norm "branch")
 OLMO2_NORMS = {"post_attention_layernorm": "ln_attn_out",
@@ -42,12 +43,19 @@ PRUNED_EXPORT = (
 
 def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> ModelConfig:
     hf = Fields.of(hf, where)
+    block = keywords(hf, names)
+    return ModelConfig(**block, **read_rotary(hf, block["max_len"]))
+
+
+def keywords(hf: Fields, names: set[str] | None, family_name: str = "OLMo-2") -> dict:
+    """The ModelConfig keywords of OLMo-2's model but its rotary (which OLMo-3 reads per layer
+    type), errors naming `family_name`."""
     refuse_unimplemented(Fields({k: v for k, v in hf.data.items() if k not in OWN_KEYS},
-                                hf.label), "OLMo-2")  # fmt: skip
-    hf.choice("hidden_act", "silu", ("silu",), "OLMo-2")
+                                hf.label), family_name)  # fmt: skip
+    hf.choice("hidden_act", "silu", ("silu",), family_name)
     if hf.flag("attention_bias", False):
         hf.refuse("attention_bias", True, "biases on q, k, v and o are not implemented in "
-                  "probe's OLMo-2.")  # fmt: skip
+                  f"probe's {family_name}.")  # fmt: skip
     d_model = hf.integer("hidden_size")
     n_head = hf.integer("num_attention_heads")
     n_kv_head = hf.integer("num_key_value_heads", n_head)
@@ -55,10 +63,7 @@ def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> Mode
         hf.divides("num_attention_heads", "num_key_value_heads")
     if not hf.has("head_dim"):
         hf.divides("hidden_size", "num_attention_heads")
-    theta = rope_parameters(hf).number("rope_theta", hf.number("rope_theta", 10000.0))
-    if not theta > 1:
-        hf.fail("rope_theta", "a number greater than 1 (usually 10000)", theta)
-    return ModelConfig(
+    return dict(
         arch=Arch.DECODER,
         vocab_size=hf.integer("vocab_size"),
         n_layer=hf.integer("num_hidden_layers"),
@@ -74,7 +79,6 @@ def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> Mode
         qk_norm=True,
         qk_norm_whole=True,
         pe=PE.ROPE,
-        rope_base=theta,
         rope_float32=True,
         max_len=hf.integer("max_position_embeddings", 2048),
         bias=False,
@@ -104,7 +108,7 @@ def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]
         "hidden_act": "silu",
         "max_position_embeddings": cfg.max_len,
         "rms_norm_eps": cfg.ln_eps,
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_base},
+        "rope_parameters": rotary_to_hf(cfg),
         "attention_bias": False,
         "tie_word_embeddings": cfg.tie_embeddings,
         "attention_dropout": 0.0,

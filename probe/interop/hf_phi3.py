@@ -4,8 +4,9 @@ up in one fused `gate_up_proj` ([gate | up] rows: transformers' Phi3MLP chunks g
 on import and re-fused on export; rotary on the first `partial_rotary_factor` of each head; and
 `sliding_window` on every layer when set (Phi3Model builds transformers' sliding-window causal
 mask, the rule of Mistral). Dropouts (`resid_pdrop`, `embd_pdrop`, `attention_dropout`) act in
-training only; `original_max_position_embeddings` matters only to the longrope scaling, which
-is refused (`rope_type` 'longrope', 'su' or 'yarn')."""
+training only. The rotary is the plain one or LongRoPE (Phi-3.5, Phi-4-mini; `rope_type`
+'longrope', or 'su' and 'yarn', which Phi3Config reads as longrope), anchored at the top-level
+`original_max_position_embeddings` (4096 when absent), which wins over the section's."""
 
 from __future__ import annotations
 
@@ -26,11 +27,13 @@ from probe.interop.families import (
 )
 from probe.interop.fields import Fields
 from probe.interop.hf_llama import rope
+from probe.interop.hf_rope import rotary_to_hf
 
 FUSED = ("q", "k", "v", "gate", "up")  # Phi-3 stores these as qkv_proj and gate_up_proj
 MODEL_TYPES = ("phi3",)
 # source tensors probe may leave unused: the rotary frequencies of older files, a tied lm_head
 IGNORED = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq", r"lm_head\.weight")
+RENAMED = {"su": "longrope", "yarn": "longrope"}  # rotary kinds Phi3Config reads as longrope
 
 
 def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> ModelConfig:
@@ -45,7 +48,13 @@ def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> Mode
     if not hf.has("head_dim"):
         hf.divides("hidden_size", "num_attention_heads")
     d_head = hf.integer("head_dim", d_model // n_head)
-    theta, fraction = rope(hf, "Phi-3", partial=True)
+    context = hf.integer("max_position_embeddings", 4096)
+    original = hf.integer("original_max_position_embeddings", 4096)
+    rotary = rope(hf, context, "Phi-3", partial=True, renamed=RENAMED, top_original=original)
+    kind, fraction = rotary["rope_scaling"].kind, rotary["rope_fraction"]
+    if kind not in ("default", "longrope"):  # transformers' Phi3Config refuses the others
+        hf.refuse("rope_parameters.rope_type", kind, "Phi-3 computes rope_type 'default' or "
+                  "'longrope' (transformers refuses the others).")  # fmt: skip
     rotated = int(d_head * fraction)  # transformers' rotary width: int(head_dim * factor)
     if rotated % 2 or rotated < 2:
         why = f"it rotates {rotated} of each head's {d_head} dimensions; probe's rotary needs "
@@ -64,9 +73,8 @@ def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> Mode
         norm=Norm.PRE,
         norm_type=NormType.RMS,
         pe=PE.ROPE,
-        rope_base=theta,
-        rope_fraction=fraction,
-        max_len=hf.integer("max_position_embeddings", 4096),
+        **rotary,
+        max_len=context,
         bias=False,
         tie_embeddings=tied_output(hf, names, default=False),
         ln_eps=hf.number("rms_norm_eps", 1e-5),
@@ -119,6 +127,7 @@ def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]
             f"{list(cfg.window_layers)}, which a Phi-3 config cannot hold."
         )
     n_q, n_kv = shape
+    original = cfg.rope_scaling.original_max_position_embeddings  # longrope's (else None)
     weights = {hf: state[p] for hf, p in llama_names(cfg, fused=FUSED).items()}
     for name, parts in _fused(cfg).items():
         weights[name] = torch.cat([state[p] for p, _ in parts])  # [rows of every part, d_model]
@@ -134,13 +143,9 @@ def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]
         "head_dim": cfg.d_head,  # read by Phi3Attention; a pruned model's is not d_model / n_q
         "hidden_act": "silu",
         "max_position_embeddings": cfg.max_len,
-        "original_max_position_embeddings": cfg.max_len,
+        "original_max_position_embeddings": original or cfg.max_len,
         "rms_norm_eps": cfg.ln_eps,
-        "rope_parameters": {
-            "rope_type": "default",
-            "rope_theta": cfg.rope_base,
-            "partial_rotary_factor": cfg.rope_fraction,
-        },
+        "rope_parameters": rotary_to_hf(cfg, fraction=True),
         "partial_rotary_factor": cfg.rope_fraction,
         "sliding_window": cfg.sliding_window,
         "tie_word_embeddings": cfg.tie_embeddings,

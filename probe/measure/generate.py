@@ -3,6 +3,13 @@ choosing each next token greedily (argmax) or by sampling at a temperature with 
 `torch.Generator`. With `check`, every step is recomputed by the full forward over the whole
 sequence and must give the same logits.
 
+A rotary whose frequencies depend on the length (dynamic NTK past the model's context, LongRoPE
+at the step that crosses its original context) turns the cached keys by frequencies the next
+step would not use; that step then prefills the whole sequence again, so every step computes
+what the full forward computes at its length. (transformers keeps the cached keys of dynamic
+NTK as they were rotated, and for LongRoPE discards its cache the first time the switch is
+crossed; probe's cached logits equal its full forward's at every step instead.)
+
 A caller may pass a prepared `cache` (for instance one cut per head by a KV plan); the default is
 the model's own full cache, `model.new_cache()`.
 """
@@ -18,6 +25,7 @@ from probe.config import Arch
 from probe.errors import ProbeError
 from probe.model import Transformer
 from probe.model.cache import KVCache
+from probe.model.positional import rotary_changes
 
 CHECK_TOLERANCE = 1e-4  # float32: |cached - full| <= 1e-4 x max(1, max |full logit|)
 HALF_ULPS = 8  # bf16 / fp16: 8 machine epsilons of the dtype (bf16 0.0625, fp16 0.0078) x scale
@@ -170,7 +178,11 @@ def generate(
             progress(step, max_new_tokens)
         if step == max_new_tokens or (eos is not None and bool(done.all())):
             break
-        logits = model(nxt, cache=cache)  # [batch, 1, vocab]
+        if rotary_changes(model, seq.shape[1] - 1, seq.shape[1]):  # dynamic, longrope
+            cache.clear()  # its keys turned by other frequencies: prefill the whole sequence
+            logits = model.logits(model.features(seq, cache=cache)[:, -1:])  # [batch, 1, vocab]
+        else:
+            logits = model(nxt, cache=cache)  # [batch, 1, vocab]
         if check:
             _compare(model, seq, logits, step, cache.plan)
     return seq

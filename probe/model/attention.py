@@ -135,13 +135,8 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             self.q_norm = make_norm(cfg, n_q_rows * self.d_head if self.whole_qk else self.d_head)
             self.k_norm = make_norm(cfg, n_k_rows * self.d_head if self.whole_qk else self.d_head)
-        self.rotary = None
-        if cfg.pe == PE.ROPE and not site.cross:
-            local = site.window is not None and cfg.rope_local_base is not None
-            if local:
-                self.rotary = Rotary(cfg, cfg.rope_local_base)
-            else:
-                self.rotary = Rotary(cfg, cfg.rope_base, cfg.rope_linear_factor)
+        rotary = None if site.cross else cfg.rotary(site.index)
+        self.rotary = None if rotary is None else Rotary(cfg, *rotary)
         self.softcap = cfg.attn_softcap
         self.scale_dim = cfg.scale_dim if cfg.scale_dim is not None else self.d_head
         score_biases = {PE.ALIBI: ALiBi, PE.T5: T5Bias, PE.FIRE: FIRE}

@@ -115,6 +115,11 @@ class KVCache:
         rules = rules or [None] * n_sites
         return cls([SiteCache(rule=rule) for rule in rules], plan)
 
+    def clear(self) -> None:
+        """Forget every cached token (the sites keep their rules), to be filled again."""
+        self.sites = [SiteCache(rule=site.rule) for site in self.sites]
+        self.positions, self.key_mask, self._masked = None, None, False
+
     @property
     def length(self) -> int:
         """Tokens cached so far."""

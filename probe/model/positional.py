@@ -21,7 +21,7 @@ from torch import nn
 
 from probe.config import PE, ModelConfig
 from probe.errors import ProbeError
-from probe.model.rope_kinds import KINDS, RopeScaling
+from probe.rope import KINDS, RopeScaling
 
 
 def sinusoidal_table(positions: torch.Tensor, d_model: int) -> torch.Tensor:
@@ -66,41 +66,64 @@ class InputPositions(nn.Module):
 
 
 class Rotary(nn.Module):
-    """Rotary embedding on the first `rotary_dims` dimensions of each head (GPT-NeoX layout)."""
+    """Rotary embedding on the first `rotary_dims` dimensions of each head (GPT-NeoX layout),
+    with the frequencies and attention factor of its scaling kind (probe.rope.KINDS). The kinds
+    whose frequencies depend on the length (dynamic, longrope) recompute them from each input's
+    longest position, as transformers does within one forward."""
 
-    def __init__(self, cfg: ModelConfig, base: float | None = None, factor: float = 1.0) -> None:
+    def __init__(
+        self, cfg: ModelConfig, base: float | None = None, scaling: RopeScaling | None = None
+    ) -> None:
         super().__init__()
         self.dims = cfg.rotary_dims
         self.base = cfg.rope_base if base is None else base
+        self.scaling = cfg.rope_scaling if scaling is None else scaling
         self.float32 = cfg.rope_float32  # rotate in float32, round once (OLMo-2)
-        self.factor = factor  # linear scaling: the frequencies / factor, as transformers divides
-        self.register_buffer("inv_freq", self._inv_freq(), persistent=False)
+        inv_freq, self.attention = self._frequencies()
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # [dims/2]
 
-    def _inv_freq(self, device: torch.device | None = None) -> torch.Tensor:
-        """The frequencies of rotary kind default (linear with a factor), computed as
+    def _frequencies(
+        self, device: torch.device | None = None, length: int | None = None
+    ) -> tuple[torch.Tensor, float]:
+        """(inv_freq [dims/2], attention factor) at `length` (None: as loaded), computed as
         transformers computes them (on the default device, as it does) and moved to `device`."""
-        scaling = RopeScaling() if self.factor == 1.0 else RopeScaling("linear", self.factor)
-        inv_freq, _ = KINDS[scaling.kind](self.base, self.dims, scaling)  # [dims/2]
-        return inv_freq if device is None else inv_freq.to(device)
+        inv_freq, attention = KINDS[self.scaling.kind](self.base, self.dims, self.scaling, length)
+        return (inv_freq if device is None else inv_freq.to(device)), attention
 
     def _apply(self, fn, recurse: bool = True):
         """Moving or casting the model (`.to(bf16)`, `to_empty`) recomputes the frequencies on
         the new device in float32: rounded to bf16 they would turn positions past a few
         hundred into the wrong angles."""
         super()._apply(fn, recurse)
-        self.inv_freq = self._inv_freq(self.inv_freq.device)  # [dims/2]
+        self.inv_freq, _ = self._frequencies(self.inv_freq.device)  # [dims/2]
         return self
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x [batch, head, seq, d_head], positions [batch, seq] -> rotated x, same shape."""
-        angles = positions.float().unsqueeze(-1) * self.inv_freq  # [batch, seq, dims/2]
+        inv_freq, attention = self.inv_freq, self.attention  # [dims/2]
+        if self.scaling.by_length and positions.numel():
+            inv_freq, attention = self._frequencies(x.device, int(positions.max()) + 1)
+        angles = positions.float().unsqueeze(-1) * inv_freq  # [batch, seq, dims/2]
         dtype = torch.float32 if self.float32 else x.dtype  # where the products are rounded
-        cos = angles.cos().unsqueeze(1).to(dtype)  # [batch, 1, seq, dims/2]
-        sin = angles.sin().unsqueeze(1).to(dtype)  # [batch, 1, seq, dims/2]
+        cos = (angles.cos() * attention).unsqueeze(1).to(dtype)  # [batch, 1, seq, dims/2]
+        sin = (angles.sin() * attention).unsqueeze(1).to(dtype)  # [batch, 1, seq, dims/2]
         half = self.dims // 2
         x1, x2, rest = x[..., :half], x[..., half : self.dims], x[..., self.dims :]
         rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
         return torch.cat([rotated, rest], dim=-1)
+
+
+def rotary_changes(model: nn.Module, before: int, after: int) -> bool:
+    """Whether any rotary of `model` turns positions by other frequencies at length `after`
+    than at `before` (only the length-dependent kinds can): keys cached at `before` were then
+    rotated by frequencies a forward at `after` would not use."""
+    for module in model.modules():
+        if isinstance(module, Rotary) and module.scaling.by_length:
+            old, old_factor = module._frequencies(length=before)
+            new, new_factor = module._frequencies(length=after)
+            if old_factor != new_factor or not torch.equal(old, new):
+                return True
+    return False
 
 
 class PerHead:

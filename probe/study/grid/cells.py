@@ -32,7 +32,7 @@ LATER_FIELDS = {
               "head_transform", "head_bias", "sliding_window", "window_layers", "norm_offset",
               "norm_gain_float32", "parallel_residual", "rope_local_base", "qk_norm_whole",
               "scale_dim", "attn_softcap", "final_softcap", "rope_float32",
-              "rope_linear_factor"),
+              "rope_scaling", "rope_local_scaling", "nope_layers"),
 }  # fmt: skip
 # fields renamed since: keyed under their first name, so the cells keep their keys
 RENAMED = {"model": {"kept_heads": "heads"}}

@@ -77,6 +77,8 @@ class HeadPlan(Plan):
     def _unit(self, index: int, key: str, kind: str, options: dict,
               given: dict | None = None) -> HeadStep:  # fmt: skip
         doc = {"model": self.digest, "text": asdict(self.study.text), "step": options}
+        if self.study.rope_scaling is not None:  # none keeps the hashes steps had before
+            doc["rope_scaling"] = self.study.rope_scaling.to_dict()
         if self.runtime.dtype is not None:  # the weights' own dtype keeps the hashes it had
             doc["dtype"] = dtype_name(self.runtime.dtype)
         text = json.dumps(doc, sort_keys=True, default=str)
@@ -130,8 +132,15 @@ class HeadPlan(Plan):
         return {
             "study": study.name, "kind": "heads", "file": study.where, "smoke": study.is_smoke,
             "source": study.source, "source_path": str(self.path), "source_sha256": self.digest,
+            "rope_scaling": _rope_record(study),
             **run, "packages": bundles, "threads": threads, "wall_s": wall_s, "steps": steps,
         }  # fmt: skip
+
+
+def _rope_record(study: HeadStudy) -> dict[str, Any] | None:
+    """The rotary scaling the model ran with instead of its own, as the study file gives it
+    (a context it leaves out is the model's max_position_embeddings); None: its own."""
+    return None if study.rope_scaling is None else study.rope_scaling.to_dict()
 
 
 def _concat(tables: list[pd.DataFrame]) -> pd.DataFrame:

@@ -21,6 +21,7 @@ from probe.heal.prune import METHODS as HEAL_METHODS
 from probe.kv.plan import HEAD_METHODS
 from probe.pruning.curves import CURVE_EXTRAS
 from probe.pruning.importance import Method
+from probe.rope_experiment import RopeRequest
 from probe.study.heads.checks import check_source, check_text, check_values
 from probe.study.heads.steps import TABLES
 from probe.study.heads.study import (
@@ -133,7 +134,7 @@ def _methods(sections: dict[str, Any]) -> dict[str, tuple[str, ...]]:
 
 def parse_head_study(data: dict[str, Any], path: Path | None = None) -> HeadStudy:
     where, head, name = study_heading(data, path, TOP_LEVEL, STUDY_KEYS)
-    model = check_keys(data["model"], ("source",), f"{where} [model]")
+    model = check_keys(data["model"], ("source", "rope_scaling"), f"{where} [model]")
     if not isinstance(model.get("source"), str) or not model["source"]:
         raise ProbeError(
             f"{where} [model] needs a source: a bundled model (bundled:minilm), a Hugging Face "
@@ -156,6 +157,7 @@ def parse_head_study(data: dict[str, Any], path: Path | None = None) -> HeadStud
         question=str(head["question"]).strip(),
         source=model["source"],
         path=path,
+        rope_scaling=_rope_scaling(model, where),
         description=str(head.get("description", "")).strip(),
         title=str(head.get("title", "")),
         expectations=expectations,
@@ -164,6 +166,14 @@ def parse_head_study(data: dict[str, Any], path: Path | None = None) -> HeadStud
         **sections,
     )
     return check_head_study(study)
+
+
+def _rope_scaling(model: dict[str, Any], where: str) -> RopeRequest | None:
+    """[model] rope_scaling = { kind = "linear", factor = 2.0 }: checked now, completed with the
+    model's context once it is imported."""
+    if "rope_scaling" not in model:
+        return None
+    return RopeRequest.from_dict(model["rope_scaling"], f"{where} [model] rope_scaling")
 
 
 def check_head_study(study: HeadStudy) -> HeadStudy:
@@ -201,6 +211,8 @@ def head_study_dict(study: HeadStudy) -> dict[str, Any]:
         **heading_dict(study),
         "source": study.source,
     }
+    if study.rope_scaling is not None:  # absent otherwise, as in the results of older runs
+        out["rope_scaling"] = study.rope_scaling.to_dict()
     for name in SECTIONS:
         out[name] = dataclasses.asdict(getattr(study, name))
     return {**out, **verdicts_dict(study.expectations, study.contrasts)}

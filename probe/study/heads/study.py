@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from probe.rope_experiment import RopeRequest
 from probe.study.verdicts.contrast import Contrast
 from probe.study.verdicts.expect import Expectation
 
@@ -121,6 +122,9 @@ class HeadStudy:
     question: str
     source: str  # what `probe import` takes
     path: Path | None = None
+    # [model] rope_scaling: the model's rotary layers run, training-free, with this scaling
+    # instead of their own (its context, where not given, the model's max_position_embeddings)
+    rope_scaling: RopeRequest | None = None
     description: str = ""
     title: str = ""
     text: TextOptions = TextOptions()

@@ -5,6 +5,7 @@ model's files that every step's hash holds."""
 from __future__ import annotations
 
 import hashlib
+import json
 from functools import cached_property
 from pathlib import Path
 
@@ -14,6 +15,8 @@ from probe.analysis.retrieval import needle_prompts, retrieval_scores
 from probe.data.text import read_documents
 from probe.interop.importer import import_model
 from probe.measure.evaluate import text_splits_for
+from probe.model.rescale import with_rope_scaling
+from probe.rope_experiment import check_rotary
 from probe.runtime import Runtime
 from probe.study.heads.checks import check_model_fit, check_source
 from probe.study.heads.study import HeadStudy
@@ -55,8 +58,13 @@ class Subject:
 
     @cached_property
     def digest(self) -> str:
-        """sha256 of the model's files (what every step's hash holds)."""
-        return source_digest(self.path)
+        """sha256 of the model's files (what every step's hash holds), and of the rotary
+        scaling the study runs it with where it sets one: the model the steps measure."""
+        files = source_digest(self.path)
+        if self.study.rope_scaling is None:
+            return files
+        text = json.dumps([files, self.study.rope_scaling.to_dict()], sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()
 
     @property
     def workdir(self) -> Path:
@@ -70,6 +78,11 @@ class Subject:
     def imported(self):
         imported = import_model(self.path, dtype=self.runtime.dtype)  # None: the source's own
         imported.model.to(self.runtime.device)
+        request = self.study.rope_scaling
+        if request is not None:  # [model] rope_scaling: its context the model's own
+            check_rotary(imported.model.cfg, self.study.source,
+                         f"{self.study.where} [model] rope_scaling")  # fmt: skip
+            with_rope_scaling(imported.model, request.complete(imported.model.cfg.max_len))
         return imported
 
     @property

@@ -9,7 +9,9 @@ load time). The model multiplies cos and sin by the attention factor, so logits 
 square. A new kind is one `RopeKind` entry in `KINDS`.
 
 `RopeScaling` holds a kind and its own parameters, named as in a Hugging Face `rope_scaling` /
-`rope_parameters` section (`probe.interop.hf_rope` reads and writes those).
+`rope_parameters` section (`probe.interop.hf_rope` reads and writes those); `ModelConfig` holds
+one per layer type. This module is configuration: it imports torch only when frequencies are
+computed, so a configuration is checked (and the command line answers) without loading torch.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from probe.config import did_you_mean
 from probe.errors import ProbeError
+from probe.words import did_you_mean
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,63 @@ class RopeScaling:
         if kind.check is not None:
             kind.check(self)
 
+    @property
+    def plain(self) -> bool:
+        """Whether this is the unscaled rotary embedding (kind default)."""
+        return self.kind == "default"
+
+    @property
+    def by_length(self) -> bool:
+        """Whether the frequencies depend on the input's length (dynamic, longrope)."""
+        return KINDS[self.kind].by_length
+
+    def check_dims(self, dims: int) -> None:
+        """Refuse parameters that do not fit heads rotating `dims` dimensions."""
+        for name in ("short_factor", "long_factor"):
+            given = getattr(self, name)
+            if given is not None and len(given) != _pairs(dims):
+                raise ProbeError(
+                    f"rotary scaling '{name}' has {len(given)} entries; {dims} rotated dims "
+                    f"need {_pairs(dims)}, one per pair."
+                )
+        if self.kind in ("dynamic", "ntk") and dims <= 2:
+            raise ProbeError(
+                f"rotary scaling kind '{self.kind}' needs more than 2 rotated dims, got {dims}."
+            )
+
+    def describe(self) -> str:
+        """The kind and its parameters in a line: "llama3 (factor 8.0, low_freq_factor 1.0,
+        ...)"; long factor tables shortened to their length."""
+        shown = []
+        for name, value in self.to_dict().items():
+            if name != "kind":
+                shown.append(
+                    f"{name} {f'[{len(value)} values]' if isinstance(value, list) else value}"
+                )
+        return f"{self.kind} ({', '.join(shown)})" if shown else self.kind
+
+    def to_dict(self) -> dict[str, Any]:
+        """The kind and the parameters set, JSON-ready (lists for the factor tables)."""
+        values = {name: getattr(self, name) for name in PARAMETERS}
+        given = {
+            k: list(v) if isinstance(v, tuple) else v for k, v in values.items() if v is not None
+        }
+        return {"kind": self.kind, **given}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RopeScaling:
+        """The inverse of to_dict: unknown keys refused by name."""
+        if not isinstance(data, dict):
+            raise ProbeError(f"a rotary scaling must be a table, got {type(data).__name__}.")
+        known = ("kind", *PARAMETERS)
+        for key in data:
+            if key not in known:
+                raise ProbeError(
+                    f"rotary scaling has no field '{key}'.{did_you_mean(str(key), known)} "
+                    f"Fields: {', '.join(known)}."
+                )
+        return cls(**data)
+
     def resolved_factor(self) -> float:
         """`factor`, or (longrope, yarn) the model's context over the original one."""
         if self.factor is not None:
@@ -116,7 +176,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "alpha": _POSITIVE,
 }
 PARAMETERS = tuple(f.name for f in dataclasses.fields(RopeScaling) if f.name != "kind")
-Freqs = tuple[torch.Tensor, float]  # (inv_freq [pairs] float32, attention factor)
+Freqs = tuple["torch.Tensor", float]  # (inv_freq [pairs] float32, attention factor)
 
 
 def _pairs(dims: int) -> int:
@@ -127,6 +187,8 @@ def _pairs(dims: int) -> int:
 def _inv_freq(base: float | torch.Tensor, dims: int) -> torch.Tensor:
     """θ_i = 1 / base^(2i/d), rounded as transformers rounds it: the exponent 2i/d in float32
     first, then the power, then the reciprocal (base^(-i/(d/2)) is one rounding apart)."""
+    import torch
+
     exponent = torch.arange(0, dims, 2, dtype=torch.int64).to(torch.float32) / dims  # [pairs]
     return 1.0 / (base**exponent)  # [pairs]
 
@@ -155,6 +217,8 @@ def _dynamic(base: float, dims: int, s: RopeScaling, length: int | None) -> Freq
     rounded to float32 on the way. Both are followed here. (A transformers module also keeps
     the frequencies of the longest input it saw until one shorter than L comes; a function of
     the current length cannot, so a caller that wants that keeps the longest length itself.)"""
+    import torch
+
     factor, context, exponent = s.factor, s.max_position_embeddings, _ntk_exponent(dims, s.kind)
     if length is None or length <= context:
         new_base = base * ((factor * context / context) - (factor - 1)) ** exponent
@@ -178,6 +242,8 @@ def _yarn(base: float, dims: int, s: RopeScaling, length: int | None) -> Freqs:
     """YaRN (Peng et al. 2023), "NTK-by-parts": the pairs turning more than beta_fast times in
     L keep θ_i, those turning fewer than beta_slow times take θ_i / s, a linear ramp between;
     attention factor 0.1 ln s + 1, or (DeepSeek) mscale's over mscale_all_dim's."""
+    import torch
+
     factor, original = s.resolved_factor(), s.original_max_position_embeddings
     attention = s.attention_factor
     if attention is None and s.mscale and s.mscale_all_dim:
@@ -221,6 +287,8 @@ def _factor_or_context(s: RopeScaling) -> None:
 def _llama3(base: float, dims: int, s: RopeScaling, length: int | None) -> Freqs:
     """Llama 3.1: wavelengths 2π/θ_i below L / high_freq_factor are kept, those above
     L / low_freq_factor divided by s, smoothly interpolated between."""
+    import torch
+
     factor, low, high = s.factor, s.low_freq_factor, s.high_freq_factor
     original = s.original_max_position_embeddings
     inv_freq = _inv_freq(base, dims)  # [pairs]
@@ -243,11 +311,9 @@ def _llama3_check(s: RopeScaling) -> None:
 def _longrope(base: float, dims: int, s: RopeScaling, length: int | None) -> Freqs:
     """LongRoPE (Phi-3): θ_i / λ_i, λ the short factors up to L and the long ones past it (one
     table for the whole sequence); attention factor sqrt(1 + ln s / ln L)."""
-    if len(s.short_factor) != _pairs(dims):
-        raise ProbeError(
-            f"rotary scaling 'short_factor' has {len(s.short_factor)} entries; {dims} rotated "
-            f"dims need {_pairs(dims)}, one per pair."
-        )
+    import torch
+
+    s.check_dims(dims)
     factor, original = s.resolved_factor(), s.original_max_position_embeddings
     attention = s.attention_factor
     if attention is None:
@@ -277,6 +343,7 @@ class RopeKind:
     optional: tuple[str, ...] = ()  # fields with a default
     check: Callable[[RopeScaling], None] | None = None  # what its fields must satisfy together
     in_transformers: bool = True  # whether a Hugging Face config can carry it
+    by_length: bool = False  # whether its frequencies depend on the current length
     # keys transformers requires in a section even when null (then derived), written so
     hf_null_keys: tuple[str, ...] = ()
 
@@ -292,7 +359,7 @@ _YARN += ("mscale_all_dim", "attention_factor", "truncate")
 KINDS: dict[str, RopeKind] = {
     "default": RopeKind(_default),
     "linear": RopeKind(_linear, ("factor",)),
-    "dynamic": RopeKind(_dynamic, ("factor", "max_position_embeddings")),
+    "dynamic": RopeKind(_dynamic, ("factor", "max_position_embeddings"), by_length=True),
     "yarn": RopeKind(_yarn, (_L,), _YARN, _yarn_check, hf_null_keys=("factor",)),
     "llama3": RopeKind(
         _llama3, ("factor", "low_freq_factor", "high_freq_factor", _L), (), _llama3_check
@@ -302,6 +369,8 @@ KINDS: dict[str, RopeKind] = {
         ("short_factor", "long_factor", _L),
         ("factor", "max_position_embeddings", "attention_factor"),
         _longrope_check,
+        by_length=True,
     ),
     "ntk": RopeKind(_ntk, ("alpha",), in_transformers=False),
 }
+UNSCALED = RopeScaling()  # the plain rotary embedding: kind default, no parameters
