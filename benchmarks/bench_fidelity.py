@@ -5,8 +5,11 @@ For each family: tiny random configs of BERT (masked LM), GPT-2, Llama (grouped-
 attention), Mistral (sliding window of 32 keys), Qwen2, Qwen3 (QK-norm, a window on layer 1),
 Phi-3 (fused projections, partial rotary, a window of 32 keys), GPT-NeoX (Pythia's parallel
 residual and partial rotary), OLMo-2 (branch norms, QK-norm over all heads), Gemma, Gemma 2
-(soft-capping, its default window on alternate layers cut to 32 keys) and Gemma 3 (QK-norm; a
-local layer of 32 keys, then a global one), built in transformers with weights of std 0.2
+(soft-capping, its default window on alternate layers cut to 32 keys), Gemma 3 (QK-norm; a
+local layer of 32 keys, then a global one), SmolLM3 (a layer without rotary) and the rotary
+scalings real checkpoints ship with, their original context L cut to 32 so the rows are 4L long
+(Llama 3.1's llama3, Qwen2 with YaRN, Phi-3.5's LongRoPE, OLMo-3's YaRN on its full-attention
+layers beside a window of 32 keys), built in transformers with weights of std 0.2
 (logits of a few units, attention far from uniform) and the real vocabulary of the bundled
 tokenizers; and the two bundled real models, MiniLM (BERT family, all-MiniLM-L6-v2, a sentence
 encoder: its last hidden state is compared, it has no logits) and SmolLM2-135M (Llama family,
@@ -80,10 +83,16 @@ def tiny_source(kind: str, vocab: int, folder: Path) -> Path:
         model = tf.Qwen3ForCausalLM(tf.Qwen3Config(**shape, num_key_value_heads=2, head_dim=24,
                                                    use_sliding_window=True, sliding_window=32,
                                                    max_window_layers=1))  # fmt: skip
-    else:  # Phi-3: fused qkv and gate/up, rotary on half of each head, a window of 32 keys
+    elif kind == "Phi-3":  # fused qkv and gate/up, rotary on half of each head, window 32
         cfg = tf.Phi3Config(**shape, num_key_value_heads=2, partial_rotary_factor=0.5,
                             sliding_window=32)  # fmt: skip
         model = tf.Phi3ForCausalLM(cfg)
+    elif kind == "SmolLM3":  # no rotary on layer 1
+        cfg = tf.SmolLM3Config(**shape, num_key_value_heads=2, no_rope_layer_interval=2,
+                               pad_token_id=0)  # fmt: skip
+        model = tf.SmolLM3ForCausalLM(cfg)
+    else:  # a scaled rotary, its original context L = 32 (the rows are 4L long)
+        model = scaled_source(kind, shape)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() >= 2:
@@ -92,6 +101,44 @@ def tiny_source(kind: str, vocab: int, folder: Path) -> Path:
                 p.add_(0.1 * torch.randn_like(p))
     model.save_pretrained(folder / kind)
     return folder / kind
+
+
+# the scaled-rotary configs: Llama 3.1's llama3, Qwen's YaRN section, Phi-3.5's LongRoPE (factors
+# rising from 1 to 16, not its real values) and OLMo-3's YaRN on its full-attention layers
+_L = WIDTH // 4
+_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": _L,
+         "rope_theta": 1e6}  # fmt: skip
+SCALED = {
+    "Llama 3.1 (llama3 x8)": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                              "high_freq_factor": 4.0, "original_max_position_embeddings": _L,
+                              "rope_theta": 5e5},
+    "Qwen2 (YaRN x4)": _YARN,
+    "Phi-3.5 (longrope)": {"rope_type": "longrope", "rope_theta": 1e4,
+                           "short_factor": [1.0 + 0.01 * i for i in range(8)],
+                           "long_factor": [1.0 + 15 * (i / 7) ** 3 for i in range(8)]},
+    "OLMo-3 (YaRN x4 on full layers)": _YARN,
+}  # fmt: skip
+
+
+def scaled_source(kind: str, shape: dict):
+    """A transformers model of `kind` in SCALED, 4L positions long."""
+    import transformers as tf
+
+    section, long = SCALED[kind], dict(max_position_embeddings=WIDTH, num_key_value_heads=2)
+    if kind.startswith("Llama"):
+        return tf.LlamaForCausalLM(tf.LlamaConfig(**shape, **long, rope_parameters=section))
+    if kind.startswith("Qwen2"):
+        return tf.Qwen2ForCausalLM(tf.Qwen2Config(**shape, **long, rope_parameters=section))
+    if kind.startswith("Phi"):  # head_dim 16, rotary on all of it: 8 pairs
+        cfg = tf.Phi3Config(**shape, **long, rope_parameters=section,
+                            original_max_position_embeddings=_L)  # fmt: skip
+        return tf.Phi3ForCausalLM(cfg)
+    local = {"rope_type": "default", "rope_theta": 1e6}
+    cfg = tf.Olmo3Config(**shape, **long, sliding_window=32,
+                         layer_types=["sliding_attention", "full_attention"],
+                         rope_parameters={"full_attention": section,
+                                          "sliding_attention": local})  # fmt: skip
+    return tf.Olmo3ForCausalLM(cfg)
 
 
 def reference(kind: str, path: Path, dtype: torch.dtype):
@@ -174,7 +221,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for kind in ("BERT", "GPT-2", "Llama", "Mistral", "Qwen2", "Qwen3", "Phi-3", "GPT-NeoX",
-                     "OLMo-2", "Gemma", "Gemma 2", "Gemma 3"):  # fmt: skip
+                     "OLMo-2", "Gemma", "Gemma 2", "Gemma 3", "SmolLM3", *SCALED):  # fmt: skip
             tokens = text["bert" if kind == "BERT" else "decoder"]
             vocab = bert_tok.get_vocab_size() if kind == "BERT" else decoder_tok.get_vocab_size()
             path = tiny_source(kind, vocab, Path(tmp))

@@ -129,13 +129,7 @@ class RopeScaling:
         """The inverse of to_dict: unknown keys refused by name."""
         if not isinstance(data, dict):
             raise ProbeError(f"a rotary scaling must be a table, got {type(data).__name__}.")
-        known = ("kind", *PARAMETERS)
-        for key in data:
-            if key not in known:
-                raise ProbeError(
-                    f"rotary scaling has no field '{key}'.{did_you_mean(str(key), known)} "
-                    f"Fields: {', '.join(known)}."
-                )
+        check_fields(data)
         return cls(**data)
 
     def resolved_factor(self) -> float:
@@ -143,6 +137,17 @@ class RopeScaling:
         if self.factor is not None:
             return self.factor
         return self.max_position_embeddings / self.original_max_position_embeddings
+
+
+def check_fields(data: dict[str, Any]) -> None:
+    """Refuse a key of a rotary scaling table that is neither 'kind' nor a parameter."""
+    known = ("kind", *PARAMETERS)
+    for key in data:
+        if key not in known:
+            raise ProbeError(
+                f"rotary scaling has no field '{key}'.{did_you_mean(str(key), known)} "
+                f"Fields: {', '.join(known)}."
+            )
 
 
 def _number(value: Any, low: float = 0.0) -> bool:

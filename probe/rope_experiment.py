@@ -16,7 +16,7 @@ from typing import Any
 from probe.config import PE, Arch, ModelConfig, TrainConfig
 from probe.data.task_spec import Form, TaskConfig, prompt_length, sequence_length
 from probe.errors import ProbeError
-from probe.rope import KINDS, PARAMETERS, RopeScaling
+from probe.rope import KINDS, RopeScaling, check_fields
 from probe.words import did_you_mean
 
 # the context field each kind anchors at (filled from the model's training context if not given)
@@ -61,13 +61,7 @@ class RopeRequest:
         try:
             if "kind" not in table:
                 raise ProbeError(f"needs a kind ({', '.join(KINDS)}).")
-            known = ("kind", *PARAMETERS)
-            for key in table:
-                if key not in known:
-                    raise ProbeError(
-                        f"has no field '{key}'.{did_you_mean(str(key), known)} "
-                        f"Fields: {', '.join(known)}."
-                    )
+            check_fields(table)
             rest = tuple((k, v) for k, v in table.items() if k != "kind")
             return cls(table["kind"], rest)
         except ProbeError as exc:

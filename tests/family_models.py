@@ -1,4 +1,4 @@
-"""Tiny random transformers models of the families added for issue 24, saved with a word-level
+"""Tiny random transformers models of the families added since issue 24, saved with a word-level
 tokenizer: shared by the studies and the CLI walk over every family (each family's own parity,
 pruning and export tests build their own)."""
 
@@ -33,10 +33,23 @@ def tiny_config(kind: str):
         return tf.Olmo2Config(**SHAPE, num_key_value_heads=2)
     if kind == "gpt_neox":
         return tf.GPTNeoXConfig(**SHAPE, rotary_pct=0.5, bos_token_id=1, eos_token_id=2)
+    if kind == "smollm3":  # layer 1 without rotary
+        return tf.SmolLM3Config(**SHAPE, num_key_value_heads=2, no_rope_layer_interval=2,
+                                pad_token_id=0, bos_token_id=1, eos_token_id=2)  # fmt: skip
+    if kind == "olmo3":  # a window of 6 keys on layer 0; YaRN on the full layer, context 8
+        yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8,
+                "rope_theta": 10000.0}  # fmt: skip
+        return tf.Olmo3Config(**SHAPE, num_key_value_heads=2, sliding_window=6,
+                              layer_types=["sliding_attention", "full_attention"],
+                              max_position_embeddings=32, pad_token_id=0, bos_token_id=1,
+                              eos_token_id=2, rope_parameters={"full_attention": yarn,
+                              "sliding_attention": {"rope_type": "default",
+                                                    "rope_theta": 10000.0}})  # fmt: skip
     raise ValueError(kind)
 
 
-FAMILIES = ("qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "gpt_neox")
+FAMILIES = ("qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "gpt_neox", "smollm3",
+            "olmo3")  # fmt: skip
 
 
 def save_tiny(kind: str, root: Path) -> Path:
