@@ -144,7 +144,7 @@ CASES = [
     ("gpt2", {"n_inner": 12.5}, "n_inner must be a positive integer, got 12.5"),
     ("gpt2", {"n_positions": None, "n_ctx": 20}, "has no 'n_positions'"),
     ("gpt2", {"activation_function": "swish"}, "activation_function = 'swish': probe implements "
-     "gelu_new"),
+     "gelu, gelu_new, gelu_fast, gelu_pytorch_tanh, relu"),
     ("gpt2", {"layer_norm_epsilon": [1e-5]}, "layer_norm_epsilon must be a positive number"),
     ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx = True"),
     ("gpt2", {"scale_attn_weights": "yes"}, "scale_attn_weights must be true or false"),

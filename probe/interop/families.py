@@ -24,6 +24,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from types import ModuleType
 from typing import Any
 
+from probe.config import FFN
 from probe.errors import ProbeError
 from probe.interop.fields import Fields
 
@@ -115,6 +116,13 @@ def _suggestion(name: str, known: Iterable[str]) -> str:
     """' Did you mean 'x'?' when `name` is a supported model type mistyped (`_typo`), else ''."""
     close = [k for k in sorted(known) if _typo(name, k)]
     return f" Did you mean '{close[0]}'?" if len(close) == 1 else ""
+
+
+# Hugging Face activation names -> probe's FFN, one table for every family that reads one:
+# gelu_new, gelu_fast and gelu_pytorch_tanh are all GELU's tanh form (probe computes torch's)
+ACTIVATIONS = {"gelu": FFN.GELU, "gelu_new": FFN.GELU_TANH, "gelu_fast": FFN.GELU_TANH,
+               "gelu_pytorch_tanh": FFN.GELU_TANH, "relu": FFN.RELU}  # fmt: skip
+EXPORTED = {FFN.GELU: "gelu", FFN.GELU_TANH: "gelu_new", FFN.RELU: "relu"}  # the name written
 
 
 def supported() -> list[str]:

@@ -7,13 +7,18 @@ from collections.abc import Iterator, Mapping
 
 import torch
 
-from probe.config import FFN, PE, Arch, ModelConfig, Norm
+from probe.config import PE, Arch, ModelConfig, Norm
 from probe.errors import ProbeError
-from probe.interop.families import refuse_unimplemented, renamed, require_unpruned
+from probe.interop.families import (
+    ACTIVATIONS,
+    EXPORTED,
+    refuse_unimplemented,
+    renamed,
+    require_unpruned,
+)
 from probe.interop.fields import Fields
 
 MODEL_TYPES = ("bert",)
-ACTIVATIONS = {"gelu": FFN.GELU, "gelu_new": FFN.GELU_TANH, "relu": FFN.RELU}
 MLM = "cls.predictions."
 # source tensors probe leaves unused: buffers, the pooler and next-sentence head (neither feeds
 # the hidden states or the MLM logits), the MLM decoder tied to the token embedding
@@ -110,7 +115,7 @@ def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]
     if cfg.head_transform:
         weights[f"{MLM}decoder.weight"] = state["embed.weight"]
         weights[f"{MLM}decoder.bias"] = state["head.bias"]
-    act = {v: k for k, v in ACTIVATIONS.items()}[cfg.ffn]
+    act = EXPORTED[cfg.ffn]
     hf = {
         "model_type": "bert",
         "architectures": ["BertForMaskedLM" if cfg.head_transform else "BertModel"],

@@ -7,8 +7,10 @@ from collections.abc import Iterator, Mapping
 
 import torch
 
-from probe.config import FFN, PE, Arch, ModelConfig, Norm
+from probe.config import PE, Arch, ModelConfig, Norm
 from probe.interop.families import (
+    ACTIVATIONS,
+    EXPORTED,
     refuse_unimplemented,
     renamed,
     require,
@@ -18,8 +20,6 @@ from probe.interop.families import (
 from probe.interop.fields import Fields
 
 MODEL_TYPES = ("gpt2",)
-ACTIVATIONS = {"gelu_new": FFN.GELU_TANH, "gelu_pytorch_tanh": FFN.GELU_TANH, "gelu": FFN.GELU,
-               "relu": FFN.RELU}  # fmt: skip
 # source tensors probe leaves unused: the causal-mask buffers of older files, a tied lm_head
 IGNORED = (r"(transformer\.)?h\.\d+\.attn\.(masked_)?bias", r"lm_head\.weight")
 
@@ -118,7 +118,7 @@ def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]
             w[f"{h}{hf_name}.bias"] = state[f"{b}{probe_name}.bias"]
     if not cfg.tie_embeddings:
         w["lm_head.weight"] = state["head.weight"]
-    act = {FFN.GELU_TANH: "gelu_new", FFN.GELU: "gelu", FFN.RELU: "relu"}[cfg.ffn]
+    act = EXPORTED[cfg.ffn]
     hf = {
         "model_type": "gpt2",
         "architectures": ["GPT2LMHeadModel"],

@@ -11,9 +11,16 @@ from typing import Any
 
 import torch
 
-from probe.config import FFN, PE, Arch, ModelConfig, Norm
+from probe.config import PE, Arch, ModelConfig, Norm
 from probe.errors import ProbeError
-from probe.interop.families import refuse_unimplemented, renamed, require, same_tied_head
+from probe.interop.families import (
+    ACTIVATIONS,
+    EXPORTED,
+    refuse_unimplemented,
+    renamed,
+    require,
+    same_tied_head,
+)
 from probe.interop.fields import Fields
 from probe.interop.hf_rope import read_rotary, rotary_to_hf
 
@@ -23,8 +30,6 @@ MODEL_TYPES = ("gpt_neox",)
 IGNORED = (r"gpt_neox\.layers\.\d+\.attention\.(masked_)?bias",
            r"gpt_neox\.layers\.\d+\.attention\.rotary_emb\.inv_freq",
            r"embed_out\.weight", r"lm_head\.weight")  # fmt: skip
-ACTIVATIONS = {"gelu": FFN.GELU, "gelu_new": FFN.GELU_TANH, "gelu_fast": FFN.GELU_TANH,
-               "gelu_pytorch_tanh": FFN.GELU_TANH, "relu": FFN.RELU}  # fmt: skip
 # keys of other families GPT-NeoX reads otherwise (its rotary fraction) or ignores (always causal)
 OWN_KEYS = ("partial_rotary_factor", "is_decoder")
 HEADS = (
@@ -197,7 +202,7 @@ def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]
             weights[f"{h}query_key_value.bias"] = torch.zeros(3 * cfg.n_head * cfg.d_head)
     if not cfg.tie_embeddings:
         weights["embed_out.weight"] = state["head.weight"]
-    act = {FFN.GELU: "gelu", FFN.GELU_TANH: "gelu_new", FFN.RELU: "relu"}[cfg.ffn]
+    act = EXPORTED[cfg.ffn]
     hf = {
         "model_type": "gpt_neox",
         "architectures": ["GPTNeoXForCausalLM"],

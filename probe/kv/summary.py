@@ -14,10 +14,10 @@ import pandas as pd
 from scipy import stats
 
 from probe.kv.plan import HEAD_METHODS
+from probe.significance import ALPHA
 
 SAVED = 0.60  # the share of the full cache a plan must save
 KEPT = 0.95  # the share of the full cache's needle accuracy it must keep
-ALPHA = 0.05
 ORDER = ("full", "window", *HEAD_METHODS, "streaming")  # by share; a share's streaming last
 
 

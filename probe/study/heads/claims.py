@@ -13,6 +13,7 @@ import pandas as pd
 from probe.analysis.roles import ROLE_THRESHOLDS, has_role
 from probe.references import published
 from probe.report.report import MarkdownReport
+from probe.significance import ALPHA
 from probe.study.heads import evidence as ev
 from probe.study.heads import kv_claims
 from probe.study.heads.findings import Findings
@@ -20,8 +21,6 @@ from probe.study.heads.heal_report import minitron
 from probe.study.verdicts.contrast import smallest_p
 from probe.study.verdicts.stats import fmt_vs
 from probe.words import counted
-
-ALPHA = 0.05
 
 
 def _verdict(all_above: bool, none_above: bool) -> str:

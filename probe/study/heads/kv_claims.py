@@ -17,11 +17,11 @@ from scipy import stats
 
 from probe.kv.summary import KEPT
 from probe.references import published
+from probe.significance import ALPHA
 from probe.study.heads.findings import Findings
 from probe.study.verdicts.contrast import Contrast, evaluate
 from probe.study.verdicts.expect import Condition
 
-ALPHA = 0.05
 MARGIN = 0.10  # a share "about" a paper's saving saves at most this much more
 
 

@@ -40,6 +40,7 @@ from scipy import stats
 from probe.config import check_keys, did_you_mean
 from probe.errors import ProbeError
 from probe.references import published
+from probe.significance import ALPHA
 from probe.study.verdicts import summary
 from probe.study.verdicts.expect import Condition, parse_conditions, select_rows
 from probe.study.verdicts.stats import fmt_ci, fmt_vs, mean_ci
@@ -62,7 +63,6 @@ KEYS = (
 )
 EXPECT = ("higher", "lower", "similar")
 WITHIN = ("mean", "std", "max")
-ALPHA = 0.05
 FIT_AT = summary.FIT - summary.FIT_TOLERANCE  # what an arm's fit is compared with
 WITHIN_NOTE = {"mean": "", "std": " (spread over rows)", "max": " (largest over rows)"}
 

@@ -28,10 +28,10 @@ from fractions import Fraction
 import numpy as np
 import pandas as pd
 
+from probe.significance import ALPHA_EXACT as ALPHA
 from probe.study.verdicts.summary import fitted, reciprocal_ranks
 
 MIN_ARMS = 4
-ALPHA = Fraction(1, 20)
 N_BOOTSTRAP = 2000
 
 
