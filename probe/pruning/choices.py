@@ -1,12 +1,15 @@
 """What pruning offers by name: importance estimators, scopes and units (no torch).
 
 The command line checks a name it is given against these before it imports torch; the modules
-that do the work (`importance`, `heads`, `groups`) take their choices from here.
+that do the work (`importance`, `heads`, `groups`) take their choices from here, and each
+estimator's declaration (`ESTIMATORS`: its label, whether low values mark important heads,
+whether it runs data-parallel) is read by the ranking, the correlations and the plots.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 
 from probe.config import choice
@@ -21,6 +24,34 @@ class Method(StrEnum):
     CONFIDENCE = "confidence"
     ENTROPY = "entropy"
     RANDOM = "random"
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """What the rest of probe needs to know of an importance estimator."""
+
+    label: str  # how plots name it
+    low_is_important: bool = False  # its lowest values mark the heads that matter (entropy)
+    data_parallel: bool = False  # its per-head sums add over processes (torchrun)
+    gradients: bool = False  # it differentiates the loss (zero for a self-similarity encoder)
+
+
+ESTIMATORS: dict[Method, Estimator] = {
+    Method.GRADIENT: Estimator("gradient |dL/dξ| (Michel et al.)", data_parallel=True,
+                               gradients=True),
+    Method.FISHER: Estimator("Fisher (dL/dξ)² (Kwon et al.)", data_parallel=True,
+                             gradients=True),
+    Method.ABLATION: Estimator("ablation (Δ loss, gate 0)"),
+    Method.MEAN_ABLATION: Estimator("mean ablation (Δ loss)"),
+    Method.CONFIDENCE: Estimator("confidence (mean max weight)"),
+    Method.ENTROPY: Estimator("attention entropy (nats)", low_is_important=True),
+    Method.RANDOM: Estimator("random"),
+}  # fmt: skip
+
+
+def estimator(name: str) -> Estimator | None:
+    """The declaration of estimator `name` (None: a curve's own method, such as fisher+tune)."""
+    return ESTIMATORS.get(name) if name in set(Method) else None
 
 
 class Scope(StrEnum):

@@ -28,7 +28,7 @@ from probe.config import choice
 from probe.data.tasks import Batch
 from probe.errors import ProbeError
 from probe.model import Transformer
-from probe.pruning.choices import Scope  # re-exported: its old home
+from probe.pruning.choices import Scope, estimator  # Scope re-exported: its old home
 from probe.pruning.importance import head_importance
 from probe.words import counted
 
@@ -36,7 +36,6 @@ Progress = Callable[[int, int], None]  # (done, total)
 Heads = Iterable[tuple[int, int]]  # (layer, original head id) pairs
 
 # estimators whose value is LARGER for a LESS important head (entropy: a diffuse head)
-LOW_IS_IMPORTANT = frozenset({"entropy"})
 
 
 # ------------------------------------------------------------------ naming and checking
@@ -140,7 +139,8 @@ def ranking(table: pd.DataFrame) -> pd.DataFrame:
     if len(methods) != 1:
         raise ProbeError(f"A pruning plan needs one estimator's table, got {list(methods)}.")
     score = table["value"].astype(float)
-    if str(methods[0]) in LOW_IS_IMPORTANT:
+    declared = estimator(str(methods[0]))
+    if declared is not None and declared.low_is_important:
         score = -score
     out = table[["layer", "head"]].astype(int).assign(score=score.to_numpy())
     if out["score"].isna().any():

@@ -37,7 +37,7 @@ from probe.measure.batching import check_budget, micro_batches, split_batch
 from probe.measure.evaluate import batch_loss, eval_batches, features_batch
 from probe.measure.observe import AttentionStats
 from probe.model import AttentionCall, Transformer
-from probe.pruning.choices import Method, parse_methods  # re-exported: their old home
+from probe.pruning.choices import ESTIMATORS, Method, parse_methods  # re-exported: old home
 from probe.pruning.gate_gradients import gate_gradients
 from probe.training.distributed import active_world
 
@@ -231,14 +231,16 @@ def head_importance(
     """
     budget = check_budget(max_batch_tokens)
     method = choice(Method, method, "importance method")
-    if active_world().size > 1 and method not in (Method.GRADIENT, Method.FISHER):
+    declared = ESTIMATORS[method]
+    if active_world().size > 1 and not declared.data_parallel:
+        parallel = " and ".join(m for m, e in ESTIMATORS.items() if e.data_parallel)
         raise ProbeError(
-            f"importance '{method}' runs in one process; only gradient and fisher are "
+            f"importance '{method}' runs in one process; only {parallel} are "
             "data-parallel (their per-head sums are added over the processes)."
         )
     if not batches:
         raise ProbeError("Head importance needs at least one batch of data.")
-    if method in (Method.GRADIENT, Method.FISHER) and batches[0].objective == "embedding":
+    if declared.gradients and batches[0].objective == "embedding":
         raise ProbeError(
             "Gradient and Fisher importance are zero for a sentence encoder scored by "
             "similarity to its own embeddings (the loss is at its minimum before pruning); use "
@@ -276,10 +278,12 @@ def normalize_per_layer(table: pd.DataFrame) -> pd.DataFrame:
 def importance_correlations(table: pd.DataFrame) -> pd.DataFrame:
     """Spearman rank correlation between every pair of estimators over the heads they share.
 
-    Columns method, other, rho, p_value, n. Values are compared as importance (entropy negated),
-    so a positive rho always means the two estimators agree on which heads matter.
+    Columns method, other, rho, p_value, n. Values are compared as importance (negated where
+    low is important: entropy), so a positive rho always means the two estimators agree on
+    which heads matter.
     """
-    signed = table["value"].where(table["method"] != str(Method.ENTROPY), -table["value"])
+    low = [str(m) for m, e in ESTIMATORS.items() if e.low_is_important]
+    signed = table["value"].where(~table["method"].isin(low), -table["value"])
     wide = table.assign(value=signed).pivot_table(
         index=["layer", "head"], columns="method", values="value"
     )

@@ -22,6 +22,7 @@ import pandas as pd
 from scipy import stats
 
 from probe.errors import ProbeError
+from probe.pruning.choices import estimator
 from probe.report.layout import title_above
 
 METRIC_LABELS = {
@@ -39,14 +40,6 @@ METRIC_RANGES = {
     "perplexity": (1.0, math.inf),
 }
 DEFAULT_RANGE = (0.0, math.inf)  # every other metric probe writes is a share, count or loss
-METHOD_LABELS = {
-    "gradient": "gradient |dL/dξ| (Michel et al.)",
-    "ablation": "ablation (Δ loss, gate 0)",
-    "mean-ablation": "mean ablation (Δ loss)",
-    "confidence": "confidence (mean max weight)",
-    "entropy": "attention entropy (nats)",
-    "random": "random",
-}
 
 
 def _need(df: pd.DataFrame, columns: Sequence[str], what: str) -> None:
@@ -81,7 +74,9 @@ def importance_heatmap(
         part = table[table["method"] == method]
         grid = np.full((n_layer, n_head), np.nan)
         grid[part["layer"].to_numpy(int), part["head"].to_numpy(int)] = part["value"].to_numpy()
-        cmap = plt.get_cmap("viridis_r" if method == "entropy" else "viridis")
+        declared = estimator(method)
+        low = declared is not None and declared.low_is_important  # dark = important
+        cmap = plt.get_cmap("viridis_r" if low else "viridis")
         cmap = cmap.with_extremes(bad="#eeeeee")
         image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, aspect="auto")
         finite = grid[np.isfinite(grid)]
@@ -89,7 +84,7 @@ def importance_heatmap(
         if n_layer * n_head <= 256:
             for (i, j), v in np.ndenumerate(grid):
                 text = "" if np.isnan(v) else f"{v:.3g}"
-                dark = not np.isnan(v) and ((v > mid) == (method == "entropy"))
+                dark = not np.isnan(v) and ((v > mid) == low)
                 color = "white" if dark else "black"
                 ax.text(j, i, text, ha="center", va="center", fontsize=7, color=color)
         ax.set_xticks(range(n_head))
@@ -98,7 +93,7 @@ def importance_heatmap(
         ax.set_xlabel("head (original id)")
         if k % n_cols == 0:
             ax.set_ylabel("attention site" if sites is not None else "layer")
-        ax.set_title(METHOD_LABELS.get(method, method), fontsize=10)
+        ax.set_title(declared.label if declared is not None else method, fontsize=10)
         fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     fig.tight_layout()
     title_above(fig, "Head importance (brighter = more important; grey = pruned)", fontsize=11)
