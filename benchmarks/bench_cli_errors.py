@@ -29,9 +29,10 @@ from pathlib import Path
 import torch
 
 from probe.checkpoint import save_checkpoint
-from probe.config import ModelConfig, TrainConfig
+from probe.config import ModelConfig
 from probe.data.tasks import TaskConfig
 from probe.model import Transformer
+from probe.train_config import TrainConfig
 
 PROBE = [sys.executable, "-m", "probe_cli"]
 

@@ -43,9 +43,9 @@ from probe_cli.selection import (
 )
 from rich.table import Table
 
-from probe.config import choice
 from probe.data.task_spec import parse_lengths
 from probe.errors import ProbeError
+from probe.fields import choice
 from probe.files import claim_output
 from probe.measure.batching import DEFAULT_BATCH_TOKENS
 from probe.pruning.choices import Unit, parse_methods

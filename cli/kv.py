@@ -81,9 +81,9 @@ def kv_plan_cli(
     OUT/manifest.json."""
     import time
 
-    from probe.config import did_you_mean
     from probe.files import claim_output
     from probe.kv.plan import METHODS, KVPlan
+    from probe.words import did_you_mean
 
     if method not in METHODS:
         raise ProbeError(f"Unknown --method '{method}'.{did_you_mean(method, METHODS)} "

@@ -52,11 +52,12 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from rich.table import Table
 
 from probe.checkpoint_files import CHECKPOINT_FILES
-from probe.config import ModelConfig, Schedule, TrainConfig
+from probe.config import ModelConfig
 from probe.data.task_spec import TaskConfig, parse_lengths
 from probe.errors import ProbeError
 from probe.files import claim_output, open_output
 from probe.measure.batching import DEFAULT_BATCH_TOKENS
+from probe.train_config import Schedule, TrainConfig
 from probe.training.presets import with_preset
 from probe.words import counted
 

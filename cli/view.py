@@ -34,9 +34,9 @@ from probe_cli.rope import (
     rope_request,
 )
 
-from probe.config import choice
 from probe.data.task_spec import parse_lengths
 from probe.errors import ProbeError
+from probe.fields import choice
 from probe.files import claim_file
 from probe.measure.batching import DEFAULT_BATCH_TOKENS
 from probe.pruning.choices import Method

@@ -30,9 +30,10 @@ __all__ = [
 
 if TYPE_CHECKING:
     from probe.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-    from probe.config import ModelConfig, TrainConfig
+    from probe.config import ModelConfig
     from probe.errors import ProbeError
     from probe.model import Transformer
+    from probe.train_config import TrainConfig
 
 
 def __getattr__(name: str) -> Any:

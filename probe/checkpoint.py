@@ -26,7 +26,7 @@ from probe.checkpoint_files import (  # CHECKPOINT_FILES, read_config: re-export
     TOKENIZER,
     read_config,
 )
-from probe.config import ModelConfig, TrainConfig
+from probe.config import ModelConfig
 from probe.data.tasks import TaskConfig
 from probe.errors import ProbeError
 from probe.files import (  # claim_output, open_output: re-exported (their old home)
@@ -39,6 +39,7 @@ from probe.interop.tokenizer import load_tokenizer, save_tokenizer
 from probe.measure.memory import check_model
 from probe.model import Transformer
 from probe.runtime import Runtime, dtype_name, resolve_dtype
+from probe.train_config import TrainConfig
 from probe.weights import (
     WEIGHTS,
     nonfinite,

@@ -1,105 +1,31 @@
-"""Frozen, validated configuration objects.
+"""Frozen, validated configuration objects: the model's (`ModelConfig`; the training run's,
+`TrainConfig`, is in `probe.train_config`).
 
 Every choice that has more than two values is a `StrEnum`; every config has `from_dict`, which
 rejects unknown keys with a did-you-mean message and values of the wrong type by field name, and
-`to_dict`, which is JSON-ready.
+`to_dict`, which is JSON-ready (the helpers are in `probe.fields`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import re
-import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any
 
 from probe.errors import ProbeError
-from probe.fields import field_value
+from probe.fields import (  # re-exported: their old home
+    choice,
+    field_value,
+    from_dict,
+    to_dict,
+)
 from probe.rope import UNSCALED, RopeScaling
 from probe.site import Site
-from probe.words import did_you_mean
-
-E = TypeVar("E", bound=StrEnum)
-C = TypeVar("C")
 
 # the longest sliding window: transformers computes with int64 positions (a window of
 # 10**30 overflows there), and 2**40 tokens is past any context
 MAX_WINDOW = 2**40
-
-
-def choice(enum: type[E], value: Any, what: str, field: str = "") -> E:
-    """Coerce `value` to `enum`, with an error that lists the valid values (and names the config
-    field `field`, when given)."""
-    if isinstance(value, enum):
-        return value
-    try:
-        return enum(value)
-    except ValueError:
-        valid = [m.value for m in enum]
-        named = f" (field '{field}')" if field else ""
-        raise ProbeError(
-            f"Unknown {what} '{value}'{named}.{did_you_mean(str(value), valid)} "
-            f"Available: {', '.join(valid)}."
-        ) from None
-
-
-DEVICE_NAME = re.compile(r"auto|cpu|mps|cuda(:\d+)?")  # what probe.runtime.resolve_device runs on
-
-
-def check_device_name(name: Any, field: str = "device") -> str:
-    """A device name by probe.runtime's rules (auto, cpu, cuda, cuda:N; mps where torch has it),
-    checked as a name only: whether this machine has the device is asked when it is used."""
-    if not isinstance(name, str) or not DEVICE_NAME.fullmatch(name.strip().lower()):
-        raise ProbeError(f"Unknown {field} '{name!s:.60}'; use auto, cpu, cuda or cuda:N.")
-    return name
-
-
-def check_keys(table: Any, allowed: tuple[str, ...], where: str) -> dict[str, Any]:
-    """`table` itself, once it is a dict whose keys are all in `allowed` (else a ProbeError
-    naming `where`, the key and a suggestion)."""
-    if not isinstance(table, dict):
-        raise ProbeError(f"{where} must be a table, got {type(table).__name__}.")
-    for key in table:
-        if key not in allowed:
-            raise ProbeError(
-                f"{where}: unknown field '{key}'.{did_you_mean(key, list(allowed))} "
-                f"Valid fields: {', '.join(allowed)}."
-            )
-    return table
-
-
-def from_dict(cls: type[C], data: dict[str, Any], what: str) -> C:
-    """Build dataclass `cls` from `data`, rejecting unknown keys and mistyped values by name."""
-    if not isinstance(data, dict):
-        raise ProbeError(f"{what} must be a table of settings, got {type(data).__name__}.")
-    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-    for key in data:
-        if key not in names:
-            raise ProbeError(
-                f"Unknown {what} field '{key}'.{did_you_mean(str(key), names)} "
-                f"Valid fields: {', '.join(names)}."
-            )
-    hints = typing.get_type_hints(cls)
-    return cls(**{key: field_value(hints[key], key, value, what) for key, value in data.items()})
-
-
-def to_plain(value: Any) -> Any:
-    """A config value as JSON has it: enums as strings, tuples as lists, nested settings as
-    their to_dict."""
-    if isinstance(value, RopeScaling):
-        return value.to_dict()
-    if isinstance(value, StrEnum):
-        return value.value
-    if isinstance(value, tuple | list):
-        return [to_plain(x) for x in value]
-    return value
-
-
-def to_dict(obj: Any) -> dict[str, Any]:
-    """A JSON-ready dict of a config dataclass (enums as strings, tuples as lists)."""
-    return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
 
 
 class Arch(StrEnum):
@@ -150,13 +76,6 @@ class FFN(StrEnum):
     SWIGLU = "swiglu"  # down(silu(gate(x)) * up(x)) (Shazeer 2020; Llama)
     GEGLU = "geglu"  # down(gelu_tanh(gate(x)) * up(x)) (Shazeer 2020; Gemma)
     NONE = "none"  # attention-only blocks
-
-
-class Schedule(StrEnum):
-    """The learning rate over training."""
-
-    COSINE = "cosine"  # linear warm-up to lr, then cosine decay to lr * lr_min_ratio
-    PAPER = "paper"  # lr * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (the paper: lr = 1)
 
 
 @dataclass(frozen=True)
@@ -451,66 +370,6 @@ class ModelConfig:
             if factor != 1.0 and "rope_scaling" not in data:
                 data["rope_scaling"] = {"kind": "linear", "factor": factor}
         return from_dict(cls, data, "model")
-
-    def to_dict(self) -> dict[str, Any]:
-        return to_dict(self)
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    steps: int = 400
-    batch_size: int = 32
-    lr: float = 1e-3
-    weight_decay: float = 0.01
-    warmup: int = 40  # linear warm-up steps, then cosine decay to lr_min_ratio * lr
-    lr_min_ratio: float = 0.1
-    grad_clip: float = 1.0  # max global gradient norm (0: no clipping, as in the paper)
-    schedule: Schedule = Schedule.COSINE
-    adam_eps: float = 1e-8  # the paper: 1e-9
-    label_smoothing: float = 0.0  # on the training loss only (the paper: 0.1)
-    train_len: tuple[int, int] = (4, 16)  # task lengths drawn uniformly, inclusive
-    random_positions: bool = False  # Ruoss et al. 2023: sorted random positions from [0, max_len)
-    seed: int = 0
-    eval_every: int = 100  # steps between evaluations at the training lengths (0: only at the end)
-    eval_batches: int = 2  # batches per length when evaluating
-    stats_every: int = 0  # steps between per-head attention statistics (0: never)
-    device: str = "auto"  # auto, cpu, cuda, cuda:1, ...
-    extra: dict[str, Any] = field(default_factory=dict)  # free-form notes kept with the run
-
-    def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "schedule", choice(Schedule, self.schedule, "schedule", "schedule")
-        )
-        lo, hi = (int(x) for x in self.train_len)
-        object.__setattr__(self, "train_len", (lo, hi))
-        if not 1 <= lo <= hi:
-            raise ProbeError(f"train_len must be lo:hi with 1 <= lo <= hi, got {lo}:{hi}.")
-        for name in ("steps", "batch_size", "eval_batches"):
-            if getattr(self, name) < 1:
-                raise ProbeError(f"{name} must be at least 1, got {getattr(self, name)}.")
-        if self.lr <= 0 or not math.isfinite(self.lr):
-            raise ProbeError(f"lr must be a positive number, got {self.lr}.")
-        if not self.weight_decay >= 0:
-            raise ProbeError(f"weight_decay must not be negative, got {self.weight_decay}.")
-        if not 0.0 <= self.lr_min_ratio <= 1.0:
-            raise ProbeError(f"lr_min_ratio must be in [0, 1], got {self.lr_min_ratio}.")
-        if not 0 <= self.seed < 2**63:
-            raise ProbeError(f"seed must be in [0, 2**63), got {self.seed}.")
-        if self.warmup < 0 or self.eval_every < 0 or self.stats_every < 0:
-            raise ProbeError("warmup, eval_every and stats_every must not be negative.")
-        if self.schedule == Schedule.PAPER and self.warmup < 1:
-            raise ProbeError("the paper's schedule needs warmup of at least 1 step.")
-        if not self.grad_clip >= 0:
-            raise ProbeError(f"grad_clip must be 0 (off) or positive, got {self.grad_clip}.")
-        if not self.adam_eps > 0:
-            raise ProbeError(f"adam_eps must be positive, got {self.adam_eps}.")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ProbeError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}.")
-        check_device_name(self.device)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        return from_dict(cls, data, "train")
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)

@@ -1,20 +1,25 @@
-"""Field types: values arrive from JSON (checkpoints) and TOML (study files), so each is checked
-against its dataclass field's declared type before the dataclass sees it: a bool is not an int,
-a float is not an int (an int is a fine float), a float is finite, None only where the type says
-`| None`, an enum field takes a string (its value is checked by `config.choice`), lists stand for
-tuples.
+"""Reading and writing configuration fields.
+
+Values arrive from JSON (checkpoints) and TOML (study files), so each is checked against its
+dataclass field's declared type before the dataclass sees it: a bool is not an int, a float is
+not an int (an int is a fine float), a float is finite, None only where the type says `| None`,
+an enum field takes a string (its value is checked by `choice`), lists stand for tuples, a
+nested setting (RopeScaling) a table. `from_dict` builds a config from such values, rejecting
+unknown keys with a did-you-mean; `to_dict` writes one back, JSON-ready.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from probe.errors import ProbeError
+from probe.words import did_you_mean
 
 
 class _Mismatch(Exception):
@@ -126,3 +131,80 @@ def field_value(tp: Any, name: str, value: Any, what: str) -> Any:
         raise ProbeError(
             f"{what} field '{name}' must be {_expected(tp)}, got {shown(value)}."
         ) from None
+
+
+E = TypeVar("E", bound=StrEnum)
+C = TypeVar("C")
+
+
+def choice(enum: type[E], value: Any, what: str, field: str = "") -> E:
+    """Coerce `value` to `enum`, with an error that lists the valid values (and names the config
+    field `field`, when given)."""
+    if isinstance(value, enum):
+        return value
+    try:
+        return enum(value)
+    except ValueError:
+        valid = [m.value for m in enum]
+        named = f" (field '{field}')" if field else ""
+        raise ProbeError(
+            f"Unknown {what} '{value}'{named}.{did_you_mean(str(value), valid)} "
+            f"Available: {', '.join(valid)}."
+        ) from None
+
+
+DEVICE_NAME = re.compile(r"auto|cpu|mps|cuda(:\d+)?")  # what probe.runtime.resolve_device runs on
+
+
+def check_device_name(name: Any, field: str = "device") -> str:
+    """A device name by probe.runtime's rules (auto, cpu, cuda, cuda:N; mps where torch has it),
+    checked as a name only: whether this machine has the device is asked when it is used."""
+    if not isinstance(name, str) or not DEVICE_NAME.fullmatch(name.strip().lower()):
+        raise ProbeError(f"Unknown {field} '{name!s:.60}'; use auto, cpu, cuda or cuda:N.")
+    return name
+
+
+def check_keys(table: Any, allowed: tuple[str, ...], where: str) -> dict[str, Any]:
+    """`table` itself, once it is a dict whose keys are all in `allowed` (else a ProbeError
+    naming `where`, the key and a suggestion)."""
+    if not isinstance(table, dict):
+        raise ProbeError(f"{where} must be a table, got {type(table).__name__}.")
+    for key in table:
+        if key not in allowed:
+            raise ProbeError(
+                f"{where}: unknown field '{key}'.{did_you_mean(key, list(allowed))} "
+                f"Valid fields: {', '.join(allowed)}."
+            )
+    return table
+
+
+def from_dict(cls: type[C], data: dict[str, Any], what: str) -> C:
+    """Build dataclass `cls` from `data`, rejecting unknown keys and mistyped values by name."""
+    if not isinstance(data, dict):
+        raise ProbeError(f"{what} must be a table of settings, got {type(data).__name__}.")
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    for key in data:
+        if key not in names:
+            raise ProbeError(
+                f"Unknown {what} field '{key}'.{did_you_mean(str(key), names)} "
+                f"Valid fields: {', '.join(names)}."
+            )
+    hints = typing.get_type_hints(cls)
+    return cls(**{key: field_value(hints[key], key, value, what) for key, value in data.items()})
+
+
+def to_plain(value: Any) -> Any:
+    """A config value as JSON has it: enums as strings, tuples as lists, nested settings
+    (RopeScaling) as their to_dict."""
+    if dataclasses.is_dataclass(value) and hasattr(value, "to_dict"):  # a nested setting
+        return value.to_dict()
+    if isinstance(value, StrEnum):
+        return value.value
+    if isinstance(value, tuple | list):
+        return [to_plain(x) for x in value]
+    return value
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    """A JSON-ready dict of a config dataclass (enums as strings, tuples as lists)."""
+    return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}

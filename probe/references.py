@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from probe.config import did_you_mean
 from probe.errors import ProbeError
+from probe.words import did_you_mean
 
 PATH = Path(__file__).with_name("references.toml")
 

@@ -355,7 +355,22 @@ class RopeKind:
     def __call__(
         self, base: float, dims: int, scaling: RopeScaling, length: int | None = None
     ) -> Freqs:
-        return self.frequencies(base, dims, scaling, length)
+        """The frequencies and attention factor; parameters so extreme that they overflow or
+        give frequencies that are not finite and positive (a factor of 1e-300) are refused in
+        one line rather than turning every logit into NaN."""
+        try:
+            inv_freq, attention = self.frequencies(base, dims, scaling, length)
+        except (OverflowError, ZeroDivisionError):
+            inv_freq, attention = None, math.nan
+        finite = inv_freq is not None and (
+            inv_freq.is_meta or bool(inv_freq.isfinite().all() and (inv_freq > 0).all())
+        )  # (a model built on the meta device has no values to check yet)
+        if not (finite and math.isfinite(attention) and attention > 0):
+            raise ProbeError(
+                f"rotary scaling {scaling.describe()} gives frequencies that are not finite "
+                "numbers (a parameter far out of range); choose a factor nearer 1."
+            )
+        return inv_freq, attention
 
 
 _L = "original_max_position_embeddings"

@@ -13,10 +13,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from probe.config import PE, Arch, ModelConfig, TrainConfig
+from probe.config import PE, Arch, ModelConfig
 from probe.data.task_spec import Form, TaskConfig, prompt_length, sequence_length
 from probe.errors import ProbeError
 from probe.rope import KINDS, RopeScaling, check_fields
+from probe.train_config import TrainConfig
 from probe.words import did_you_mean
 
 # the context field each kind anchors at (filled from the model's training context if not given)
@@ -60,7 +61,9 @@ class RopeRequest:
             )
         try:
             if "kind" not in table:
-                raise ProbeError(f"needs a kind ({', '.join(KINDS)}).")
+                spelt = next((k for k in ("rope_type", "type") if k in table), None)
+                hint = f" (a Hugging Face section's '{spelt}' is 'kind' here)" if spelt else ""
+                raise ProbeError(f"needs a kind ({', '.join(KINDS)}){hint}.")
             check_fields(table)
             rest = tuple((k, v) for k, v in table.items() if k != "kind")
             return cls(table["kind"], rest)
@@ -79,14 +82,24 @@ class RopeRequest:
         anchor = CONTEXT_FIELD.get(self.kind)
         if anchor is not None and values.get(anchor) is None:
             values[anchor] = context
+        if self._context_for_factor(values):  # yarn, longrope: factor = the context / original
+            values["max_position_embeddings"] = context
         return RopeScaling.from_dict({"kind": self.kind, **values})
+
+    def _context_for_factor(self, values: dict[str, Any]) -> bool:
+        """Whether the kind takes its factor from the model's context (yarn and longrope
+        without a factor) and none is given."""
+        own = KINDS[self.kind].required + KINDS[self.kind].optional
+        missing = values.get("factor") is None and values.get("max_position_embeddings") is None
+        return "max_position_embeddings" in own and "factor" in own and missing
 
     def filled(self) -> list[str]:
         """The parameters `complete` fills in (not given), for the note that says so."""
         given = dict(self.given)
         names = [n for n in CUSTOMARY.get(self.kind, {}) if n not in given]
         anchor = CONTEXT_FIELD.get(self.kind)
-        return names + ([anchor] if anchor is not None and anchor not in given else [])
+        names += [anchor] if anchor is not None and anchor not in given else []
+        return names + (["max_position_embeddings"] if self._context_for_factor(given) else [])
 
 
 def training_context(cfg: ModelConfig, task: TaskConfig | None,
@@ -120,14 +133,12 @@ def check_rotary(cfg: ModelConfig | dict[str, Any], name: str,
 
 def note(request: RopeRequest, scaling: RopeScaling, source: str) -> str:
     """One line saying what the model now runs with, and which values were filled in."""
-    shown = ", ".join(f"{k} {v}" for k, v in scaling.to_dict().items() if k != "kind")
-    line = f"rotary scaling {scaling.kind}" + (f" ({shown})" if shown else "")
-    line += ", training-free"
+    line = f"rotary scaling {scaling.describe()}, training-free"
     filled = request.filled()
-    anchor = CONTEXT_FIELD.get(request.kind)
-    if anchor in filled:
-        line += f"; {anchor} {getattr(scaling, anchor)} is {source}"
-        filled.remove(anchor)
+    for context in dict.fromkeys((CONTEXT_FIELD.get(request.kind), "max_position_embeddings")):
+        if context in filled:  # the model's context, where the kind needs one not given
+            line += f"; {context} {getattr(scaling, context)} is {source}"
+            filled.remove(context)
     if filled:
         line += f"; {', '.join(filled)} as Llama 3.1 has them"
     return line

@@ -26,6 +26,10 @@ def counted(n: int, noun: str, many: str | None = None, *, grouped: bool = True)
 
 
 def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
-    """' Did you mean 'x'?' when a close match exists, else ''."""
+    """' Did you mean 'x'?' when a close match exists (case aside: 'LINEAR' is 'linear'),
+    else ''."""
+    by_case = {str(c).lower(): str(c) for c in choices}
+    if str(word).lower() in by_case:
+        return f" Did you mean '{by_case[str(word).lower()]}'?"
     close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.5)
     return f" Did you mean '{close[0]}'?" if close else ""

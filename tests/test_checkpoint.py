@@ -7,10 +7,11 @@ import torch
 
 from probe import load_checkpoint
 from probe.checkpoint import save_checkpoint
-from probe.config import ModelConfig, TrainConfig
+from probe.config import ModelConfig
 from probe.data.tasks import TaskConfig
 from probe.errors import ProbeError
 from probe.model import Transformer
+from probe.train_config import TrainConfig
 
 
 @pytest.fixture

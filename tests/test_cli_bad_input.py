@@ -14,9 +14,10 @@ from safetensors.torch import load_file, save_file
 from tiny_study import tiny_study
 
 from probe.checkpoint import save_checkpoint
-from probe.config import ModelConfig, TrainConfig
+from probe.config import ModelConfig
 from probe.data.tasks import TaskConfig
 from probe.model import Transformer
+from probe.train_config import TrainConfig
 
 TASK = TaskConfig(name="copy", n_symbols=4)
 

@@ -16,10 +16,11 @@ from cli_run import exit_code
 from precision import HALF, bound
 
 from probe.checkpoint import load_checkpoint, save_checkpoint
-from probe.config import ModelConfig, TrainConfig
+from probe.config import ModelConfig
 from probe.data.tasks import TaskConfig
 from probe.model import Transformer
 from probe.runtime import dtype_name
+from probe.train_config import TrainConfig
 
 TASK = TaskConfig(n_symbols=6)
 SMALL = ["--batch-size", "8", "--lengths", "3,4"]

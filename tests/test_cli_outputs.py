@@ -15,9 +15,10 @@ from cli_run import exit_code
 from tiny_study import tiny_study
 
 from probe.checkpoint import save_checkpoint
-from probe.config import ModelConfig, TrainConfig
+from probe.config import ModelConfig
 from probe.data.tasks import TaskConfig
 from probe.model import Transformer
+from probe.train_config import TrainConfig
 
 pytest.importorskip("transformers")
 

@@ -10,11 +10,12 @@ import torch
 from cli_run import exit_code
 
 from probe.checkpoint import load_checkpoint, save_checkpoint
-from probe.config import ModelConfig, TrainConfig
+from probe.config import ModelConfig
 from probe.data.tasks import TaskConfig
 from probe.measure.evaluate import eval_batches
 from probe.model import Transformer
 from probe.pruning.heads import masked
+from probe.train_config import TrainConfig
 
 TASK = TaskConfig(n_symbols=6)
 SMALL = ["--batch-size", "8", "--lengths", "3,4"]

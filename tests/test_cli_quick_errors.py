@@ -15,9 +15,10 @@ from probe_cli.main import app
 from typer.testing import CliRunner
 
 from probe.checkpoint import save_checkpoint
-from probe.config import ModelConfig, TrainConfig
+from probe.config import ModelConfig
 from probe.data.tasks import TaskConfig
 from probe.model import Transformer
+from probe.train_config import TrainConfig
 
 
 def run_probe(args: list[str], cwd: Path) -> tuple[int, bool, list[str], str]:

@@ -11,10 +11,11 @@ from browser import open_page, skip_reason
 from cli_run import exit_code
 
 from probe.checkpoint import save_checkpoint
-from probe.config import ModelConfig, TrainConfig
+from probe.config import ModelConfig
 from probe.data.tasks import TaskConfig
 from probe.measure.evaluate import eval_batches, form_for
 from probe.model import Transformer
+from probe.train_config import TrainConfig
 
 TASK = TaskConfig(name="copy", n_symbols=6)
 

@@ -13,9 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from probe.config import PE, ModelConfig, Schedule, TrainConfig
+from probe.config import PE, ModelConfig
 from probe.data.tasks import TaskConfig, TaskName
 from probe.errors import ProbeError
+from probe.train_config import Schedule, TrainConfig
 
 CONFIGS = (ModelConfig, TrainConfig, TaskConfig)
 FIELDS = [(cls, f.name) for cls in CONFIGS for f in dataclasses.fields(cls)]

@@ -14,11 +14,12 @@ from precision import HALF, UNIT_ROUNDOFF, bound, rounded
 from test_fire import fire_by_hand, fire_module
 
 from probe.checkpoint import load_checkpoint, save_checkpoint
-from probe.config import ModelConfig, TrainConfig
+from probe.config import ModelConfig
 from probe.data.tasks import TaskConfig
 from probe.model import Transformer
 from probe.model.positional import ALiBi, Rotary, alibi_slopes
 from probe.pruning.heads import masked, prune_heads
+from probe.train_config import TrainConfig
 
 VOCAB = 50
 VARIANTS = {

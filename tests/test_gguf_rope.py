@@ -324,3 +324,22 @@ def test_llama_cpp_computes_probes_scaled_rotary_past_the_original_context(
     want = _logits(model, tokens[None])[0].numpy()
     gap = np.abs(got - want).max()
     assert gap < 1e-3, gap
+
+
+@pytest.mark.parametrize(
+    "scaling",
+    [{"factor": 8.0, "original_max_position_embeddings": 100},
+     {"factor": 0.5, "original_max_position_embeddings": 64}],
+)  # fmt: skip
+def test_a_llama3_scaling_the_file_could_not_carry_back_is_refused_before_writing(scaling):
+    """rope_freqs.weight reads back as a llama3 section only for the values real checkpoints
+    use; a model whose tensor would not (an original context of 100, a factor below 1) is
+    refused by the export rather than written as a file its import refuses."""
+    from probe.interop.gguf_rope import check_exportable
+    from probe.rope import RopeScaling
+
+    llama3 = RopeScaling("llama3", low_freq_factor=1.0, high_freq_factor=4.0, **scaling)
+    with pytest.raises(ProbeError, match=r"would not\. Use --format hf"):
+        check_exportable(llama3, 500000.0, 16)
+    check_exportable(RopeScaling("llama3", 8.0, 64, low_freq_factor=1.0, high_freq_factor=4.0),
+                     500000.0, 16)  # fmt: skip

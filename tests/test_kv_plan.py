@@ -15,13 +15,14 @@ from cli_run import exit_code
 
 from probe.analysis.roles import repeated_tokens
 from probe.checkpoint import save_checkpoint
-from probe.config import ModelConfig, TrainConfig
+from probe.config import ModelConfig
 from probe.data.tasks import TaskConfig
 from probe.errors import ProbeError
 from probe.kv.methods import full_count, kv_table, make_plan
 from probe.kv.plan import KVPlan
 from probe.kv.razor import razor_scores
 from probe.model import Transformer
+from probe.train_config import TrainConfig
 
 TASK = TaskConfig(name="copy", n_symbols=200)
 PLANT = (1, 3)  # layer 1, query head 3: reads key/value head 1 of 2

@@ -8,13 +8,14 @@ import pytest
 import torch
 from cli_run import exit_code
 
-from probe.config import ModelConfig, TrainConfig
+from probe.config import ModelConfig
 from probe.data.tasks import TaskConfig, make_batch
 from probe.errors import ProbeError
 from probe.measure.evaluate import batch_loss
 from probe.model import Transformer
 from probe.study.grid.cells import LATER_FIELDS, expand
 from probe.study.grid.spec import parse_study
+from probe.train_config import TrainConfig
 from probe.training.presets import preset, with_preset
 from probe.training.train import lr_at
 

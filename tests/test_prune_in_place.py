@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from probe.checkpoint import load_checkpoint, save_checkpoint
-from probe.config import ModelConfig, TrainConfig
+from probe.config import ModelConfig
 from probe.data.tasks import TaskConfig
 from probe.model import Transformer
 from probe.pruning.heads import prune_heads
+from probe.train_config import TrainConfig
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from probe.checkpoint import load_checkpoint, save_checkpoint
-from probe.config import ModelConfig, TrainConfig
+from probe.config import ModelConfig
 from probe.data.tasks import TaskConfig
 from probe.errors import ProbeError
 from probe.measure.evaluate import eval_batches
@@ -26,6 +26,7 @@ from probe.pruning.heads import (
     select_heads,
 )
 from probe.pruning.timing import time_forward, time_ratios, timing_batches
+from probe.train_config import TrainConfig
 
 TASK = TaskConfig(n_symbols=6)
 

@@ -20,7 +20,7 @@ from probe_cli.main import app
 from typer.testing import CliRunner
 
 from probe.checkpoint import save_checkpoint
-from probe.config import ModelConfig, TrainConfig
+from probe.config import ModelConfig
 from probe.data.tasks import TaskConfig
 from probe.errors import ProbeError
 from probe.measure.evaluate import eval_batches, form_for
@@ -28,6 +28,7 @@ from probe.model import Transformer
 from probe.model.rescale import with_rope_scaling
 from probe.rope import RopeScaling
 from probe.rope_experiment import RopeRequest, training_context
+from probe.train_config import TrainConfig
 
 TASK = TaskConfig(name="copy", n_symbols=6)
 LINEAR2 = RopeScaling("linear", factor=2.0)
@@ -255,3 +256,23 @@ def test_a_learned_position_checkpoint_is_refused(ckpts, tmp_path, capsys):
     assert exit_code(["inspect", str(ckpts["learned"]), "--out", str(tmp_path / "o"), *ROPE]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "learned positions, not rotary" in err
+
+
+def test_a_longrope_table_without_a_factor_takes_it_from_the_models_context():
+    """The documented path for longrope (a study's table: per-pair tables and the original
+    context): its factor is the model's context over the original, as transformers takes it."""
+    from probe.rope_experiment import RopeRequest
+
+    table = {"kind": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
+             "original_max_position_embeddings": 64}  # fmt: skip
+    scaling = RopeRequest.from_dict(table).complete(256)
+    assert scaling.resolved_factor() == 4.0
+
+
+def test_a_hugging_face_spelling_of_the_kind_is_told_its_name_here():
+    from probe.rope_experiment import RopeRequest
+
+    with pytest.raises(ProbeError, match="'rope_type' is 'kind' here"):
+        RopeRequest.from_dict({"rope_type": "linear", "factor": 2.0})
+    with pytest.raises(ProbeError, match="Did you mean 'linear'"):
+        RopeRequest.from_dict({"kind": "LINEAR", "factor": 2.0})

@@ -283,13 +283,15 @@ def test_section_survives_read_then_write(name):
 
 
 def test_old_spellings_read_as_the_new_one():
-    """`type` for `rope_type` and "su" for longrope read as transformers 5.25 reads them, and the
-    section written back (in 5.25's spelling) gives transformers the same frequencies."""
+    """`type` for `rope_type` reads as transformers 5.25 reads it ("su" for longrope is Phi-3's
+    alone: `hf_phi3` renames it, anywhere else it is unknown, as transformers' KeyError says),
+    and the section written back (in 5.25's spelling) gives transformers the same frequencies."""
     new = {"rope_type": "longrope", "short_factor": PHI35_SHORT, "long_factor": PHI35_LONG}
     want = rope_scaling_from_hf(new, 131072, 4096)
-    for old in ({**new, "rope_type": None, "type": "su"}, {"type": "longrope", **new}):
-        old = {k: v for k, v in old.items() if v is not None}
-        assert rope_scaling_from_hf(old, 131072, 4096) == want
+    old = {"type": "longrope", **{k: v for k, v in new.items() if k != "rope_type"}}
+    assert rope_scaling_from_hf(old, 131072, 4096) == want
+    with pytest.raises(ProbeError, match="Unknown rotary scaling kind 'su'"):
+        rope_scaling_from_hf({**old, "type": "su"}, 131072, 4096)
     written = rope_scaling_to_hf(want)
     assert written == {**new, "original_max_position_embeddings": 4096}
     for section in ({"type": "su", **{k: v for k, v in new.items() if k != "rope_type"}}, written):
@@ -305,3 +307,18 @@ def test_no_section_is_default_and_ntk_has_no_hf_spelling():
     assert rope_scaling_from_hf({"rope_type": "default", "rope_theta": 1e4}) == RopeScaling()
     with pytest.raises(ProbeError, match="transformers has no rotary scaling kind 'ntk'"):
         rope_scaling_to_hf(RopeScaling("ntk", alpha=2.0))
+
+
+@pytest.mark.parametrize(
+    "scaling",
+    [RopeScaling("ntk", alpha=1e300), RopeScaling("ntk", alpha=1e-300),
+     RopeScaling("linear", 1e-300), RopeScaling("dynamic", 1e300, max_position_embeddings=64),
+     RopeScaling("yarn", 1e-300, original_max_position_embeddings=64)],
+)  # fmt: skip
+def test_parameters_far_out_of_range_are_one_line_not_nan_logits(scaling):
+    """An overflow, or frequencies that are not finite and positive, is refused naming the
+    scaling (as the command line's extreme --rope-factor / --rope-alpha would otherwise give a
+    table of NaN losses, or an OverflowError)."""
+    with pytest.raises(ProbeError, match=r"gives frequencies that are not finite") as err:
+        KINDS[scaling.kind](10000.0, 16, scaling)
+    assert scaling.kind in str(err.value)

@@ -9,11 +9,12 @@ import torch
 from cli_run import exit_code
 
 from probe.checkpoint import load_checkpoint, save_checkpoint
-from probe.config import ModelConfig, TrainConfig
+from probe.config import ModelConfig
 from probe.data.tasks import TaskConfig
 from probe.errors import ProbeError
 from probe.model import Transformer
 from probe.runtime import Runtime, dtype_name, resolve_dtype
+from probe.train_config import TrainConfig
 
 HALF = [torch.bfloat16, torch.float16]
 

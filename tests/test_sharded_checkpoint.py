@@ -15,11 +15,12 @@ from safetensors import safe_open
 
 import probe.weights
 from probe.checkpoint import CHECKPOINT_FILES, load_checkpoint, save_checkpoint
-from probe.config import ModelConfig, TrainConfig
+from probe.config import ModelConfig
 from probe.data.tasks import TaskConfig
 from probe.errors import ProbeError
 from probe.files import claim_output, open_output
 from probe.model import Transformer
+from probe.train_config import TrainConfig
 
 INDEX = "model.safetensors.index.json"
 LIMIT = 6000  # bytes: the tiny model below takes several shards

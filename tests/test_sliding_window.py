@@ -12,7 +12,7 @@ import torch
 
 from probe import load_checkpoint
 from probe.checkpoint import save_checkpoint
-from probe.config import ModelConfig, TrainConfig
+from probe.config import ModelConfig
 from probe.data.tasks import TaskConfig
 from probe.errors import ProbeError
 from probe.measure.observe import AttentionStats
@@ -21,6 +21,7 @@ from probe.model import AttentionCall, Transformer
 from probe.model.mask import visible, visible_counts
 from probe.pruning.heads import masked, prune_heads
 from probe.site import Site
+from probe.train_config import TrainConfig
 
 
 def hand_visible(q_len: int, k_len: int, w: int | None) -> torch.Tensor:

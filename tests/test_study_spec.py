@@ -12,10 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_study import SMOKE, tiny_study
 
-from probe.config import ModelConfig, TrainConfig
+from probe.config import ModelConfig
 from probe.data.tasks import TaskConfig
 from probe.errors import ProbeError
 from probe.study.grid.spec import load_study, parse_study, smoke_version
+from probe.train_config import TrainConfig
 
 TINY = tiny_study(seed_key='"train.seed"', extra=SMOKE)  # a quoted dotted key too
 

@@ -7,9 +7,10 @@ import torch
 
 import probe.training.train as train_module
 from probe import load_checkpoint
-from probe.config import ModelConfig, TrainConfig
+from probe.config import ModelConfig
 from probe.data.tasks import TaskConfig
 from probe.errors import Interrupted, ProbeError
+from probe.train_config import TrainConfig
 from probe.training.train import TrainingDiverged, lr_at, random_positions, train
 
 

@@ -15,9 +15,10 @@ import torch
 from cli_run import exit_code
 
 from probe.checkpoint import save_checkpoint
-from probe.config import ModelConfig, TrainConfig
+from probe.config import ModelConfig
 from probe.data.tasks import TaskConfig
 from probe.model import Transformer
+from probe.train_config import TrainConfig
 
 TASK = TaskConfig(name="copy", n_symbols=6)
 

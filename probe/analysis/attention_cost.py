@@ -44,8 +44,8 @@ from scipy import stats
 from torch._C._profiler import _EventType  # the event tree torch's memory profiler reads
 from torch.profiler import ProfilerActivity, profile
 
-from probe.config import choice
 from probe.errors import ProbeError
+from probe.fields import choice
 from probe.measure.memory import HEADROOM, available_bytes
 from probe.measure.streaming import entropy_materialized, entropy_streaming
 from probe.model.attention import AttentionCall

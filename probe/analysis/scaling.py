@@ -17,12 +17,14 @@ from collections.abc import Callable, Iterable, Sequence
 import pandas as pd
 import torch
 
-from probe.config import ModelConfig, Scale, TrainConfig, choice
+from probe.config import ModelConfig, Scale
 from probe.data.tasks import TaskConfig
 from probe.errors import ProbeError
+from probe.fields import choice
 from probe.measure.streaming import row_statistics
 from probe.model import AttentionCall
 from probe.site import Site
+from probe.train_config import TrainConfig
 from probe.training.train import train  # training sits above analysis; import it when asked
 
 D_KS = (8, 16, 32, 64, 128, 256, 512)

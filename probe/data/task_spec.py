@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from probe.config import choice, from_dict
 from probe.errors import ProbeError
+from probe.fields import choice, from_dict
 
 PAD, BOS, SEP, EOS, MASK = 0, 1, 2, 3, 4
 N_SPECIAL = 5

@@ -29,7 +29,6 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from probe.config import choice
 from probe.data.task_spec import (  # re-exported: the names' old home
     BOS,
     EOS,
@@ -54,6 +53,7 @@ from probe.data.task_spec import (  # re-exported: the names' old home
     token_name,  # noqa: F401
 )
 from probe.errors import ProbeError
+from probe.fields import choice
 
 
 @dataclass(frozen=True)

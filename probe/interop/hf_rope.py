@@ -16,7 +16,6 @@ from probe.rope import KINDS, PARAMETERS, RopeScaling
 from probe.words import did_you_mean
 
 ORIGINAL = "original_max_position_embeddings"
-OLD_NAMES = {"su": "longrope"}  # kind names older transformers configs carry
 MODEL_KEYS = ("rope_theta", "partial_rotary_factor")  # in a section, but the model's own
 _SECTION_KEYS = tuple(p for p in PARAMETERS if p != "max_position_embeddings")
 
@@ -40,7 +39,6 @@ def rope_scaling_from_hf(
     if len(named) == 2 and named[0] != named[1]:
         raise ProbeError(f"rotary scaling has 'rope_type' {named[0]!r} and 'type' {named[1]!r}.")
     kind = named[0] if named else "default"
-    kind = OLD_NAMES.get(kind, kind) if isinstance(kind, str) else kind
     if kind in KINDS and not KINDS[kind].in_transformers:
         hf_kinds = [k for k, v in KINDS.items() if v.in_transformers]
         raise ProbeError(f"rotary scaling kind '{kind}' is probe's own: transformers has none, "
@@ -85,13 +83,24 @@ def rope_scaling_to_hf(
 
 
 def _scaling(section: Fields, context: int | None, renamed: dict, original: Any) -> RopeScaling:
-    """The RopeScaling of one flat section, errors naming the file and the section."""
+    """The RopeScaling of one flat section as transformers reads it (a kind name the family
+    reads as another renamed; the context filled in), errors naming the file and the section.
+    What transformers cannot load is refused: a null `rope_type` or `rope_theta`, and YaRN
+    without its `factor` key (null: the model's context over the original)."""
     data = dict(section.data)
+    for key in ("rope_type", "rope_theta"):
+        if key in data and data[key] is None:
+            section.fail(key, "a string" if key == "rope_type" else "a number", None)
+    named = [section.name(k) for k in ("rope_type", "type") if section.has(k)]
+    if len(set(named)) == 2:
+        section.refuse("type", named[1], f"it disagrees with rope_type {named[0]!r}.")
     for key in ("rope_type", "type"):
-        section.name(key, None)  # a string, else one line naming the key
         if data.get(key) in renamed:
             data[key] = renamed[data[key]]
     named = data.get("rope_type", data.get("type"))
+    if named == "yarn" and "factor" not in data:
+        section.refuse("rope_type", "yarn", "YaRN needs a 'factor' key (null: the model's "
+                       "context over the original), as transformers requires.")  # fmt: skip
     if named in ("llama3", "yarn", "longrope") and original is None:  # as transformers fills it
         original = section.raw(ORIGINAL) or context
     try:
@@ -136,19 +145,24 @@ def read_rotary(
     which wins over `theta`; the context a scaling anchors at is the section's, else the
     model's `max_position_embeddings`. `local_theta`: the sliding layers' default base in a
     nested config. `renamed`: kind names the family reads as others (Phi-3: yarn as longrope).
-    `top_original`: a top-level `original_max_position_embeddings` that wins over the
-    section's (Phi-3's). `nested`: the family always has one section per layer type (Gemma 3,
+    `top_original`: the `original_max_position_embeddings` that wins over the section's (Phi-3:
+    the config's, 4096 by default; elsewhere the top-level key where a flat config has one).
+    `nested`: the family always has one section per layer type (Gemma 3,
     OLMo-3), absent ones the default. The rotated fraction is the family's to read (`partial`:
     it does; elsewhere a section's `partial_rotary_factor` other than 1 is refused beside a
     scaled kind)."""
-    how = {"renamed": {**OLD_NAMES, **(renamed or {})}, "top_original": top_original,
-           "partial": partial}  # fmt: skip
     theta = hf.number("rope_theta", theta)
     params = hf.section("rope_parameters")
     found = [k for k in LAYER_TYPES if k in params.data]
     scaling = hf.section("rope_scaling")
     if params.data and nested and not found:
         hf.fail("rope_parameters", f"a mapping of {' and '.join(LAYER_TYPES)}", params.data)
+    if found and not nested:  # transformers ignores them (or fails): never read as one rotary
+        hf.refuse("rope_parameters", sorted(params.data), "a rotary section per layer type; "
+                  "this family has one rotary for every layer.")  # fmt: skip
+    if top_original is None and not nested:  # a top-level one wins, as transformers reads it
+        top_original = hf.integer(ORIGINAL, None)
+    how = {"renamed": renamed or {}, "top_original": top_original, "partial": partial}
     if not (found or nested):
         section = scaling if scaling.data else params
         base, rope = _section(section, theta, context, how)
@@ -163,6 +177,11 @@ def read_rotary(
     base, rope = _section(full, theta, context, how)
     local = params.section("sliding_attention")
     local_base, local_rope = _section(local, local_theta or theta, context, how)
+    for section in (full, local):  # transformers reads truncate from the top only: always on
+        if section.get("truncate") is False:
+            section.refuse("truncate", False, "transformers reads YaRN's truncate only at the "
+                           "top of rope_parameters, so a section per layer type always "
+                           "truncates; remove the key to compute what it computes.")  # fmt: skip
     return {"rope_base": base, "rope_scaling": rope, "rope_local_base": local_base,
             "rope_local_scaling": local_rope}  # fmt: skip
 

@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterable, Sequence
 import pandas as pd
 import torch
 
-from probe.config import did_you_mean
 from probe.data.tasks import Batch
 from probe.errors import ProbeError
 from probe.measure.evaluate import features_batch
@@ -34,6 +33,7 @@ from probe.measure.streaming import (
     rows_and_output,
 )
 from probe.model import AttentionCall, Transformer
+from probe.words import did_you_mean
 
 TABLE_COLUMNS = ["layer", "site", "head", "statistic", "value", "min", "max", "n"]
 

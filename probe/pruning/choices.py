@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from probe.config import choice
 from probe.errors import ProbeError
+from probe.fields import choice
 
 
 class Method(StrEnum):

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from probe.config import choice
 from probe.data.tasks import Batch
 from probe.errors import ProbeError
+from probe.fields import choice
 from probe.model import Transformer
 from probe.pruning.choices import Unit  # re-exported: its old home
 from probe.pruning.heads import n_to_remove, present_heads, ranking

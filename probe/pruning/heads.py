@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from probe.config import choice
 from probe.data.tasks import Batch
 from probe.errors import ProbeError
+from probe.fields import choice
 from probe.model import Transformer
 from probe.pruning.choices import Scope, estimator  # Scope re-exported: its old home
 from probe.pruning.importance import head_importance

@@ -30,9 +30,9 @@ import pandas as pd
 import torch
 from scipy.stats import spearmanr
 
-from probe.config import choice
 from probe.data.tasks import Batch, Form, TaskConfig
 from probe.errors import ProbeError
+from probe.fields import choice
 from probe.measure.batching import check_budget, micro_batches, split_batch
 from probe.measure.evaluate import batch_loss, eval_batches, features_batch
 from probe.measure.observe import AttentionStats

@@ -8,10 +8,12 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from probe.config import ModelConfig, TrainConfig, check_keys, did_you_mean
+from probe.config import ModelConfig
 from probe.data.tasks import TaskConfig
 from probe.errors import ProbeError
-from probe.fields import check_field, shown
+from probe.fields import check_field, check_keys, shown
+from probe.train_config import TrainConfig
+from probe.words import did_you_mean
 
 SECTIONS = {"model": ModelConfig, "task": TaskConfig, "train": TrainConfig}
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from probe.config import did_you_mean
 from probe.errors import ProbeError
+from probe.words import did_you_mean
 
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "paper": {

@@ -26,7 +26,7 @@ from probe.checkpoint import (
     open_output,
     save_checkpoint,
 )
-from probe.config import ModelConfig, Schedule, TrainConfig
+from probe.config import ModelConfig
 from probe.data.tasks import Batch, TaskConfig, sample_length, score, sequence_length
 from probe.errors import Interrupted, ProbeError
 from probe.measure.evaluate import batch_loss, check_lengths, evaluate, form_for, forward_batch
@@ -34,6 +34,7 @@ from probe.measure.memory import check_forward, check_model
 from probe.measure.observe import attention_stats
 from probe.model import Transformer
 from probe.runtime import resolve_device
+from probe.train_config import Schedule, TrainConfig
 from probe.training.distributed import (
     barrier,
     check_batch_size,

@@ -15,12 +15,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from probe.config import ModelConfig, TrainConfig, to_plain
+from probe.config import ModelConfig
 from probe.data.tasks import TaskConfig, sequence_length
 from probe.errors import ProbeError
+from probe.fields import to_plain
 from probe.measure.evaluate import form_for
 from probe.study.grid.definition import Study
 from probe.study.grid.steps import options_dict, resolve_lengths
+from probe.train_config import TrainConfig
 from probe.words import counted
 
 CELL_FORMAT = 1  # bump when a cell's results change meaning, to invalidate every cache

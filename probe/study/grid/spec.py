@@ -12,9 +12,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from probe.config import check_keys, did_you_mean, from_dict
 from probe.errors import ProbeError
-from probe.fields import shown
+from probe.fields import check_keys, from_dict, shown
 from probe.references import published
 from probe.study.documents import read_toml
 from probe.study.grid.cells import expand
@@ -30,6 +29,7 @@ from probe.study.settings import (
 )
 from probe.study.verdicts.checks import parse_verdicts
 from probe.training.presets import with_preset
+from probe.words import did_you_mean
 
 TOP_LEVEL = (
     "study",

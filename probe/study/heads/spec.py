@@ -14,9 +14,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from probe.config import check_keys, did_you_mean, from_dict
 from probe.errors import ProbeError
-from probe.fields import shown
+from probe.fields import check_keys, from_dict, shown
 from probe.heal.prune import METHODS as HEAL_METHODS
 from probe.kv.plan import HEAD_METHODS
 from probe.pruning.curves import CURVE_EXTRAS
@@ -38,6 +37,7 @@ from probe.study.heads.study import (
 )
 from probe.study.settings import heading_dict, study_heading
 from probe.study.verdicts.checks import parse_verdicts, verdicts_dict
+from probe.words import did_you_mean
 
 TOP_LEVEL = ("study", "model", "text", "importance", "curves", "roles", "knockout", "kv",
              "heal", "timing", "operating", "expect", "contrast", "smoke")  # fmt: skip

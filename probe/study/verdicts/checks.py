@@ -15,7 +15,6 @@ from typing import Any
 
 import pandas as pd
 
-from probe.config import did_you_mean
 from probe.errors import ProbeError
 from probe.report.report import MarkdownReport
 from probe.study.verdicts import contrast
@@ -28,7 +27,7 @@ from probe.study.verdicts.expect import (
     check_all,
     parse_expectation,
 )
-from probe.words import counted
+from probe.words import counted, did_you_mean
 
 
 def parse_verdicts(

@@ -37,14 +37,14 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from probe.config import check_keys, did_you_mean
 from probe.errors import ProbeError
+from probe.fields import check_keys
 from probe.references import published
 from probe.significance import ALPHA
 from probe.study.verdicts import summary
 from probe.study.verdicts.expect import Condition, parse_conditions, select_rows
 from probe.study.verdicts.stats import fmt_ci, fmt_vs, mean_ci
-from probe.words import counted
+from probe.words import counted, did_you_mean
 
 KEYS = (
     "claim",

@@ -26,9 +26,10 @@ from typing import Any
 
 import pandas as pd
 
-from probe.config import check_keys, did_you_mean
 from probe.errors import ProbeError
+from probe.fields import check_keys
 from probe.report.files import atomic_write_text
+from probe.words import did_you_mean
 
 OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt,
        "==": operator.eq, "!=": operator.ne}  # fmt: skip

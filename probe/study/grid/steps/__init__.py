@@ -17,9 +17,10 @@ from collections.abc import Iterable
 from types import MappingProxyType
 from typing import Any
 
-from probe.config import did_you_mean, from_dict
 from probe.errors import ProbeError
+from probe.fields import from_dict
 from probe.study.grid.steps.base import Given, Section, Step, StepContext, resolve_lengths
+from probe.words import did_you_mean
 
 __all__ = [
     "SECTIONS", "STEPS", "Given", "Section", "Step", "StepContext", "discover", "get_step",

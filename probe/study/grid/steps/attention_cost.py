@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import pandas as pd
 
 from probe.analysis.attention_cost import Method, attention_cost, fit_slopes
-from probe.config import choice
 from probe.errors import ProbeError
+from probe.fields import choice
 from probe.references import published
 from probe.report.cost_plots import attention_cost_plot
 from probe.report.report import MarkdownReport

@@ -15,12 +15,12 @@ from typing import Any
 import pandas as pd
 import torch
 
-from probe.config import TrainConfig
 from probe.data.tasks import TaskConfig, parse_lengths
 from probe.errors import ProbeError
 from probe.model import Transformer
 from probe.report.report import MarkdownReport
 from probe.study.grid.definition import Study
+from probe.train_config import TrainConfig
 
 Progress = Callable[[int, int], None]
 

@@ -9,7 +9,7 @@ import pandas as pd
 from scipy import stats
 
 from probe.analysis.roles import DOMINANT
-from probe.config import choice
+from probe.fields import choice
 from probe.measure.evaluate import eval_batches, form_for
 from probe.pruning.importance import Method, head_importance, importance_correlations
 from probe.report import study_plots as plots

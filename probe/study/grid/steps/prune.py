@@ -8,8 +8,8 @@ from typing import ClassVar
 
 import pandas as pd
 
-from probe.config import choice
 from probe.errors import ProbeError
+from probe.fields import choice
 from probe.measure.evaluate import form_for
 from probe.pruning.curves import pruning_curve
 from probe.pruning.heads import present_heads

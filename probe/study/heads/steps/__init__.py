@@ -11,10 +11,10 @@ import importlib
 import pkgutil
 from typing import Any
 
-from probe.config import did_you_mean
 from probe.errors import ProbeError
 from probe.study.heads.step import Section, StepKind
 from probe.study.heads.study import HeadStudy
+from probe.words import did_you_mean
 
 
 def _gather() -> tuple[tuple[StepKind, ...], tuple[Section, ...]]:
