@@ -20,6 +20,7 @@ from probe_cli.preflight import (  # check_positive, check_seed: re-exported (th
 )
 from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from typer.core import TyperGroup
 
 from probe.errors import Interrupted, ProbeError
@@ -358,3 +359,35 @@ OversubscribeOpt = Annotated[
         "--oversubscribe", help="With --nproc: start more processes than there are CPU cores."
     ),
 ]
+
+
+def stats_progress() -> Progress:
+    """A transient progress bar with a note field, for the statistics commands."""
+    columns = (
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[note]}"),
+        TimeElapsedColumn(),
+    )
+    return Progress(*columns, console=console, transient=True)
+
+
+def int_list(spec: str, what: str) -> list[int]:
+    """Positive whole numbers from "8,16,32" (one line naming `what` otherwise)."""
+    try:
+        values = [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise ProbeError(
+            f"{what} must be whole numbers separated by commas, got '{spec}'."
+        ) from None
+    if not values or min(values) < 1:
+        raise ProbeError(
+            f"{what} must be positive whole numbers separated by commas, got '{spec}'."
+        )
+    return values
+
+
+def fmt_stat(value, digits: int = 2) -> str:
+    """A statistic in a table: `digits` decimals, "-" for none or NaN."""
+    return "-" if value is None or value != value else f"{value:.{digits}f}"

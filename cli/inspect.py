@@ -1,5 +1,4 @@
-"""`probe inspect` (per-head attention statistics and roles of a checkpoint) and `probe scaling`
-(why scores are divided by sqrt(d_k), with numbers)."""
+"""`probe inspect`: per-head attention statistics and roles of a checkpoint."""
 
 from __future__ import annotations
 
@@ -23,11 +22,13 @@ from probe_cli.common import (
     check_positive,
     console,
     describe,
+    fmt_stat,
     inputs_of,
     load_model,
     note_text,
     require_heads,
     shown,
+    stats_progress,
     text_data,
 )
 from probe_cli.rope import (
@@ -38,8 +39,6 @@ from probe_cli.rope import (
     apply_rope,
     rope_request,
 )
-from probe_cli.train import parse_range
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from probe import provenance
@@ -53,35 +52,6 @@ if TYPE_CHECKING:
     import pandas as pd
 
 STREAMING = {"auto": "auto", "on": True, "off": False}
-
-
-def _progress() -> Progress:
-    columns = (
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TextColumn("{task.fields[note]}"),
-        TimeElapsedColumn(),
-    )
-    return Progress(*columns, console=console, transient=True)
-
-
-def _ints(spec: str, what: str) -> list[int]:
-    try:
-        values = [int(x) for x in spec.split(",") if x.strip()]
-    except ValueError:
-        raise ProbeError(
-            f"{what} must be whole numbers separated by commas, got '{spec}'."
-        ) from None
-    if not values or min(values) < 1:
-        raise ProbeError(
-            f"{what} must be positive whole numbers separated by commas, got '{spec}'."
-        )
-    return values
-
-
-def _fmt(value, digits: int = 2) -> str:
-    return "-" if value is None or value != value else f"{value:.{digits}f}"
 
 
 def inspect_cli(
@@ -165,7 +135,7 @@ def inspect_cli(
             n: text_data(ckpt, text, whole, n, batch_size, batches, seed, 0, False, "--lengths")[1]
             for n in wanted
         }
-    with _progress() as bar:
+    with stats_progress() as bar:
         jobs: dict[str, int] = {}
 
         def show(stage: str, done: int, total: int) -> None:
@@ -280,24 +250,26 @@ def _show_summary(summary, ckpt, lengths) -> None:
     for r in summary.itertuples():
         low = r.normalized_entropy == r.normalized_entropy and r.normalized_entropy < 0.3
         entropy = (
-            f"[bold red]{_fmt(r.normalized_entropy)}[/]" if low else _fmt(r.normalized_entropy)
+            f"[bold red]{fmt_stat(r.normalized_entropy)}[/]"
+            if low
+            else fmt_stat(r.normalized_entropy)
         )
         hot = r.max_logit == r.max_logit and r.max_logit > 30
-        logit = f"[bold red]{_fmt(r.max_logit, 1)}[/]" if hot else _fmt(r.max_logit, 1)
+        logit = f"[bold red]{fmt_stat(r.max_logit, 1)}[/]" if hot else fmt_stat(r.max_logit, 1)
         role = "-"
         if isinstance(r.role, str):
             role = ROLE_SHORT.get(r.role, r.role)
             if r.role_offset == r.role_offset and r.role_offset is not None:
                 role += f" {int(r.role_offset):+d}"
-            role += f" {_fmt(r.role_score)}"
+            role += f" {fmt_stat(r.role_score)}"
         view.add_row(
             short_site(r.site),
             str(r.head),
             entropy,
-            _fmt(r.entropy_slope),
+            fmt_stat(r.entropy_slope),
             logit,
-            _fmt(r.p_max),
-            _fmt(r.sink_mass),
+            fmt_stat(r.p_max),
+            fmt_stat(r.sink_mass),
             role,
         )
     console.print(view)
@@ -309,149 +281,9 @@ def _show_summary(summary, ckpt, lengths) -> None:
     )
 
 
-def scaling_cli(
-    out: OutOpt,
-    steps: Annotated[
-        int, typer.Option(help="Training steps per scale in part 2 (0: skip training).")
-    ] = 300,
-    d_k: Annotated[int, typer.Option("--d-k", help="Head width of the trained models.")] = 256,
-    d_ks: Annotated[
-        str, typer.Option("--d-ks", help="Head widths at initialization.")
-    ] = "8,16,32,64,128,256,512",  # probe.analysis.scaling.D_KS (a test keeps them equal)
-    ns: Annotated[
-        str, typer.Option("--ns", help="Numbers of keys at initialization.")
-    ] = "128,1024",  # probe.analysis.scaling.NS
-    queries: Annotated[
-        int, typer.Option(help="Random queries per setting at initialization.")
-    ] = 512,
-    stats_every: Annotated[
-        int, typer.Option(help="Steps between attention statistics in training.")
-    ] = 25,
-    train_len: Annotated[
-        str, typer.Option(help="Copy-task lengths to train on, 'lo:hi'.")
-    ] = "4:16",
-    seed: SeedOpt = 0,
-    device: DeviceOpt = "auto",
-    overwrite: OverwriteOpt = False,
-) -> None:
-    """Reproduce the paper's argument for 1/sqrt(d_k): score variance, entropy and saturation at
-    initialization for each d_k and n, then loss and entropy curves of models trained identical
-    but for the scale. Writes OUT/scaling.csv, OUT/scaling_training.csv and plots."""
-    if steps < 0:
-        raise ProbeError(f"--steps must be 0 (skip training) or more, got {steps}.")
-    check_positive(queries=queries, stats_every=stats_every, d_k=d_k)
-    widths, lengths = _ints(d_ks, "--d-ks"), _ints(ns, "--ns")
-    lo, hi = parse_range(train_len, "--train-len") if steps else (0, 0)
-    earlier = claim_output(out, ("scaling.csv", "scaling_training.csv", "manifest.json"), overwrite)
-    from probe.analysis.scaling import SCALES, init_scaling, train_scaling
-    from probe.report.attention_plots import write_scaling
-    from probe.training.train import resolve_device
-
-    used = resolve_device(device)  # checked even when nothing is trained
-    init = init_scaling(widths, lengths, SCALES, n_queries=queries, seed=seed)
-    curves = None
-    if steps:
-        with _progress() as bar:
-            jobs = {s: bar.add_task(f"train scale {s}", total=steps, note="") for s in SCALES}
-
-            def show(scale: str, p) -> None:
-                bar.update(jobs[scale], completed=p.step, note=f"loss {p.loss:.3f}")
-
-            curves = train_scaling(
-                d_k,
-                SCALES,
-                steps=steps,
-                stats_every=stats_every,
-                train_len=(lo, hi),
-                seed=seed,
-                device=str(used),
-                progress=show,
-            )
-    manifest = {
-        "command": "scaling",
-        "d_ks": d_ks,
-        "ns": ns,
-        "queries": queries,
-        "steps": steps,
-        "d_k": d_k,
-        "stats_every": stats_every,
-        "train_len": train_len,
-        "seed": seed,
-        **provenance.context(used if steps else "cpu"),  # initialization runs on the CPU
-    }
-    open_output(out, earlier)
-    written = write_scaling(init, curves, out, manifest)
-    _show_scaling(init, curves)
-    console.print(
-        f"wrote {counted(len(written), 'file')} to {shown(out)}: "
-        + ", ".join(p.name for p in written)
-    )
-
-
-def _show_scaling(init, curves) -> None:
-    wide = init.pivot_table(index=["d_k", "n"], columns=["statistic", "scale"], values="value")
-    view = Table(
-        title="q, k ~ N(0, I) at initialization (variance predicted: d_k unscaled, 1 scaled)",
-        title_justify="left",
-    )
-    for col in (
-        "d_k",
-        "n",
-        "var 1",
-        "var 1/sqrt",
-        "H/logn 1",
-        "H/logn 1/sqrt",
-        "H/logn 1/d",
-        "p_max>.9 1",
-    ):
-        view.add_column(col, justify="right")
-    for (d, n), r in wide.iterrows():
-        view.add_row(
-            str(d),
-            str(n),
-            f"{r[('score_var', 'none')]:.3g}",
-            f"{r[('score_var', 'sqrt')]:.3g}",
-            f"{r[('normalized_entropy', 'none')]:.3f}",
-            f"{r[('normalized_entropy', 'sqrt')]:.3f}",
-            f"{r[('normalized_entropy', 'inverse')]:.3f}",
-            f"{r[('p_max_gt_0.9', 'none')]:.2f}",
-        )
-    console.print(view)
-    if curves is None:
-        return
-    view = Table(title="training, identical but for the scale (last logged step)")
-    for col in ("scale", "loss", "exact match", "H / log n", "max logit"):
-        view.add_column(col, justify="right")
-    for scale, part in curves.groupby("scale", sort=False):
-        last = part[part.step == part[part.statistic == "normalized_entropy"].step.max()]
-
-        def value(stat, how="mean", part=part, last=last):
-            rows = part if stat in ("loss", "exact_match") else last
-            rows = rows[rows.statistic == stat]
-            if rows.empty:
-                return float("nan")
-            if stat in ("loss", "exact_match"):
-                return float(rows.sort_values("step").value.iloc[-1])
-            return float(getattr(rows.value, how)())
-
-        view.add_row(
-            scale,
-            _fmt(value("loss"), 3),
-            _fmt(value("exact_match")),
-            _fmt(value("normalized_entropy")),
-            _fmt(value("max_logit", "max"), 1),
-        )
-    console.print(view)
-
-
 def register(app: typer.Typer) -> None:
     app.command(
         "inspect",
         no_args_is_help=True,
         epilog="Example: probe inspect runs/copy --lengths 8,16,32 --out runs/copy/inspect",
     )(inspect_cli)
-    app.command(
-        "scaling",
-        no_args_is_help=True,
-        epilog="Example: probe scaling --steps 0 --out runs/scaling",
-    )(scaling_cli)

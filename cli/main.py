@@ -7,7 +7,19 @@ import sys
 from typing import Annotated
 
 import typer
-from probe_cli import generate, heal, importance, inspect, interop, kv, prune, study, train, view
+from probe_cli import (
+    generate,
+    heal,
+    importance,
+    inspect,
+    interop,
+    kv,
+    prune,
+    scaling,
+    study,
+    train,
+    view,
+)
 from probe_cli.common import Group, err_console, shown
 
 from probe.allocator import return_large_blocks
@@ -45,7 +57,8 @@ def _root(
     """The group's own option (--version); its help is the Typer app's."""
 
 
-for module in (train, interop, inspect, importance, prune, heal, kv, generate, study, view):
+for module in (train, interop, inspect, scaling, importance, prune, heal, kv, generate, study,
+               view):  # fmt: skip
     module.register(app)
 
 

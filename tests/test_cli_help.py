@@ -65,7 +65,7 @@ def test_scaling_defaults_are_the_analysis_grid():
     them would load torch): they must stay the analysis module's grid."""
     import inspect as pyinspect
 
-    from probe_cli.inspect import scaling_cli
+    from probe_cli.scaling import scaling_cli
 
     from probe.analysis.scaling import D_KS, NS
 
