@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from probe.measure.streaming import entropy_materialized, entropy_streaming, tile_size
-from probe.model.attention import AttentionCall
+from probe.model.call import AttentionCall
 
 
 def pin_malloc() -> None:

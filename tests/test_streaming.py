@@ -13,7 +13,7 @@ from probe.measure.streaming import (
     entropy_streaming,
     row_statistics,
 )
-from probe.model.attention import AttentionCall
+from probe.model.call import AttentionCall
 from probe.model.positional import alibi_slopes
 from probe.site import Site
 

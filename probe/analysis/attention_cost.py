@@ -48,7 +48,7 @@ from probe.errors import ProbeError
 from probe.fields import choice
 from probe.measure.memory import HEADROOM, available_bytes
 from probe.measure.streaming import entropy_materialized, entropy_streaming
-from probe.model.attention import AttentionCall
+from probe.model.call import AttentionCall
 from probe.site import Site
 
 Progress = Callable[[int, int], None]  # (sizes done, sizes in all)

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from probe.measure.rowsums import RowSums, key_gap, row_factor, visible_count
-from probe.model.attention import AttentionCall
+from probe.model.call import AttentionCall
 
 CHUNK_ELEMENTS = 2**18  # logits per group of examples
 QUERY_BLOCK = 64  # queries per block of a causal self-attention call (see the module docstring)

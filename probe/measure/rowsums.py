@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from probe.model.attention import AttentionCall
+from probe.model.call import AttentionCall
 
 
 @dataclass

@@ -26,7 +26,7 @@ import torch
 
 from probe.measure.materialized import materialized_rows
 from probe.measure.rowsums import RowSums, key_gap, visible_count
-from probe.model.attention import AttentionCall
+from probe.model.call import AttentionCall
 
 # statistic -> the running sums it needs: "softmax" (m, l, u), "distance", "sink", "raw", "logit",
 # "output" (the head's output), "count" (visible keys)

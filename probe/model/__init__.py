@@ -1,4 +1,5 @@
-from probe.model.attention import Attention, AttentionCall, Observer
+from probe.model.attention import Attention
+from probe.model.call import AttentionCall, Observer
 from probe.model.transformer import Transformer
 
 __all__ = ["Attention", "AttentionCall", "Observer", "Transformer"]

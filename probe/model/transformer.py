@@ -12,8 +12,9 @@ from torch import nn
 from probe.config import FFN, Arch, ModelConfig, Norm
 from probe.errors import ProbeError
 from probe.model import streaming
-from probe.model.attention import Attention, Observer
+from probe.model.attention import Attention
 from probe.model.cache import KVCache, SiteCache, StreamRule
+from probe.model.call import Observer
 from probe.model.layers import FeedForward, activation, make_norm
 from probe.model.positional import InputPositions
 from probe.site import Site
