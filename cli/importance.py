@@ -148,7 +148,7 @@ def importance_cli(
                            inside_ok=True)  # fmt: skip
     import pandas as pd
 
-    from probe.checkpoint import open_output
+    from probe.files import open_output
     from probe.pruning.groups import group_table
     from probe.pruning.importance import compare_estimators
     from probe.pruning.layer_drop import layer_importance

@@ -107,7 +107,8 @@ def export_cli(
     if format == "gguf":
         _export_gguf(checkpoint, out, dtype, allow_pickle, overwrite)
         return
-    from probe.checkpoint import claim_output, load_checkpoint
+    from probe.checkpoint import load_checkpoint
+    from probe.files import claim_output
     from probe.interop.export import WRITES, export_hf
     from probe.interop.staging import staged
 

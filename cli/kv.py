@@ -100,7 +100,7 @@ def kv_plan_cli(
     KVPlan(method, full_heads, sink, window, ())  # sink and window within a plan's range
     check_seed(seed)
     earlier = claim_output(out, WRITES, overwrite, inputs=inputs_of(checkpoint, text))
-    from probe.checkpoint import open_output  # torch: after the plain checks above
+    from probe.files import open_output
     from probe.kv.duo import DuoSettings
     from probe.kv.methods import check_plannable, make_plan
 

@@ -48,9 +48,9 @@ def read_plan(path: Path):
 def eval_kv_plan(ckpt, plan, out, earlier, lengths, text, whole, batch_size, batches, seed,
                  max_batch_tokens, needle_tokens, needles) -> None:  # fmt: skip
     from probe.analysis.retrieval import needle_prompts
-    from probe.checkpoint import open_output
     from probe.data.tasks import parse_lengths
     from probe.data.text import read_documents
+    from probe.files import open_output
     from probe.kv.evaluate import evaluate_plan, saved
     from probe.report.files import atomic_write_csv
 

@@ -84,7 +84,7 @@ def _sweep_methods(methods: str) -> list[str]:
 
 def _sweep(ckpt, out, methods, seeds, fractions, lengths, batch_size, batches, seed, select,
            earlier, data, max_batch_tokens):  # fmt: skip
-    from probe.checkpoint import open_output
+    from probe.files import open_output
     from probe.pruning.curves import primary_metric, pruning_curve
     from probe.report.files import atomic_save_figure, atomic_write_csv
     from probe.report.pruning_plots import pruning_curve_plot
@@ -253,7 +253,9 @@ def prune_cli(
     writes = SWEEP_FILES if sweep else (*CHECKPOINT_FILES, *PRUNED_FILES)
     earlier = claim_output(out, writes, overwrite, inputs=inputs_of(checkpoint, text),
                            inside_ok=sweep)  # fmt: skip
-    from probe.checkpoint import TOKENIZER, open_output, save_checkpoint
+    from probe.checkpoint import save_checkpoint
+    from probe.checkpoint_files import TOKENIZER
+    from probe.files import open_output
     from probe.pruning.compare import prune_and_compare
     from probe.report.files import atomic_write_csv
     from probe.runtime import Runtime

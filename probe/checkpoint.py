@@ -17,24 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from probe.checkpoint_files import (  # CHECKPOINT_FILES, read_config: re-exported (their old home)
-    CHECKPOINT_FILES,  # noqa: F401
-    CONFIG,
-    FORMAT,
-    FORMAT_VERSION,
-    METRICS,  # noqa: F401
-    TOKENIZER,
-    read_config,
-)
+from probe.checkpoint_files import CONFIG, FORMAT, FORMAT_VERSION, TOKENIZER, read_config
 from probe.config import ModelConfig
 from probe.data.tasks import TaskConfig
 from probe.errors import ProbeError
-from probe.files import (  # claim_output, open_output: re-exported (their old home)
-    atomic_write_text,
-    check_input_file,
-    claim_output,  # noqa: F401
-    open_output,  # noqa: F401
-)
+from probe.files import atomic_write_text, check_input_file
 from probe.interop.tokenizer import load_tokenizer, save_tokenizer
 from probe.measure.memory import check_model
 from probe.model import Transformer

@@ -112,7 +112,7 @@ def test_checking_an_output_never_removes_what_another_process_made_meanwhile(
     a folder another process wrote into meanwhile (parallel study cells share models/) stays."""
     import tempfile
 
-    from probe.checkpoint import claim_output
+    from probe.files import claim_output
 
     real = tempfile.TemporaryFile
 

@@ -6,7 +6,6 @@ field; a Hugging Face section survives read then write."""
 
 from __future__ import annotations
 
-import logging
 import math
 
 import pytest
@@ -25,15 +24,7 @@ from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXRotaryEmbeddin
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # noqa: E402
 from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _quiet_transformers():
-    """transformers warns about sections it accepts anyway (e.g. Phi-3's original context)."""
-    logger = logging.getLogger("transformers")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    yield
-    logger.setLevel(level)
+pytestmark = pytest.mark.usefixtures("quiet_transformers")
 
 
 def _plausible_factors(pairs: int, top: float) -> list[float]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import shutil
 from pathlib import Path
 
@@ -89,14 +88,7 @@ CASES = {
 BY_LENGTH = ["llama-dynamic", "phi-3.5-longrope", "phi-4-mini-longrope"]
 
 
-@pytest.fixture(autouse=True)
-def _quiet_transformers():
-    """transformers warns about sections it accepts anyway (Phi-3's original context)."""
-    logger = logging.getLogger("transformers")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    yield
-    logger.setLevel(level)
+pytestmark = pytest.mark.usefixtures("quiet_transformers")
 
 
 def sharpen(model, seed: int = 0) -> None:

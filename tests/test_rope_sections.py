@@ -8,7 +8,6 @@ Phi-3's "su" elsewhere) is refused in one line naming the key."""
 from __future__ import annotations
 
 import json
-import logging
 
 import pytest
 import torch
@@ -24,13 +23,7 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 
         "rope_theta": 10000.0}  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def _quiet_transformers():
-    logger = logging.getLogger("transformers")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    yield
-    logger.setLevel(level)
+pytestmark = pytest.mark.usefixtures("quiet_transformers")
 
 
 def saved_llama(path, top: dict | None = None, section: dict | None = None):

@@ -14,7 +14,8 @@ from cli_run import exit_code
 from safetensors import safe_open
 
 import probe.weights
-from probe.checkpoint import CHECKPOINT_FILES, load_checkpoint, save_checkpoint
+from probe.checkpoint import load_checkpoint, save_checkpoint
+from probe.checkpoint_files import CHECKPOINT_FILES
 from probe.config import ModelConfig
 from probe.data.tasks import TaskConfig
 from probe.errors import ProbeError

@@ -19,16 +19,12 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from probe import provenance
-from probe.checkpoint import (
-    CHECKPOINT_FILES,
-    METRICS,
-    claim_output,
-    open_output,
-    save_checkpoint,
-)
+from probe.checkpoint import save_checkpoint
+from probe.checkpoint_files import CHECKPOINT_FILES, METRICS
 from probe.config import ModelConfig
 from probe.data.tasks import Batch, TaskConfig, sample_length, score, sequence_length
 from probe.errors import Interrupted, ProbeError
+from probe.files import claim_output, open_output
 from probe.measure.evaluate import batch_loss, check_lengths, evaluate, form_for, forward_batch
 from probe.measure.memory import check_forward, check_model
 from probe.measure.observe import attention_stats
