@@ -19,13 +19,12 @@ from rich.progress import (
 from rich.table import Table
 
 from probe.errors import ProbeError
-from probe.files import check_output_dir, claim_file
+from probe.files import claim_file
 from probe.study.documents import read_toml
 from probe.words import counted
 
 if TYPE_CHECKING:  # the study modules import torch: commands import them when they run
     from probe.study.engine import Event
-    from probe.study.grid.spec import Study
     from probe.study.verdicts.expect import Outcome
 
 app = typer.Typer(
@@ -38,12 +37,6 @@ StudyArg = Annotated[Path, typer.Argument(help="A study file, e.g. studies/quick
 SmokeOpt = Annotated[
     bool, typer.Option("--smoke", help="Run the scaled-down version (its \\[smoke] table; for CI).")
 ]
-
-
-def default_out(study: Study) -> Path:
-    """runs/NAME (git-ignored): a run never rewrites the committed results/NAME, which is the
-    reference its report compares with; `--out results/NAME` updates the reference."""
-    return Path("runs") / (f"{study.name}-smoke" if study.is_smoke else study.name)
 
 
 class UnitProgress:
@@ -131,48 +124,30 @@ def run_cli(
     """Run a study (finished cells or steps are reused), write its report and check its
     expectations; exit code 1 when an expectation fails."""
     read_toml(file)  # a study file that is not there, or not TOML: one line before torch loads
-    from probe.runtime import Runtime
     from probe.study.engine import Settings
-    from probe.study.engine.runner import check_settings, run_plan
-    from probe.study.heads.checks import check_threads
-    from probe.study.kinds import kind_of, load_any, smoke_of
-    from probe.study.runner import plan_for
-    from probe.study.verdicts.reproduce import verdict
+    from probe.study.runner import prepare
 
-    Runtime.resolve(device, dtype)  # a bad name is one line now, not after a unit
     if junit is not None:
         claim_file(junit, overwrite=True, what="--junit", inputs={"the study file": file})
-    study = load_any(file)
-    check_threads(threads, "--threads")
-    if smoke:
-        study = smoke_of(study, file)
-    out = out or default_out(study)
-    kind = kind_of(study)
     settings = Settings(device, dtype, threads, jobs, executor, address)
-    plan = plan_for(study, out, settings)  # refuses what the kind cannot do
-    check_settings(plan)  # --jobs, --executor, a Ray address that answers: before any output
-    # a head study's results may lie inside its model's folder, never the other way round
-    inputs = [("the study file", file), *(("the study's input", p) for p in plan.inputs())]
-    check_output_dir(out, inputs=inputs, inside_ok=True)
-    console.print(f"study [bold]{shown(study.name)}[/]{' (smoke)' if smoke else ''}: "
-                  f"{shown(kind.describe(study, plan.size()))} -> {shown(out)}")  # fmt: skip
+    ready = prepare(file, out, smoke=smoke, settings=settings)  # every check, before any output
+    console.print(f"study [bold]{shown(ready.study.name)}[/]{' (smoke)' if smoke else ''}: "
+                  f"{shown(ready.describe())} -> {shown(ready.out)}")  # fmt: skip
     columns = (
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[note]}"), TimeElapsedColumn(), TimeRemainingColumn(),
     )  # fmt: skip
     with Progress(*columns, console=console) as bar:
-        # the plan built above (a head study's plan hashed its model's files once)
-        result = run_plan(plan, progress=UnitProgress(bar, plan.noun), overwrite=overwrite)
+        done = ready.run(UnitProgress(bar, ready.plan.noun), overwrite=overwrite)
+    result = done.result
     seconds = float(result.manifest["wall_s"])
     trained = [not r.cached and r.facts["train_s"] > 0 for r in result.records
                if "train_s" in r.facts]  # fmt: skip
     models = f" ({counted(sum(trained), 'model')} trained)" if trained else ""
-    console.print(f"{counted(result.n_run, plan.noun)} run{models}, {result.n_cached} reused "
-                  f"from the cache, {seconds:.0f} s")  # fmt: skip
-    path, outcomes = kind.report(out, study, result)
-    console.print(f"report: [bold]{shown(path)}[/]", soft_wrap=True)
-    last = verdict(out, study.name, study.is_smoke, result.tables, result.manifest, kind.reproduce)
-    finish(study.name, outcomes, junit, seconds, last)
+    console.print(f"{counted(result.n_run, ready.plan.noun)} run{models}, {result.n_cached} "
+                  f"reused from the cache, {seconds:.0f} s")  # fmt: skip
+    console.print(f"report: [bold]{shown(done.report)}[/]", soft_wrap=True)
+    finish(done.study.name, done.outcomes, junit, seconds, done.verdict)
 
 
 def finish(name: str, outcomes: list[Outcome], junit: Path | None, seconds: float,

@@ -214,3 +214,22 @@ def test_kill_9_of_a_parallel_run_leaves_no_worker_writing(tmp_path):
     assert snapshot(tmp_path / "out") == written, (
         "a worker wrote into the results folder after the run died"
     )
+
+
+def test_a_python_caller_runs_reports_and_judges_a_study_in_one_call(tmp_path):
+    """`probe.study.runner.run` does what `probe study run` does: the report written, the
+    expectations judged (as the CLI's exit code reads them), the reproduction verdict given;
+    a second call reuses every unit."""
+    from tiny_study import tiny_study
+
+    from probe.study.runner import run
+
+    path = tmp_path / "tiny.toml"
+    expect = '\n[[expect]]\ntable = "eval"\nmetric = "loss"\nbound = ">= 0"\n'
+    path.write_text(tiny_study(steps=2, pes=("rope",), extra=expect))
+    done = run(path, tmp_path / "out")
+    assert done.report == tmp_path / "out" / "report.md" and done.report.exists()
+    assert [o.passed for o in done.outcomes] == [True] and done.passed
+    assert done.verdict and done.result.n_run == 2
+    again = run(path, tmp_path / "out")
+    assert again.result.n_run == 0 and again.result.n_cached == 2
