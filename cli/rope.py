@@ -83,8 +83,7 @@ def rope_request(checkpoint: Path | None, kind: str | None, factor: float | None
                              "context; drop it.")  # fmt: skip
         given[CONTEXT_FIELD[kind]] = original
     for flag, name in (("--rope-factor", "factor"), ("--rope-alpha", "alpha")):
-        own = KINDS[kind].required + KINDS[kind].optional
-        if given[name] is not None and name not in own:
+        if given[name] is not None and name not in KINDS[kind].parameters:
             raise ProbeError(f"{flag}: rotary scaling kind '{kind}' takes no {name}; drop it.")
     request = RopeRequest(kind, tuple((k, v) for k, v in given.items() if v is not None))
     if checkpoint is not None and checkpoint.is_dir():

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from probe.errors import ProbeError
+from probe.fields import to_plain
 from probe.words import did_you_mean
 
 if TYPE_CHECKING:
@@ -54,11 +55,7 @@ class RopeScaling:
     alpha: float | None = None  # ntk: base' = base * alpha ** (d / (d - 2))
 
     def __post_init__(self) -> None:
-        if not isinstance(self.kind, str) or self.kind not in KINDS:
-            raise ProbeError(
-                f"Unknown rotary scaling kind '{self.kind}' (field 'kind')."
-                f"{did_you_mean(str(self.kind), list(KINDS))} Available: {', '.join(KINDS)}."
-            )
+        check_kind(self.kind)
         for name, (valid, wanted) in _RULES.items():
             value = getattr(self, name)
             if value is not None and not valid(value):
@@ -66,7 +63,7 @@ class RopeScaling:
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))  # frozen, hashable
         kind = KINDS[self.kind]
-        own = kind.required + kind.optional
+        own = kind.parameters
         for name in PARAMETERS:
             if getattr(self, name) is not None and name not in own:
                 raise ProbeError(
@@ -108,21 +105,14 @@ class RopeScaling:
     def describe(self) -> str:
         """The kind and its parameters in a line: "llama3 (factor 8.0, low_freq_factor 1.0,
         ...)"; long factor tables shortened to their length."""
-        shown = []
-        for name, value in self.to_dict().items():
-            if name != "kind":
-                shown.append(
-                    f"{name} {f'[{len(value)} values]' if isinstance(value, list) else value}"
-                )
+        given = list(self.to_dict().items())[1:]  # after the kind
+        shown = [f"{k} {f'[{len(v)} values]' if isinstance(v, list) else v}" for k, v in given]
         return f"{self.kind} ({', '.join(shown)})" if shown else self.kind
 
     def to_dict(self) -> dict[str, Any]:
         """The kind and the parameters set, JSON-ready (lists for the factor tables)."""
-        values = {name: getattr(self, name) for name in PARAMETERS}
-        given = {
-            k: list(v) if isinstance(v, tuple) else v for k, v in values.items() if v is not None
-        }
-        return {"kind": self.kind, **given}
+        given = {k: getattr(self, k) for k in PARAMETERS if getattr(self, k) is not None}
+        return {"kind": self.kind, **{k: to_plain(v) for k, v in given.items()}}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RopeScaling:
@@ -137,6 +127,15 @@ class RopeScaling:
         if self.factor is not None:
             return self.factor
         return self.max_position_embeddings / self.original_max_position_embeddings
+
+
+def check_kind(kind: Any) -> None:
+    """Refuse a kind that is not in KINDS, listing those that are."""
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise ProbeError(
+            f"Unknown rotary scaling kind '{kind}' (field 'kind')."
+            f"{did_you_mean(str(kind), list(KINDS))} Available: {', '.join(KINDS)}."
+        )
 
 
 def check_fields(data: dict[str, Any]) -> None:
@@ -351,6 +350,11 @@ class RopeKind:
     by_length: bool = False  # whether its frequencies depend on the current length
     # keys transformers requires in a section even when null (then derived), written so
     hf_null_keys: tuple[str, ...] = ()
+
+    @property
+    def parameters(self) -> tuple[str, ...]:
+        """Every RopeScaling field it reads, required or not."""
+        return self.required + self.optional
 
     def __call__(
         self, base: float, dims: int, scaling: RopeScaling, length: int | None = None

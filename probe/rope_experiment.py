@@ -16,9 +16,8 @@ from typing import Any
 from probe.config import PE, Arch, ModelConfig
 from probe.data.task_spec import Form, TaskConfig, prompt_length, sequence_length
 from probe.errors import ProbeError
-from probe.rope import KINDS, RopeScaling, check_fields
+from probe.rope import KINDS, RopeScaling, check_fields, check_kind
 from probe.train_config import TrainConfig
-from probe.words import did_you_mean
 
 # the context field each kind anchors at (filled from the model's training context if not given)
 CONTEXT_FIELD = {
@@ -41,11 +40,7 @@ class RopeRequest:
     given: tuple[tuple[str, Any], ...] = ()  # (parameter, value), in the order given
 
     def __post_init__(self) -> None:
-        if not isinstance(self.kind, str) or self.kind not in KINDS:
-            raise ProbeError(
-                f"Unknown rotary scaling kind '{self.kind}' (field 'kind')."
-                f"{did_you_mean(str(self.kind), list(KINDS))} Available: {', '.join(KINDS)}."
-            )
+        check_kind(self.kind)
         given = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in self.given)
         object.__setattr__(self, "given", given)  # frozen and hashable: lists as tuples
         self.complete(_STAND_IN)  # every other mistake, said as RopeScaling says it
@@ -89,7 +84,7 @@ class RopeRequest:
     def _context_for_factor(self, values: dict[str, Any]) -> bool:
         """Whether the kind takes its factor from the model's context (yarn and longrope
         without a factor) and none is given."""
-        own = KINDS[self.kind].required + KINDS[self.kind].optional
+        own = KINDS[self.kind].parameters
         missing = values.get("factor") is None and values.get("max_position_embeddings") is None
         return "max_position_embeddings" in own and "factor" in own and missing
 

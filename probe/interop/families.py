@@ -301,6 +301,11 @@ def require_unpruned(cfg, name: str, detail: str = "") -> None:
 LAYER_TYPES = ("full_attention", "sliding_attention")  # the values of `layer_types`
 
 
+def layer_types(cfg) -> list[str]:
+    """The `layer_types` of a probe config: each layer's attention as transformers names it."""
+    return [LAYER_TYPES[cfg.window(i) is not None] for i in range(cfg.n_layer)]
+
+
 def windows(
     hf: Fields, n_layer: int, default_types: list[str], default_window: int | None
 ) -> tuple[int | None, tuple[int, ...] | None]:

@@ -28,8 +28,8 @@ import torch
 from probe.config import FFN, PE, Arch, ModelConfig, Norm, NormType
 from probe.errors import ProbeError
 from probe.interop.families import (
-    LAYER_TYPES,
     LLAMA_NORMS,
+    layer_types,
     llama_names,
     renamed,
     same_tied_head,
@@ -67,15 +67,17 @@ ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
                  "gemma3_text": "Gemma3ForCausalLM"}  # fmt: skip
 
 
-def _rotary(hf: Fields, kind: str, context: int) -> dict:
+def _rotary(hf: Fields, kind: str, context: int, slides: bool) -> dict:
     """The rotary ModelConfig keywords (probe.interop.hf_rope.read_rotary): Gemma and Gemma 2
     one section; Gemma 3 one per layer type, its global base from `rope_theta` and its local
-    one from `rope_local_base_freq` where the sections do not say."""
+    one from `rope_local_base_freq` where the sections do not say (`slides`: whether a layer
+    slides to use it)."""
     d = DEFAULTS[kind]
     if kind != "gemma3_text":
         return read_rotary(hf, context, theta=d["rope_theta"])
     local = hf.number("rope_local_base_freq", d["rope_local_base_freq"])
-    return read_rotary(hf, context, theta=d["rope_theta"], local_theta=local, nested=True)
+    return read_rotary(hf, context, theta=d["rope_theta"], local_theta=local, nested=True,
+                       slides=slides)  # fmt: skip
 
 
 def _windows(hf: Fields, kind: str, n_layer: int) -> tuple[int | None, tuple[int, ...] | None]:
@@ -131,10 +133,8 @@ def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> Mode
         hf.fail("num_key_value_heads", f"a divisor of num_attention_heads ({n_head})", n_kv_head)
     n_layer = hf.integer("num_hidden_layers", d["num_hidden_layers"])
     context = hf.integer("max_position_embeddings", d["max_position_embeddings"])
-    rotary = _rotary(hf, kind, context)
     window, window_layers = _windows(hf, kind, n_layer)
-    if window is None:  # no layer slides: the local rotary is no layer's
-        rotary = {k: v for k, v in rotary.items() if not k.startswith("rope_local")}
+    rotary = _rotary(hf, kind, context, slides=window is not None)
     later = kind != "gemma"  # Gemma 2 and 3
     capped = later and not multimodal  # Gemma3ForConditionalGeneration does not soft-cap
     return ModelConfig(
@@ -256,7 +256,7 @@ def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]
         "tie_word_embeddings": cfg.tie_embeddings,
     }
     if kind != "gemma":
-        types = [LAYER_TYPES[cfg.window(i) is not None] for i in range(cfg.n_layer)]
+        types = layer_types(cfg)
         hf |= {
             "query_pre_attn_scalar": _integral(cfg.scale_dim or cfg.d_head),
             # transformers builds the sliding mask even where no layer uses it: any size will do

@@ -14,12 +14,14 @@ import torch
 from probe.config import FFN, PE, Arch, ModelConfig, Norm, NormType
 from probe.errors import ProbeError
 from probe.interop.families import (
+    layer_types,
     llama_names,
     refuse_unimplemented,
     renamed,
     same_tied_head,
     tied_output,
     uniform_shape,
+    windows,
 )
 from probe.interop.fields import Fields
 from probe.interop.hf_rope import read_rotary, rotary_to_hf
@@ -72,17 +74,11 @@ def _window(hf: Fields) -> tuple[int | None, tuple[int, ...] | None]:
     if not qwen:
         return window, None
     n_layer = hf.integer("num_hidden_layers")
-    types = hf.raw("layer_types")
-    if types is None:
+    types: list[str] = []  # the config's `layer_types` where it has them
+    if hf.raw("layer_types") is None:
         first = hf.integer("max_window_layers", 28, lo=0)
         types = ["sliding_attention" if i >= first else "full_attention" for i in range(n_layer)]
-    kinds = ("full_attention", "sliding_attention")
-    if not isinstance(types, list) or len(types) != n_layer or any(t not in kinds for t in types):
-        hf.fail("layer_types", f"a list of {n_layer} of {', '.join(kinds)}", types)
-    layers = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
-    if not layers:
-        return None, None
-    return window, None if len(layers) == n_layer else layers
+    return windows(hf, n_layer, types, window)
 
 
 def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> ModelConfig:
@@ -193,18 +189,11 @@ def _zero_o_bias(weights: dict, cfg: ModelConfig) -> None:
             weights[f"model.layers.{i}.self_attn.o_proj.bias"] = torch.zeros(cfg.d_model)
 
 
-def _layer_types(cfg: ModelConfig) -> list[str]:
-    return [
-        "sliding_attention" if cfg.window(i) is not None else "full_attention"
-        for i in range(cfg.n_layer)
-    ]
-
-
 def _qwen3(hf: dict, weights: dict, cfg: ModelConfig) -> tuple[dict, dict]:
     """A norm on each head's q and k is a Qwen3 (a Llama config cannot hold it), its windowed
     layers named by `layer_types`, read back by `_window`."""
     del hf["mlp_bias"]
-    types = _layer_types(cfg)
+    types = layer_types(cfg)
     window = cfg.sliding_window
     _zero_o_bias(weights, cfg)
     return {
@@ -226,7 +215,7 @@ def _windowed(hf: dict, weights: dict, cfg: ModelConfig) -> tuple[dict, dict]:
     if cfg.window_layers is None and not cfg.qkv_bias:
         model_type = {"model_type": "mistral", "architectures": ["MistralForCausalLM"]}
         return {**hf, **model_type, "sliding_window": cfg.sliding_window}, weights
-    types = _layer_types(cfg)
+    types = layer_types(cfg)
     hf = {
         **hf,
         "model_type": "qwen2",

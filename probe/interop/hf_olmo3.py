@@ -16,7 +16,7 @@ import torch
 
 from probe.config import ModelConfig
 from probe.interop import hf_olmo2
-from probe.interop.families import windows
+from probe.interop.families import layer_types, windows
 from probe.interop.fields import Fields
 from probe.interop.hf_rope import read_rotary, rotary_to_hf
 from probe.rope import UNSCALED
@@ -37,9 +37,8 @@ def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> Mode
     n_layer = block["n_layer"]
     types = ["sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(n_layer)]
     window, window_layers = windows(hf, n_layer, types, WINDOW)
-    rotary = read_rotary(hf, block["max_len"], theta=THETA, local_theta=THETA, nested=True)
-    if window is None:  # no layer slides: the sliding section is no layer's
-        rotary = {k: v for k, v in rotary.items() if not k.startswith("rope_local")}
+    rotary = read_rotary(hf, block["max_len"], theta=THETA, local_theta=THETA, nested=True,
+                         slides=window is not None)  # fmt: skip
     return ModelConfig(**block, **rotary, sliding_window=window, window_layers=window_layers)
 
 
@@ -58,9 +57,6 @@ def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]
         "architectures": ["Olmo3ForCausalLM"],
         # transformers builds the sliding mask even where no layer uses it: any size will do
         "sliding_window": cfg.sliding_window or cfg.max_len,
-        "layer_types": [
-            "sliding_attention" if cfg.window(i) is not None else "full_attention"
-            for i in range(cfg.n_layer)
-        ],
+        "layer_types": layer_types(cfg),
         "rope_parameters": rotary_to_hf(cfg, nested=True),
     }, weights

@@ -53,7 +53,7 @@ def rope_scaling_from_hf(
             )
         if key in _SECTION_KEYS:
             values[key] = value
-    own = KINDS[kind].required + KINDS[kind].optional if kind in KINDS else ()
+    own = KINDS[kind].parameters if kind in KINDS else ()
     if original_max_position_embeddings is not None and ORIGINAL in own:
         values[ORIGINAL] = original_max_position_embeddings
     if max_position_embeddings is not None and "max_position_embeddings" in own:
@@ -135,6 +135,7 @@ def read_rotary(
     top_original: int | None = None,
     nested: bool = False,
     partial: bool = False,
+    slides: bool = True,
 ) -> dict[str, Any]:
     """A config's rotary settings as ModelConfig keywords (rope_base, rope_scaling and, where
     the config has one section per layer type, rope_local_base and rope_local_scaling), read
@@ -147,10 +148,11 @@ def read_rotary(
     nested config. `renamed`: kind names the family reads as others (Phi-3: yarn as longrope).
     `top_original`: the `original_max_position_embeddings` that wins over the section's (Phi-3:
     the config's, 4096 by default; elsewhere the top-level key where a flat config has one).
-    `nested`: the family always has one section per layer type (Gemma 3,
-    OLMo-3), absent ones the default. The rotated fraction is the family's to read (`partial`:
-    it does; elsewhere a section's `partial_rotary_factor` other than 1 is refused beside a
-    scaled kind)."""
+    `nested`: the family always has one section per layer type (Gemma 3, OLMo-3), absent ones
+    the default; `slides`: whether a layer slides (without one the sliding section, read and
+    checked all the same, is no layer's and is left out). The rotated fraction is the family's
+    to read (`partial`: it does; elsewhere a section's `partial_rotary_factor` other than 1 is
+    refused beside a scaled kind)."""
     theta = hf.number("rope_theta", theta)
     params = hf.section("rope_parameters")
     found = [k for k in LAYER_TYPES if k in params.data]
@@ -182,8 +184,10 @@ def read_rotary(
             section.refuse("truncate", False, "transformers reads YaRN's truncate only at the "
                            "top of rope_parameters, so a section per layer type always "
                            "truncates; remove the key to compute what it computes.")  # fmt: skip
-    return {"rope_base": base, "rope_scaling": rope, "rope_local_base": local_base,
-            "rope_local_scaling": local_rope}  # fmt: skip
+    rotary = {"rope_base": base, "rope_scaling": rope}
+    if slides:
+        rotary |= {"rope_local_base": local_base, "rope_local_scaling": local_rope}
+    return rotary
 
 
 def rotary_to_hf(cfg: ModelConfig, fraction: bool = False, nested: bool = False) -> dict:

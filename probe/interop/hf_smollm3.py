@@ -15,7 +15,7 @@ import torch
 
 from probe.config import ModelConfig
 from probe.interop import hf_llama
-from probe.interop.families import windows
+from probe.interop.families import layer_types, windows
 from probe.interop.fields import Fields
 
 MODEL_TYPES = ("smollm3",)
@@ -72,8 +72,5 @@ def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]
         "use_sliding_window": cfg.sliding_window is not None,
         "sliding_window": cfg.sliding_window,
         **{key: None for key, token in TOKEN_IDS.items() if token >= cfg.vocab_size},
-        "layer_types": [
-            "sliding_attention" if cfg.window(i) is not None else "full_attention"
-            for i in range(cfg.n_layer)
-        ],
+        "layer_types": layer_types(cfg),
     }, weights

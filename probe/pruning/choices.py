@@ -51,7 +51,7 @@ ESTIMATORS: dict[Method, Estimator] = {
 
 def estimator(name: str) -> Estimator | None:
     """The declaration of estimator `name` (None: a curve's own method, such as fisher+tune)."""
-    return ESTIMATORS.get(name) if name in set(Method) else None
+    return ESTIMATORS.get(name)  # a StrEnum key is found by its string
 
 
 class Scope(StrEnum):
