@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from probe_cli.preflight import (  # check_positive, check_seed: re-exported (their old home)
@@ -173,12 +173,17 @@ def require_heads(ckpt: Checkpoint) -> None:
         )
 
 
+def rope_record(ckpt: Checkpoint) -> dict[str, Any] | None:
+    """What a manifest records: the rotary scaling the model runs with instead of the one in
+    its checkpoint (kind and parameters), or None where it runs with its own."""
+    running = ckpt.model.cfg.rope_scaling
+    return None if running == ckpt.model_cfg.rope_scaling else running.to_dict()
+
+
 def write_manifest(out: Path, ckpt: Checkpoint, **settings) -> None:
     """OUT/manifest.json: the command, its settings, the checkpoint's config, the rotary scaling
     it ran with instead of its own (None: its own) and provenance (the device recorded is the
     one the model ran on, `--device auto` resolved)."""
-    from probe_cli.rope import rope_record
-
     from probe.provenance import context
     from probe.report.files import atomic_write_json
 

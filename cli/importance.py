@@ -48,7 +48,7 @@ from probe.errors import ProbeError
 from probe.fields import choice
 from probe.files import claim_output
 from probe.measure.batching import DEFAULT_BATCH_TOKENS
-from probe.pruning.choices import Unit, parse_methods
+from probe.pruning.choices import ESTIMATORS, Unit, described, parse_methods
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -100,11 +100,7 @@ def importance_cli(
     checkpoint: CheckpointArg,
     out: OutOpt,
     method: Annotated[
-        str,
-        typer.Option(
-            help="gradient, fisher, ablation, mean-ablation, confidence, entropy, random; "
-            "several with commas, or 'all'."
-        ),
+        str, typer.Option(help=f"{described()}; several with commas, or 'all'.")
     ] = "gradient",
     lengths: LengthsOpt = None,
     text: TextOpt = None,
@@ -138,9 +134,10 @@ def importance_cli(
         parse_lengths(lengths)
     check_positive(batch_size=batch_size, batches=batches, nproc=nproc,
                    max_batch_tokens=max_batch_tokens)  # fmt: skip
-    if nproc > 1 and (set(methods) - {"gradient", "fisher"} or unit != Unit.HEAD):
-        raise ProbeError("--nproc runs gradient and fisher importance by head only; drop the "
-                         "other methods or --unit, or run them in one process.")  # fmt: skip
+    parallel = [e.name for e in ESTIMATORS if e.data_parallel]
+    if nproc > 1 and (set(methods) - set(parallel) or unit != Unit.HEAD):
+        raise ProbeError(f"--nproc runs {' and '.join(parallel)} importance by head only; drop "
+                         "the other methods or --unit, or run them in one process.")  # fmt: skip
     writes = ("importance.csv", "importance.png", "correlations.csv", "correlations.png",
               "importance_groups.csv", "importance_layers.csv", "manifest.json")  # fmt: skip
     # --out is checked before torch is imported (by every rank; rank 0 alone writes)
@@ -208,7 +205,8 @@ def importance_cli(
         console.print(_importance_view(table, m, sites, n_head))
     if len(methods) > 1:
         wide = corr.pivot(index="method", columns="other", values="rho").loc[methods, methods]
-        view = Table(title="Spearman rho between estimators (entropy negated)")
+        low = ", ".join(e.name for e in ESTIMATORS if e.low_is_important)
+        view = Table(title=f"Spearman rho between estimators ({low} negated)")
         view.add_column("")
         for m in methods:
             view.add_column(m, justify="right")

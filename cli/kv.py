@@ -31,17 +31,40 @@ from probe.errors import ProbeError
 WRITES = ("plan.json", "scores.csv", "heads.csv", "manifest.json")
 
 
+def _declared(method: str, name: str) -> tuple[object, str]:
+    """An option's default and its flag's help ("razor: repeated sequences."), from the method's
+    declaration (`probe.kv.methods`)."""
+    import dataclasses
+
+    from probe.kv.methods import METHODS
+
+    field = {f.name: f for f in dataclasses.fields(METHODS.get(method).options)}[name]
+    return field.default, f"{method}: {field.metadata['help']}."
+
+
+def _method_help() -> str:
+    from probe.kv.methods import method_help
+
+    return method_help()
+
+
+def _set_help() -> str:
+    from probe.kv.methods import options_help
+
+    return (f"A method's option as key=value (repeatable; over its own flag): {options_help()}. "
+            "Values are read as in a study file.")  # fmt: skip
+
+
+NEEDLES, CONTEXT = _declared("retrieval", "needles"), _declared("retrieval", "context")
+PERIOD, ROWS = _declared("razor", "period"), _declared("razor", "rows")
+STEPS, LR, L1 = _declared("duo", "steps"), _declared("duo", "lr"), _declared("duo", "l1")
+
+
 def kv_plan_cli(
+    ctx: typer.Context,
     checkpoint: CheckpointArg,
     out: OutOpt,
-    method: Annotated[
-        str,
-        typer.Option(
-            help="retrieval (Wu et al. 2024), razor (RazorAttention's echo and induction "
-            "scores), duo (DuoAttention's gates trained on passkey prompts), random, streaming "
-            "(no full heads) or full (every head full)."
-        ),
-    ],
+    method: Annotated[str, typer.Option(help=_method_help())],
     full_heads: Annotated[
         float,
         typer.Option(
@@ -56,19 +79,16 @@ def kv_plan_cli(
     ] = 256,
     text: TextOpt = None,
     whole: WholeOpt = False,
-    needles: Annotated[int, typer.Option(help="retrieval: needle prompts.")] = 4,
-    context: Annotated[int, typer.Option(help="retrieval: tokens per needle prompt.")] = 256,
-    period: Annotated[
-        int, typer.Option(help="razor: random tokens per copy of the repeated sequence.")
-    ] = 64,
-    rows: Annotated[int, typer.Option(help="razor: repeated sequences.")] = 8,
-    steps: Annotated[
-        int, typer.Option(help="duo: Adam steps on the gates (4 passkey prompts each).")
-    ] = 40,
-    lr: Annotated[float, typer.Option(help="duo: Adam's learning rate on the gates.")] = 0.05,
-    l1: Annotated[
-        float, typer.Option(help="duo: weight of the L1 penalty on the mean gate.")
-    ] = 0.05,
+    needles: Annotated[int, typer.Option(help=NEEDLES[1])] = NEEDLES[0],
+    context: Annotated[int, typer.Option(help=CONTEXT[1])] = CONTEXT[0],
+    period: Annotated[int, typer.Option(help=PERIOD[1])] = PERIOD[0],
+    rows: Annotated[int, typer.Option(help=ROWS[1])] = ROWS[0],
+    steps: Annotated[int, typer.Option(help=STEPS[1])] = STEPS[0],
+    lr: Annotated[float, typer.Option(help=LR[1])] = LR[0],
+    l1: Annotated[float, typer.Option(help=L1[1])] = L1[0],
+    sets: Annotated[
+        list[str] | None, typer.Option("--set", metavar="<k=v>", help=_set_help())
+    ] = None,
     seed: SeedOpt = 0,
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = None,
@@ -79,49 +99,55 @@ def kv_plan_cli(
     full cache; sink and window of the others), OUT/scores.csv (the key/value-head score it
     ranked by: the max over the group's query heads), OUT/heads.csv (per query head) and
     OUT/manifest.json."""
+    import dataclasses
     import time
 
-    from probe.files import claim_output
-    from probe.kv.plan import METHODS, KVPlan
-    from probe.words import did_you_mean
+    from click.core import ParameterSource
 
-    if method not in METHODS:
-        raise ProbeError(f"Unknown --method '{method}'.{did_you_mean(method, METHODS)} "
-                         f"Available: {', '.join(METHODS)}.")  # fmt: skip
+    from probe.files import claim_output
+    from probe.kv.methods import METHODS
+    from probe.kv.plan import KVPlan
+    from probe.options import parse_sets
+
+    how = METHODS.find(method)
+    if how is None:
+        raise ProbeError(METHODS.unknown(method, "--method"))
     if not 0.0 <= full_heads <= 1.0:
         raise ProbeError(f"--full-heads must be a share in [0, 1], got {full_heads}.")
     if sink < 0:
         raise ProbeError(f"--sink must be at least 0, got {sink}.")
-    check_positive(window=window, needles=needles, context=context, period=period, rows=rows,
-                   steps=steps)  # fmt: skip
-    if not 0 < lr < float("inf") or not 0 <= l1 < float("inf"):
-        raise ProbeError(f"--lr must be above 0 and --l1 at least 0, both finite; got {lr} and "
-                         f"{l1}.")  # fmt: skip
+    check_positive(window=window)
+    flags = {"needles": needles, "context": context, "period": period, "rows": rows,
+             "steps": steps, "lr": lr, "l1": l1}  # fmt: skip
+    given = {k: v for k, v in flags.items() if k in how.fields()
+             and ctx.get_parameter_source(k) != ParameterSource.DEFAULT}  # fmt: skip
+    options = how.read({**given, **parse_sets(how.options, sets or (), how.name)}, flags=True)
     KVPlan(method, full_heads, sink, window, ())  # sink and window within a plan's range
     check_seed(seed)
     earlier = claim_output(out, WRITES, overwrite, inputs=inputs_of(checkpoint, text))
     from probe.files import open_output
-    from probe.kv.duo import DuoSettings
-    from probe.kv.methods import check_plannable, make_plan
+    from probe.kv.planning import check_plannable, make_plan
 
-    duo = DuoSettings(steps=steps, lr=lr, l1=l1)
     ckpt = load_model(checkpoint, device, dtype, allow_pickle)
     check_plannable(ckpt.model_cfg)
-    limit = ckpt.model_cfg.max_positions
-    if method == "razor" and limit is not None and 2 * period + 1 > limit:
+    if how.prompts is not None and ckpt.objective != "causal-lm":  # it reads text
+        textless = next(m.name for m in METHODS if m.scores and m.prompts is None)
         raise ProbeError(
-            f"--period {period} makes sequences of {2 * period + 1} tokens (two copies and a "
-            f"start), past the model's {limit} learned positions; use --period "
-            f"{(limit - 1) // 2} or less."
+            f"{ckpt.path}: --method {method} needs an imported causal language model with a "
+            f"tokenizer (probe import); use --method {textless}."
         )
+    how.check_fits(ckpt.model_cfg, options, lambda name: f"--{name.replace('_', '-')}")
     prompts = None
-    if method == "retrieval":
-        prompts = _needle_prompts(ckpt, text, whole, needles, context, seed)
+    if how.prompts is not None:
+        from probe.data.text import read_documents
+
+        note_text(text)
+        prompts = how.prompts(read_documents(text, whole=whole), ckpt.tokenizer(), options, seed)
     start = time.perf_counter()
     with console.status(f"kv-plan {method}") as status:
-        result = make_plan(ckpt.model, method, full_heads, sink, window, seed=seed,
-                           prompts=prompts, period=period, rows=rows,
-                           progress=lambda s: status.update(s), duo=duo)  # fmt: skip
+        result = make_plan(ckpt.model, method, full_heads, sink, window, options=options,
+                           seed=seed, prompts=prompts,
+                           progress=lambda s: status.update(s))  # fmt: skip
     seconds = time.perf_counter() - start
     out = open_output(out, earlier)
     result.plan.write(out / "plan.json")
@@ -132,38 +158,18 @@ def kv_plan_cli(
     write_manifest(out, ckpt, command="kv-plan", method=method,
                    full_share=result.plan.full_share, full_heads_asked=full_heads,
                    sink=sink, window=window, seed=seed, aggregate="max over query heads",
-                   seconds=round(seconds, 2), **result.notes,
-                   **({"needles": needles, "context": context,
-                       "text": str(text) if text else "shipped corpus", "whole": whole}
-                      if method == "retrieval" else {}),
-                   **({"period": period, "rows": rows} if method == "razor" else {}),
-                   **({"steps": steps, "lr": lr, "l1": l1} if method == "duo" else {}))  # fmt: skip
-    _show(result.plan, ckpt.model_cfg, seconds, out)
+                   seconds=round(seconds, 2), **result.notes, **dataclasses.asdict(options),
+                   **({"text": str(text) if text else "shipped corpus", "whole": whole}
+                      if how.prompts is not None else {}))  # fmt: skip
+    _show(result.plan, ckpt.model_cfg, seconds, out, how.shown)
 
 
-def _needle_prompts(ckpt, text, whole, needles: int, context: int, seed: int):
-    from probe.analysis.retrieval import needle_prompts
-    from probe.data.text import read_documents
-
-    if ckpt.objective != "causal-lm":
-        raise ProbeError(
-            f"{ckpt.path}: --method retrieval needs an imported causal language model with a "
-            "tokenizer (probe import); use --method razor."
-        )
-    limit = ckpt.model_cfg.max_positions
-    if limit is not None and context > limit:
-        raise ProbeError(f"--context {context} is longer than the model's {limit} positions.")
-    note_text(text)
-    return needle_prompts(read_documents(text, whole=whole), ckpt.tokenizer(), needles, context,
-                          seed=seed)  # fmt: skip
-
-
-def _show(plan, cfg, seconds: float, out) -> None:
+def _show(plan, cfg, seconds: float, out, shown_as: str) -> None:
     sites = cfg.sites()
     total = sum(len(s.kept_groups) for s in sites)
     kept = sum(len(f) for f in plan.full)
     console.print(
-        f"{plan.method}: {kept} of {total} key/value heads keep the full cache; the others keep "
+        f"{shown_as}: {kept} of {total} key/value heads keep the full cache; the others keep "
         f"{plan.sink} sink + {plan.window} recent tokens ({seconds:.1f} s)."
     )
     listed = [f"{s.index}:{list(f)}" for s, f in zip(sites, plan.full, strict=True) if f]

@@ -24,7 +24,6 @@ from probe_cli.common import (
     console,
     inputs_of,
     load_model,
-    model_device,
     require_heads,
     shown,
     write_manifest,
@@ -35,33 +34,25 @@ from probe_cli.selection import (
     BatchesOpt,
     LengthsOpt,
     NormalizeOpt,
+    check_data,
     data_name,
-    lengths_for,
     phased,
     progress_bar,
-    splits,
-    text_settings,
 )
 from rich.table import Table
 
 from probe.checkpoint_files import CHECKPOINT_FILES
 from probe.data.task_spec import parse_lengths
 from probe.errors import ProbeError
-from probe.fields import choice
-from probe.files import claim_output
+from probe.files import claim_output, open_output
 from probe.measure.batching import DEFAULT_BATCH_TOKENS
-from probe.provenance import device_name
-from probe.pruning.choices import CURVE_EXTRAS, Method, Scope, Unit, parse_methods
+from probe.pruning import run
+from probe.pruning.choices import ESTIMATORS, Unit
 from probe.words import counted
 
 SWEEP_FILES = ("pruning.csv", "pruning.png", "pruning_loss.png", "manifest.json")
-PRUNED_FILES = ("removed_heads.csv", "prune_metrics.csv", "prune_timing.csv")  # + the checkpoint
-TIMING_SHARE = 0.25  # the side-by-side timing's default budget: this share of the time the
-# pruning itself (importance, pruning, scoring) took, so a large model is not mostly stopwatch
 
 
-# ------------------------------------------------------------------------------ importance
-# ---------------------------------------------------------------------------------- prune
 def _fractions(spec: str | None) -> list[float] | None:
     if not spec:
         return None
@@ -74,40 +65,22 @@ def _fractions(spec: str | None) -> list[float] | None:
     return values
 
 
-def _sweep_methods(methods: str) -> list[str]:
-    """The sweep's --methods: estimators, and the curve's own methods (CURVE_EXTRAS)."""
-    wanted = [m.strip() for m in methods.split(",") if m.strip()]
-    extras = [m for m in wanted if m in CURVE_EXTRAS]
-    rest = [m for m in wanted if m not in CURVE_EXTRAS]
-    return (parse_methods(",".join(rest)) if rest else []) + extras
-
-
-def _sweep(ckpt, out, methods, seeds, fractions, lengths, batch_size, batches, seed, select,
-           earlier, data, max_batch_tokens):  # fmt: skip
-    from probe.files import open_output
-    from probe.pruning.curves import primary_metric, pruning_curve
+def _sweep(ckpt, out, earlier, methods: str, seeds: int, fractions: str | None, data: run.Data,
+           options: dict) -> None:  # fmt: skip
+    """`probe.pruning.run.sweep`, its curve written, plotted and shown as a table."""
     from probe.report.files import atomic_save_figure, atomic_write_csv
     from probe.report.pruning_plots import pruning_curve_plot
 
-    names = _sweep_methods(methods)
-    if "random" not in names:
-        names.append("random")
+    asked = run.sweep_methods(methods)
+    if run.with_baseline(asked) != asked:
         console.print("adding the random baseline to the sweep")
-    if seeds < 1:
-        raise ProbeError(f"--seeds must be at least 1, got {seeds}.")
-    sets, scoring = splits(ckpt, lengths, batch_size, batches, seed, n=seeds, text=data,
-                           max_batch_tokens=max_batch_tokens)  # fmt: skip
-    metric = primary_metric(scoring)
-    chosen_fractions = _fractions(fractions)
-    if chosen_fractions is None and ckpt.imported:  # every head count would be hundreds of points
-        chosen_fractions = [i / 10 for i in range(10)]
+    check_data(ckpt, data, seeds, options["max_batch_tokens"])
     with progress_bar() as bar:
         job = bar.add_task("sweep", total=None)
-        curve = pruning_curve(
-            ckpt.model, sets, scoring, names, chosen_fractions,
-            progress=lambda d, t: bar.update(job, completed=d, total=t),
-            max_batch_tokens=max_batch_tokens, **select,
-        )  # fmt: skip
+        result = run.sweep(ckpt, asked, seeds=seeds, fractions=_fractions(fractions), data=data,
+                           progress=lambda d, t: bar.update(job, completed=d, total=t),
+                           **options)  # fmt: skip
+    curve, metric = result.curve, result.metric
     open_output(out, earlier)
     atomic_write_csv(out / "pruning.csv", curve)
     title = f"{data_name(ckpt)}, {ckpt.model_cfg.arch}: heads pruned by importance"
@@ -125,7 +98,7 @@ def _sweep(ckpt, out, methods, seeds, fractions, lengths, batch_size, batches, s
         view.add_row(f"{f:.2f}", *(f"{v:.3f}" for v in row))
     console.print(view)
     console.print(f"wrote {shown(out / 'pruning.csv')} and {shown(out / 'pruning.png')}")
-    return names
+    write_manifest(out, ckpt, command="prune --sweep", **result.settings)
 
 
 def prune_cli(
@@ -135,7 +108,10 @@ def prune_cli(
         float, typer.Option(help="Share of the heads to remove, 0-1.", callback=share_given)
     ] = 0.5,
     method: Annotated[
-        str, typer.Option(help="Importance estimator that ranks the heads.")
+        str,
+        typer.Option(
+            help=f"Importance estimator that ranks the heads: {', '.join(ESTIMATORS.names())}."
+        ),
     ] = "gradient",
     iterative: Annotated[
         bool, typer.Option("--iterative", help="Re-estimate importance after each step.")
@@ -213,7 +189,7 @@ def prune_cli(
         float | None,
         typer.Option(
             help="Seconds the side-by-side timing may take (default: "
-            f"{TIMING_SHARE:.0%} of the time the pruning itself took); larger batch sizes "
+            f"{run.TIMING_SHARE:.0%} of the time the pruning itself took); larger batch sizes "
             "that would not fit are left out."
         ),
     ] = None,
@@ -233,12 +209,16 @@ def prune_cli(
     """Remove heads for real (writes a smaller checkpoint), or with --sweep the pruning curve."""
     # the plain mistakes first (the checkpoint, --text and the counts were checked as parsed):
     # names, numbers and --out, answered before torch is imported
-    if choice(Unit, unit, "pruning unit") != Unit.LAYER:  # whole layers rank by their own score
-        choice(Method, method, "importance method")
-    choice(Scope, scope, "pruning scope")
+    run.check_options(method, scope, unit, uniform, tune=tune and not sweep)  # the sweep's below
     if sweep:
-        _sweep_methods(methods)
+        run.sweep_methods(methods)
         _fractions(fractions)
+        check_positive(seeds=seeds)
+        if unit == Unit.LAYER or uniform or tune:
+            raise ProbeError(
+                "The sweep prunes by head or, with --unit group, by key/value group; for whole "
+                "layers or tuned masks give --methods attention-layer or fisher+tune."
+            )
     for spec in (lengths, timing_sizes if timing else None):
         if spec:
             parse_lengths(spec)
@@ -250,101 +230,38 @@ def prune_cli(
             f"--timing-budget must be a number of seconds above 0, got {timing_budget}."
         )
     # a curve may go in the checkpoint's folder
-    writes = SWEEP_FILES if sweep else (*CHECKPOINT_FILES, *PRUNED_FILES)
+    writes = SWEEP_FILES if sweep else (*CHECKPOINT_FILES, *run.PRUNED_FILES)
     earlier = claim_output(out, writes, overwrite, inputs=inputs_of(checkpoint, text),
                            inside_ok=sweep)  # fmt: skip
-    from probe.checkpoint import save_checkpoint
-    from probe.checkpoint_files import TOKENIZER
-    from probe.files import open_output
-    from probe.pruning.compare import prune_and_compare
-    from probe.report.files import atomic_write_csv
-    from probe.runtime import Runtime
-
     ckpt = load_model(checkpoint, device, dtype, allow_pickle)
     require_heads(ckpt)
     check_data_options(ckpt, text, lengths)
-    chosen = lengths_for(ckpt, lengths)
-    data = (text, whole, max_tokens)
-    select = {"iterative": iterative, "scope": scope, "min_heads_per_layer": min_heads_per_layer,
-              "normalize": normalize}  # fmt: skip
-    settings = {"lengths": chosen, "batch_size": batch_size, "batches": batches, "seed": seed,
-                "unit": unit, **select, **text_settings(ckpt, data)}  # fmt: skip
+    data = run.Data(parse_lengths(lengths) if lengths else None, text, whole, max_tokens,
+                    batch_size, batches)  # fmt: skip
+    chosen = data.lengths_for(ckpt)
+    options = {"iterative": iterative, "scope": scope, "min_heads_per_layer": min_heads_per_layer,
+               "normalize": normalize, "unit": unit, "seed": seed,
+               "max_batch_tokens": max_batch_tokens}  # fmt: skip
     if sweep:
-        if unit == "layer" or uniform or tune:
-            raise ProbeError(
-                "The sweep prunes by head or, with --unit group, by key/value group; for whole "
-                "layers or tuned masks give --methods attention-layer or fisher+tune."
-            )
-        if unit == "group":
-            select = {**select, "unit": "group"}
-        names = _sweep(
-            ckpt,
-            out,
-            methods,
-            seeds,
-            fractions,
-            chosen,
-            batch_size,
-            batches,
-            seed,
-            select,
-            earlier,
-            data,
-            max_batch_tokens,
-        )
-        write_manifest(out, ckpt, command="prune --sweep", methods=names, seeds=seeds,
-                       max_batch_tokens=max_batch_tokens, **settings)  # fmt: skip
+        _sweep(ckpt, out, earlier, methods, seeds, fractions, data, options)
         return
-    real = ckpt.imported  # a real model's forward pass is slow: time fewer, smaller batches
-    # the timing gets a budget unless --repeats asks for an exact count: --timing-budget, else
-    # a share of what the pruning itself took
-    share = TIMING_SHARE if timing_budget is None and repeats is None else None
-    repeats = repeats if repeats is not None else (3 if real else 10)
-    timing_sizes = timing_sizes or ("1,8" if real else "1,16,64")
-    longest = [max_tokens] if real else [max(chosen)]
-    for size in parse_lengths(timing_sizes) if timing else []:  # batches timed, one at a time
+    times = run.Timing(repeats, parse_lengths(timing_sizes) if timing_sizes else None,
+                       timing_budget, threads=timing_threads)  # fmt: skip
+    sizes = times.sizes_for(ckpt.imported) if timing else None
+    longest = [max_tokens] if ckpt.imported else [max(chosen)]
+    for size in sizes or []:  # batches timed, one at a time
         check_data_fits(ckpt, longest, size, 1, options="--timing-sizes")
-    (split,), scoring = splits(ckpt, chosen, batch_size, batches, seed, text=data,
-                               max_batch_tokens=max_batch_tokens)  # fmt: skip
-    if unit != "head" or uniform:
-        select = {**select, "unit": unit, "uniform": uniform}
-    if tune:
-        if unit != "head" or uniform:
-            raise ProbeError("--tune works with --unit head without --uniform.")
-        select = {**select, "tune": True}
+    check_data(ckpt, data, 1, max_batch_tokens)
     with progress_bar() as bar:
-        result = prune_and_compare(
-            ckpt.model, split, scoring, fraction, timing=timing, repeats=repeats,
-            batch_sizes=parse_lengths(timing_sizes), threads=timing_threads,
-            timing_budget=timing_budget, timing_share=share, max_batch_tokens=max_batch_tokens,
-            # a real model is pruned in place (memory: its weights once), a trained one beside
-            # a copy unless that would not fit (its timing interleaves the two)
-            in_place=False if tune else (True if ckpt.imported else None),
-            progress=phased(bar), method=method, step=step,
-            seed=seed, **select,
-        )  # fmt: skip
-    record = {
-        "source": str(ckpt.path), "method": method, "fraction": fraction, "step": step,
-        **select, "removed": result.removed[["layer", "head"]].values.tolist(),
-        "kept": [list(s.kept_heads) for s in result.model.cfg.sites()],
-        "metrics": result.metrics.to_dict("records"), "max_batch_tokens": max_batch_tokens,
-        "timing_budget": result.timing_budget, "in_place": result.in_place,
-        "device": device_name(model_device(ckpt)),
-        "runtime": Runtime.cpu().record(ckpt.model),
-    }  # fmt: skip
-    meta = {**ckpt.meta, "pruning": [*ckpt.meta.get("pruning", []), record]}
+        result = run.prune(ckpt, fraction, method=method, step=step, uniform=uniform, tune=tune,
+                           data=data, timing=times if timing else None, progress=phased(bar),
+                           **options)  # fmt: skip
     open_output(out, earlier)
-    tokenizer = ckpt.tokenizer() if ckpt.imported and (ckpt.path / TOKENIZER).is_file() else None
-    save_checkpoint(out, result.model, ckpt.task, ckpt.train_cfg, meta=meta, source=ckpt.source,
-                    tokenizer=tokenizer)  # fmt: skip
-    atomic_write_csv(out / "removed_heads.csv", result.removed)
-    atomic_write_csv(out / "prune_metrics.csv", result.metrics)
-    if not result.timing.empty:
-        atomic_write_csv(out / "prune_timing.csv", result.timing)
-    report(result, fraction, ckpt.imported, parse_lengths(timing_sizes) if timing else None,
-           share)  # fmt: skip
+    result.save(out)
+    found = result.comparison
+    report(found, fraction, ckpt.imported, sizes, times.budget_share)
     sites = [s.name for s in ckpt.model_cfg.sites()]
-    for site, heads in zip(sites, [s.kept_heads for s in result.model.cfg.sites()], strict=True):
+    for site, heads in zip(sites, [s.kept_heads for s in found.model.cfg.sites()], strict=True):
         console.print(f"  {site}: keeps heads {list(heads) if heads else 'none'}")
     console.print(f"wrote the pruned checkpoint {shown(out)}")
 

@@ -107,7 +107,7 @@ def apply_rope(ckpt: Checkpoint, request: RopeRequest | None) -> dict[str, Any] 
     so in one line; returns the scaling as the manifest records it (None: the model's own)."""
     if request is None:
         return None
-    from probe_cli.common import console, shown
+    from probe_cli.common import console, rope_record, shown
 
     from probe.model.rescale import with_rope_scaling
     from probe.rope_experiment import note, training_context
@@ -117,10 +117,3 @@ def apply_rope(ckpt: Checkpoint, request: RopeRequest | None) -> dict[str, Any] 
     with_rope_scaling(ckpt.model, scaling)
     console.print(f"note: {shown(note(request, scaling, source))}", style="dim", soft_wrap=True)
     return rope_record(ckpt)
-
-
-def rope_record(ckpt: Checkpoint) -> dict[str, Any] | None:
-    """What a manifest records: the rotary scaling the model runs with instead of the one in
-    its checkpoint (kind and parameters), or None where it runs with its own."""
-    running = ckpt.model.cfg.rope_scaling
-    return None if running == ckpt.model_cfg.rope_scaling else running.to_dict()

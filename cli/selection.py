@@ -15,6 +15,8 @@ from probe_cli.common import (
 from probe_cli.preflight import at_least_one
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from probe.pruning.run import Data, task_lengths
+
 if TYPE_CHECKING:
     from probe.checkpoint import Checkpoint
 
@@ -32,32 +34,34 @@ NormalizeOpt = Annotated[
 
 
 def lengths_for(ckpt: Checkpoint, spec: str | None) -> list[int]:
+    """The task lengths of --lengths, or those trained on (`probe.pruning.run.task_lengths`)."""
     from probe.data.tasks import parse_lengths
-    from probe.measure.evaluate import check_lengths
 
+    return task_lengths(ckpt, parse_lengths(spec) if spec else None)
+
+
+def check_data(ckpt: Checkpoint, data: Data, n: int = 1,
+               max_batch_tokens: int | None = None) -> None:  # fmt: skip
+    """Refuse `n` importance splits and a scoring split of `data` that would not fit, run
+    `max_batch_tokens` tokens at a time (naming the options that make them smaller), and say
+    when only the beginning of a large --text is read."""
+    width = "--max-tokens" if ckpt.imported else "--lengths"
+    rows = [data.max_tokens] if ckpt.imported else data.lengths_for(ckpt)
+    check_data_fits(ckpt, rows, data.batch_size, data.batches, n + 1, backward=True,
+                    options=f"--batches, --batch-size or {width}",
+                    max_batch_tokens=max_batch_tokens)  # fmt: skip
     if ckpt.imported:
-        return []
-    lo, hi = ckpt.train_cfg.train_len
-    lengths = parse_lengths(spec) if spec else list(range(lo, hi + 1))
-    check_lengths(ckpt.model, ckpt.task, lengths)
-    return lengths
+        note_text(data.text)
 
 
 def splits(ckpt: Checkpoint, lengths, batch_size: int, batches: int, seed: int, n: int = 1,
            text: tuple = (None, False, 128), max_batch_tokens: int | None = None):  # fmt: skip
     """Importance splits and a scoring split: task data, or text for an imported model; checked
-    to fit when run `max_batch_tokens` tokens at a time."""
-    from probe.pruning.splits import checkpoint_splits
-
-    width = "--max-tokens" if ckpt.imported else "--lengths"
-    check_data_fits(ckpt, [text[2]] if ckpt.imported else lengths, batch_size, batches, n + 1,
-                    backward=True, options=f"--batches, --batch-size or {width}",
-                    max_batch_tokens=max_batch_tokens)  # fmt: skip
+    to fit when run `max_batch_tokens` tokens at a time (`check_data`)."""
     path, whole, max_tokens = text
-    if ckpt.imported:
-        note_text(path)
-    return checkpoint_splits(ckpt, lengths, batch_size, batches, seed, n, text=path, whole=whole,
-                             max_tokens=max_tokens, max_batch_tokens=max_batch_tokens)  # fmt: skip
+    data = Data(lengths or None, path, whole, max_tokens, batch_size, batches)
+    check_data(ckpt, data, n, max_batch_tokens)
+    return data.splits(ckpt, n, seed, max_batch_tokens)
 
 
 def progress_bar() -> Progress:
@@ -81,11 +85,9 @@ def phased(bar: Progress) -> Callable[[str, int, int], None]:
 
 
 def text_settings(ckpt: Checkpoint, data: tuple) -> dict:
-    if not ckpt.imported:
-        return {}
+    """What a manifest says of an imported model's (--text, --whole, --max-tokens)."""
     text, whole, max_tokens = data
-    return {"text": str(text) if text else "shipped corpus", "whole": whole,
-            "max_tokens": max_tokens}  # fmt: skip
+    return Data(text=text, whole=whole, max_tokens=max_tokens).text_record(ckpt)
 
 
 def data_name(ckpt: Checkpoint) -> str:

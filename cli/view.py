@@ -36,10 +36,9 @@ from probe_cli.rope import (
 
 from probe.data.task_spec import parse_lengths
 from probe.errors import ProbeError
-from probe.fields import choice
 from probe.files import claim_file
 from probe.measure.batching import DEFAULT_BATCH_TOKENS
-from probe.pruning.choices import Method
+from probe.pruning.choices import ESTIMATORS
 from probe.words import counted
 
 
@@ -65,8 +64,8 @@ def view_cli(
     importance: Annotated[
         str,
         typer.Option(
-            help="Importance estimator to colour by (gradient, ablation, ...; none); auto: "
-            "gradient, or ablation for a sentence encoder."
+            help=f"Importance estimator to colour by ({', '.join(ESTIMATORS.names())}; none); "
+            "auto: gradient, or ablation for a sentence encoder."
         ),
     ] = "auto",
     cell: Annotated[
@@ -93,8 +92,8 @@ def view_cli(
     check_positive(batch_size=batch_size, batches=batches, max_batch_tokens=max_batch_tokens)
     if out.suffix.lower() not in (".html", ".htm"):
         raise ProbeError(f"--out must name an .html file, got '{out}'.")
-    if importance not in ("auto", "none"):
-        choice(Method, importance, "--importance")
+    if importance not in ("auto", "none", *ESTIMATORS.names()):
+        raise ProbeError(ESTIMATORS.unknown(importance, "--importance"))
     widths = parse_lengths(length) if length else None
     claim_file(out, overwrite, inputs=inputs_of(target, text), inside_ok=True)
     if not target.exists():
@@ -120,7 +119,7 @@ def view_cli(
     rope_used = apply_rope(ckpt, rope)
     if importance == "auto":
         importance = "ablation" if ckpt.objective == "embedding" else "gradient"
-    method = None if importance == "none" else str(choice(Method, importance, "--importance"))
+    method = None if importance == "none" else importance
     shown_at = widths or ([64] if ckpt.imported else [2 * ckpt.train_cfg.train_len[1]])
     check_data_fits(ckpt, shown_at, batch_size, batches, backward=method is not None,
                     options="--batches, --batch-size or --length",

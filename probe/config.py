@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 from probe.errors import ProbeError
 from probe.fields import (  # re-exported: their old home
@@ -80,6 +80,14 @@ class FFN(StrEnum):
 
 @dataclass(frozen=True)
 class ModelConfig:
+    # fields added after the first cached study cells: a cell's key leaves them out while they
+    # are at their default (the behaviour those cells ran with); a new field goes here too
+    ADDED_LATER: ClassVar[tuple[str, ...]] = (
+        "n_kv_head", "norm_type", "qkv_bias", "type_vocab_size", "embed_norm", "head_transform",
+        "head_bias", "sliding_window", "window_layers", "norm_offset", "norm_gain_float32",
+        "parallel_residual", "rope_local_base", "qk_norm_whole", "scale_dim", "attn_softcap",
+        "final_softcap", "rope_float32", "rope_scaling", "rope_local_scaling", "nope_layers",
+    )  # fmt: skip
     arch: Arch = Arch.DECODER
     vocab_size: int = 32  # tokens, special tokens included
     n_layer: int = 2  # blocks (encoder blocks for encoder-decoder)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 from probe.errors import ProbeError
 from probe.fields import check_device_name, choice, from_dict, to_dict
@@ -20,6 +20,8 @@ class Schedule(StrEnum):
 
 @dataclass(frozen=True)
 class TrainConfig:
+    # fields added after the first cached study cells (see ModelConfig.ADDED_LATER)
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("schedule", "adam_eps", "label_smoothing")
     steps: int = 400
     batch_size: int = 32
     lr: float = 1e-3

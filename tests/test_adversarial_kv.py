@@ -117,7 +117,7 @@ def test_kv_plan_refuses_impossible_options_before_writing(llama, tmp_path, caps
 
 
 def test_duo_settings_refuse_infinite_rates():
-    from probe.kv.duo import DuoSettings
+    from probe.kv.methods.duo import DuoSettings
 
     for settings in (DuoSettings(lr=float("inf")), DuoSettings(l1=float("inf")),
                      DuoSettings(lr=float("nan"))):  # fmt: skip

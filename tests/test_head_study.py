@@ -246,7 +246,6 @@ def test_each_knockout_run_masks_only_its_own_heads(llama_dir, monkeypatch):
     import tomllib
 
     import probe.analysis.retrieval as retrieval
-    from probe.study.heads.steps import knockout as knockout_module
     from probe.study.heads.steps.knockout import knockout
     from probe.study.heads.subject import Subject
 
@@ -258,7 +257,7 @@ def test_each_knockout_run_masks_only_its_own_heads(llama_dir, monkeypatch):
         return table.assign(copy_accuracy=float(closed))
 
     subject = Subject(parse_head_study(tomllib.loads(study_text(llama_dir))))
-    monkeypatch.setattr(knockout_module, "retrieval_scores", closed_gates)
+    monkeypatch.setattr(retrieval, "retrieval_scores", closed_gates)  # the step imports it then
     table = knockout(subject, {}, {}, lambda done, total: None)
     assert list(table.copy_accuracy) == list(table.k.astype(float))
     assert all((g == 1).all() for g in subject.model.gates())  # and nothing is left masked

@@ -14,9 +14,10 @@ from test_kv_plan import PLANT, planted, save
 
 from probe.config import ModelConfig
 from probe.errors import ProbeError
-from probe.kv.duo import DuoSettings, duo_gates, mixed_features, mixing, streaming_plan
-from probe.kv.methods import make_plan
+from probe.kv.duo import duo_gates, mixed_features, mixing, streaming_plan
+from probe.kv.methods.duo import DuoSettings
 from probe.kv.plan import KVPlan
+from probe.kv.planning import make_plan
 from probe.model import Transformer
 
 SINK, WINDOW = 2, 8
@@ -112,7 +113,7 @@ def test_the_planted_long_range_head_gets_the_highest_gate_and_runs_are_determin
     assert sorted(flat.values())[-2] < flat[best] - 0.3
     assert all(0.0 <= v <= 1.0 for v in flat.values())
     assert notes["duo_prompt_tokens"] == SINK + 2 * WINDOW + 2 * settings.key_len
-    result = make_plan(model, "duo", 0.25, SINK, WINDOW, duo=settings)  # 1 of 4 key/value heads
+    result = make_plan(model, "duo", 0.25, SINK, WINDOW, options=settings)  # 1 of 4 key/value heads
     assert result.plan.full == ((), (1,))
     assert result.scores["value"].tolist() == pytest.approx([flat[k] for k in sorted(flat)])
     heads = result.heads.set_index(["layer", "head"])["value"]
@@ -121,12 +122,12 @@ def test_the_planted_long_range_head_gets_the_highest_gate_and_runs_are_determin
 
 def test_bad_settings_and_observed_mixing_are_refused():
     model = planted()
-    with pytest.raises(ProbeError, match="at least one step"):
-        make_plan(model, "duo", 0.5, SINK, WINDOW, duo=DuoSettings(steps=0))
+    with pytest.raises(ProbeError, match=r"^steps must be at least 1 "):
+        make_plan(model, "duo", 0.5, SINK, WINDOW, options={"steps": 0})
     with pytest.raises(ProbeError, match="positions"):
         learned = ModelConfig(vocab_size=50, n_layer=1, n_head=2, d_model=16, pe="learned",
                               max_len=64)  # fmt: skip
-        make_plan(Transformer(learned), "duo", 0.5, SINK, 30, duo=DuoSettings(steps=1))  # 78 > 64
+        make_plan(Transformer(learned), "duo", 0.5, SINK, 30, options={"steps": 1})  # 78 > 64
     observed = model.observe(HeadOut())
     with pytest.raises(ValueError, match="observed"), observed, mixing(model, [torch.ones(2)] * 2):
         pass

@@ -18,8 +18,8 @@ from probe.checkpoint import save_checkpoint
 from probe.config import ModelConfig
 from probe.data.tasks import TaskConfig
 from probe.errors import ProbeError
-from probe.kv.methods import full_count, kv_table, make_plan
 from probe.kv.plan import KVPlan
+from probe.kv.planning import full_count, kv_table, make_plan
 from probe.kv.razor import razor_scores
 from probe.model import Transformer
 from probe.train_config import TrainConfig
@@ -79,13 +79,14 @@ def test_echo_score_recomputed_by_hand_and_the_planted_head_wins():
         assert r.value == pytest.approx(expected, abs=1e-5)
     echo = table[table.statistic == "echo"].set_index(["layer", "head"])["value"]
     assert echo.idxmax() == PLANT and echo.max() > 0.3  # the plant is not vacuous
-    result = make_plan(model, "razor", 0.25, 4, 8, period=period, rows=rows)  # 1 of 4 kv heads
+    razor = {"period": period, "rows": rows}
+    result = make_plan(model, "razor", 0.25, 4, 8, options=razor)  # 1 of 4 kv heads
     assert result.plan.full == ((), (1,))
 
 
 def test_gqa_groups_move_together_and_the_score_is_the_group_max():
     model = planted(n_kv_head=2)
-    result = make_plan(model, "razor", 0.5, 4, 8, period=16, rows=4)  # 2 of 4
+    result = make_plan(model, "razor", 0.5, 4, 8, options={"period": 16, "rows": 4})  # 2 of 4
     heads = result.heads
     by_hand = {}
     for r in heads.itertuples():
@@ -105,8 +106,8 @@ def test_share_rounding_zero_and_one():
     assert [full_count(s, 4) for s in (0.0, 0.01, 0.3, 0.375, 0.5, 1.0)] == [0, 1, 1, 2, 2, 4]
     assert full_count(0.25, 60) == 15 and full_count(1 / 120, 60) == 1  # 0.5 rounds up
     model = planted()
-    none = make_plan(model, "razor", 0.0, 4, 8, period=8, rows=2).plan
-    every = make_plan(model, "razor", 1.0, 4, 8, period=8, rows=2).plan
+    none = make_plan(model, "razor", 0.0, 4, 8, options={"period": 8, "rows": 2}).plan
+    every = make_plan(model, "razor", 1.0, 4, 8, options={"period": 8, "rows": 2}).plan
     assert none.full == ((), ()) and every.full == ((0, 1), (0, 1))
 
 

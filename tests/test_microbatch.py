@@ -18,8 +18,9 @@ from probe.measure.evaluate import batch_loss, eval_batches, evaluate, text_metr
 from probe.measure.loss import per_example, token_losses
 from probe.model import Transformer
 from probe.pruning.curves import score_batches
+from probe.pruning.estimators.ablation import mean_loss
 from probe.pruning.fisher import reconstruction_error, tune_masks
-from probe.pruning.importance import head_importance, mean_loss
+from probe.pruning.importance import head_importance
 from probe.pruning.layer_drop import layer_importance
 
 TASK = TaskConfig(n_symbols=6)

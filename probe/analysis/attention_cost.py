@@ -84,7 +84,7 @@ SLOPE_COLUMNS = [
 ]
 
 
-class Method(StrEnum):
+class CostMethod(StrEnum):
     EXPLICIT = "explicit"
     SDPA = "sdpa"
     STREAMING_ENTROPY = "streaming_entropy"
@@ -110,7 +110,7 @@ def _scores(q, k, hidden: torch.Tensor | None) -> torch.Tensor:
 
 
 def method_call(
-    method: Method | str,
+    method: CostMethod | str,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -126,21 +126,21 @@ def method_call(
     the callable reads is built here, outside the call: `visible` ([1, 1, n, n] bool, from
     `causal_visible` when None and causal), its complement for the explicit methods, and the
     AttentionCall of the streaming method."""
-    method = choice(Method, method, "attention cost method")
+    method = choice(CostMethod, method, "attention cost method")
     n, d_head = q.shape[2], q.shape[3]
     if causal and visible is None:
         visible = causal_visible(n, q.device)
     visible = visible if causal else None
-    if method == Method.SDPA:
+    if method == CostMethod.SDPA:
         return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    if method == Method.STREAMING_ENTROPY:
+    if method == CostMethod.STREAMING_ENTROPY:
         h = q.shape[1]
         site = Site("attention_cost", 0, False, causal, h, h, tuple(range(h)))
         scale = torch.full((h,), d_head**-0.5, device=q.device)  # [head]
         call = AttentionCall(site, q, k, v, scale, None, None, visible)
         return lambda: entropy_streaming(call, tile=tile)  # [batch, head, n]
     hidden = None if visible is None else ~visible  # [1, 1, n, n]
-    if method == Method.EXPLICIT:
+    if method == CostMethod.EXPLICIT:
 
         def explicit() -> torch.Tensor:
             scores = _scores(q, k, hidden)  # [batch, head, n, n]
@@ -195,26 +195,26 @@ def _cpu_peak(fn: Callable[[], object]) -> int:
 
 
 def input_bytes(
-    method: Method, n: int, *, batch: int, n_head: int, d_head: int, causal: bool
+    method: CostMethod, n: int, *, batch: int, n_head: int, d_head: int, causal: bool
 ) -> int:
     """q, k, v in float32, plus the [n, n] bool mask for the methods that take one."""
     qkv = 3 * batch * n_head * n * d_head * FLOAT
-    mask = n * n if causal and method != Method.SDPA else 0
+    mask = n * n if causal and method != CostMethod.SDPA else 0
     return qkv + mask
 
 
 def predicted_bytes(
-    method: Method, n: int, *, batch: int, n_head: int, d_head: int, tile: int
+    method: CostMethod, n: int, *, batch: int, n_head: int, d_head: int, tile: int
 ) -> int:
     """A rough upper end of a method's working memory, only to skip sizes that cannot fit:
     2 [b, h, n, n] copies for explicit, 4 for explicit_entropy (logits, log-softmax, their
     product and its cleaned copy), 8 [b, h, n, tile] copies for streaming_entropy."""
     rows = batch * n_head * n  # query rows
-    if method == Method.EXPLICIT:
+    if method == CostMethod.EXPLICIT:
         return (2 * rows * n + rows * d_head) * FLOAT
-    if method == Method.EXPLICIT_ENTROPY:
+    if method == CostMethod.EXPLICIT_ENTROPY:
         return 4 * rows * n * FLOAT
-    if method == Method.STREAMING_ENTROPY:
+    if method == CostMethod.STREAMING_ENTROPY:
         return (8 * rows * min(tile, n) + 16 * rows) * FLOAT
     return 2 * rows * (d_head + 1) * FLOAT + 2**20  # output, log-sum-exp, per-thread buffers
 
@@ -248,7 +248,7 @@ def attention_cost(
     n_head: int = 4,
     batch: int = 1,
     causal: bool = True,
-    methods: Sequence[Method | str] = ("explicit", "sdpa", "streaming_entropy"),
+    methods: Sequence[CostMethod | str] = ("explicit", "sdpa", "streaming_entropy"),
     repeats: int = 3,
     tile: int = 128,
     max_bytes: int | None = None,
@@ -267,9 +267,11 @@ def attention_cost(
     measuring (restored after; None leaves the setting alone)."""
     sizes = {"d_head": d_head, "n_head": n_head, "batch": batch, "tile": tile}
     ns = _check(ns, sizes | ({"threads": threads} if threads is not None else {}), repeats)
-    methods = list(dict.fromkeys(choice(Method, m, "attention cost method") for m in methods))
+    methods = list(dict.fromkeys(choice(CostMethod, m, "attention cost method") for m in methods))
     if not methods:
-        raise ProbeError(f"Attention cost needs at least one method: {[m.value for m in Method]}.")
+        raise ProbeError(
+            f"Attention cost needs at least one method: {[m.value for m in CostMethod]}."
+        )
     device = torch.device(device)
     before = torch.get_num_threads()
     if threads is not None:
@@ -298,7 +300,7 @@ def _measure(ns, methods, sizes, causal, repeats, max_bytes, seed, device, progr
                 "skipped": "",
                 **shape,
                 "causal": causal,
-                "tile": tile if m == Method.STREAMING_ENTROPY else 0,
+                "tile": tile if m == CostMethod.STREAMING_ENTROPY else 0,
                 "device": str(device),
             }
             if given + guess > budget:
@@ -325,7 +327,7 @@ def _measure_size(n, methods, base, causal, repeats, tile, seed, device, shape):
     for fn in calls.values():  # warm-up: kernels chosen, pages touched
         fn()
     _sync(device)
-    seconds: dict[Method, list[float]] = {m: [] for m in methods}
+    seconds: dict[CostMethod, list[float]] = {m: [] for m in methods}
     for _ in range(repeats):
         for m, fn in calls.items():
             gc.collect()  # not during the call: earlier calls' reference cycles

@@ -50,7 +50,8 @@ def hidden_states(model: Transformer, batches: Sequence[Batch]) -> list[torch.Te
     """The residual stream at each layer for `batches` (all of one sequence length), in eval mode:
     element 0 is the embedding output (the first block's input), element l the output of block l;
     each [rows, seq, d_model] with rows the batches' examples stacked, on the model's device. For an
-    encoder-decoder these are the decoder blocks. Hooks are removed before returning."""
+    encoder-decoder these are the decoder blocks (points `blocks.0.attn.resid_pre` and
+    `blocks.N.resid_post`, detached before returning)."""
     if not batches:
         raise ProbeError("hidden_states needs at least one batch.")
     widths = {b.inputs.shape[1] for b in batches}
@@ -59,29 +60,24 @@ def hidden_states(model: Transformer, batches: Sequence[Batch]) -> list[torch.Te
             f"hidden_states stacks batches of one sequence length, got lengths {sorted(widths)}; "
             "call it once per length."
         )
-    blocks = list(model.blocks)
     per_batch: list[list[torch.Tensor]] = []
     current: list[torch.Tensor] = []
 
-    def keep_input(module, args):
-        current.append(args[0].detach())  # [batch, seq, d_model]
+    def keep(x: torch.Tensor) -> None:
+        current.append(x.detach())  # [batch, seq, d_model]
 
-    def keep_output(module, args, out):
-        current.append(out.detach())  # [batch, seq, d_model]
-
+    points = {"blocks.0.attn.resid_pre": keep}
+    points.update({f"blocks.{i}.resid_post": keep for i in range(len(model.blocks))})
     device = next(model.parameters()).device
     was_training = model.training
-    handles = [blocks[0].register_forward_pre_hook(keep_input)]
     try:
-        handles += [block.register_forward_hook(keep_output) for block in blocks]
         model.eval()
-        for batch in batches:
-            current = []
-            forward_batch(model, batch.to(device))
-            per_batch.append(current)
+        with model.intervene(points):
+            for batch in batches:
+                current = []
+                forward_batch(model, batch.to(device))
+                per_batch.append(current)
     finally:
-        for h in handles:
-            h.remove()
         model.train(was_training)
     return [torch.cat(layer) for layer in zip(*per_batch, strict=True)]
 

@@ -124,11 +124,11 @@ class Fields:
             self.fail(key, "a mapping or null", value)
         return Fields(value, self.label, f"{self.prefix}{key}.")
 
-    def divides(self, key: str, by_key: str) -> None:
-        """Field `key` must be a multiple of field `by_key` (both already read as integers)."""
-        a, b = self.data[key], self.data[by_key]
-        if a % b:
+    def divides(self, key: str, value: int, by_key: str, by_value: int) -> None:
+        """Field `key`, read as the integer `value`, must be a multiple of field `by_key`, read as
+        `by_value` (either may be the default of an absent field)."""
+        if value % by_value:
             raise ProbeError(
-                f"{self.label}: {self.prefix}{key} ({a}) must be a multiple of "
-                f"{self.prefix}{by_key} ({b})."
+                f"{self.label}: {self.prefix}{key} ({value}) must be a multiple of "
+                f"{self.prefix}{by_key} ({by_value})."
             )

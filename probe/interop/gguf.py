@@ -37,7 +37,7 @@ import torch
 
 from probe.errors import ProbeError, optional
 from probe.interop.gguf_archs import ARCHS, GGUFArch, expected_shapes
-from probe.interop.gguf_configs import Meta
+from probe.interop.gguf_meta import Meta
 from probe.interop.gguf_rope import ROPE_TENSORS
 from probe.weights import HeaderTensors
 

@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-from probe.interop.gguf_configs import CONFIGS, Meta
+from probe.interop.gguf_configs import CONFIGS
+from probe.interop.gguf_meta import Meta
 
 Fix = Callable[[torch.Tensor, dict[str, Any]], torch.Tensor]
 
@@ -125,19 +126,18 @@ def _norm_fixes(blocks: dict[str, Any]) -> dict[str, Fix]:
 
 _GEMMA2_BLOCKS = {**_ATTENTION, **_GATED_FFN, **_SANDWICH_NORMS}
 _GEMMA3_BLOCKS = {**_GEMMA2_BLOCKS, **_QK_NORM_PER_HEAD}
+_NEOX_LAYERS = {  # each with a weight and a bias (of the weight's first dimension)
+    "attn_norm": ("input_layernorm", ("d",)),
+    "attn_qkv": ("attention.query_key_value", ("3d", "d")),
+    "attn_output": ("attention.dense", ("d", "d")),
+    "ffn_norm": ("post_attention_layernorm", ("d",)),
+    "ffn_up": ("mlp.dense_h_to_4h", ("f", "d")),
+    "ffn_down": ("mlp.dense_4h_to_h", ("d", "f")),
+}
 _NEOX_BLOCKS = {
-    "attn_norm.weight": ("input_layernorm.weight", ("d",)),
-    "attn_norm.bias": ("input_layernorm.bias", ("d",)),
-    "attn_qkv.weight": ("attention.query_key_value.weight", ("3d", "d")),
-    "attn_qkv.bias": ("attention.query_key_value.bias", ("3d",)),
-    "attn_output.weight": ("attention.dense.weight", ("d", "d")),
-    "attn_output.bias": ("attention.dense.bias", ("d",)),
-    "ffn_norm.weight": ("post_attention_layernorm.weight", ("d",)),
-    "ffn_norm.bias": ("post_attention_layernorm.bias", ("d",)),
-    "ffn_up.weight": ("mlp.dense_h_to_4h.weight", ("f", "d")),
-    "ffn_up.bias": ("mlp.dense_h_to_4h.bias", ("f",)),
-    "ffn_down.weight": ("mlp.dense_4h_to_h.weight", ("d", "f")),
-    "ffn_down.bias": ("mlp.dense_4h_to_h.bias", ("d",)),
+    f"{gguf}.{kind}": (f"{hf}.{kind}", shape if kind == "weight" else shape[:1])
+    for gguf, (hf, shape) in _NEOX_LAYERS.items()
+    for kind in ("weight", "bias")
 }
 
 ARCHS: dict[str, GGUFArch] = {

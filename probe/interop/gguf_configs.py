@@ -15,58 +15,18 @@ rotary base and layer pattern.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from probe.errors import ProbeError
-from probe.interop.fields import REQUIRED, Fields
+from probe.interop.gguf_meta import Meta
 from probe.interop.gguf_rope import llama3_section, longrope_section, read_section
 
 
 def float32_value(value: float) -> float:
     """The shortest decimal that a float32 stores: 1e-5 comes back as 1e-05, not 9.9999997e-06."""
     return float(str(np.float32(value)))
-
-
-class Meta:
-    """The metadata of one file, read under its architecture's prefix; `shapes` are the tensors'
-    row-major shapes by GGUF name; `read` reads a small tensor (GGUF name -> (float32 values,
-    GGUF type name)), for the rotary tensors a config is built from, which `used` then names."""
-
-    def __init__(self, metadata: dict[str, Any], shapes: dict[str, tuple[int, ...]],
-                 arch: str, path: Path,
-                 read: Callable[[str], tuple[np.ndarray, str]] | None = None) -> None:  # fmt: skip
-        self.label = f"GGUF file '{path}': metadata"
-        self.fields = Fields(metadata, self.label)
-        self.shapes, self.arch, self.path, self.read = shapes, arch, path, read
-        self.used: set[str] = set()  # tensors the config was built from (not weights)
-
-    def tensor(self, name: str) -> tuple[np.ndarray, str]:
-        """Tensor `name` as float32 values and its GGUF type, counted as used."""
-        if self.read is None:
-            raise ProbeError(f"GGUF file '{self.path}': tensor '{name}' cannot be read here")
-        self.used.add(name)
-        return self.read(name)
-
-    def key(self, name: str) -> str:
-        return f"{self.arch}.{name}"
-
-    def has(self, name: str) -> bool:
-        return self.fields.has(self.key(name))
-
-    def count(self, name: str, default: Any = REQUIRED, lo: int = 1) -> int:
-        return self.fields.integer(self.key(name), default, lo=lo)
-
-    def number(self, name: str, default: Any = REQUIRED, positive: bool = True) -> float:
-        return self.fields.number(self.key(name), default, positive)
-
-    def flag(self, name: str, default: bool) -> bool:
-        return self.fields.flag(self.key(name), default)
-
-    def refuse(self, name: str, why: str) -> None:
-        self.fields.refuse(self.key(name), self.fields.raw(self.key(name)), why)
 
 
 # Metadata that changes the function computed -> (the values that compute what probe computes,
@@ -78,67 +38,17 @@ _UNIMPLEMENTED = {
 
 
 def llama(meta: Meta) -> dict[str, Any]:
-    """A `LlamaConfig` dict (probe's first GGUF architecture; its messages are as they were)."""
-    fields, path = meta.fields, meta.path
-    d_model = meta.count("embedding_length")
-    n_head = meta.count("attention.head_count")
-    n_kv_head = meta.count("attention.head_count_kv", n_head)
-    if fields.has("llama.attention.head_count_kv"):
-        fields.divides("llama.attention.head_count", "llama.attention.head_count_kv")
-    if not fields.has("llama.attention.key_length"):
-        fields.divides("llama.embedding_length", "llama.attention.head_count")
-    d_head = meta.count("attention.key_length", d_model // n_head)
-    d_value = meta.count("attention.value_length", d_head)
-    rotary_dims = meta.count("rope.dimension_count", d_head)
-    if d_value != d_head or rotary_dims != d_head or d_head % 2:
-        raise ProbeError(
-            f"GGUF file '{path}': unsupported attention layout (key length {d_head}, value "
-            f"length {d_value}, rotary dims {rotary_dims}); probe imports heads whose keys, "
-            "values and rotary dimensions have one even size"
-        )
-    for name, (neutral, feature) in _UNIMPLEMENTED.items():
-        if meta.has(name) and fields.raw(meta.key(name)) not in neutral:
-            meta.refuse(name, f"{feature} is not implemented in probe.")
-    freq_base = meta.number("rope.freq_base", 10000.0)
-    if not freq_base > 1:
-        fields.fail("llama.rope.freq_base", "a number greater than 1 (usually 10000)", freq_base)
-    if "token_embd.weight" not in meta.shapes:
-        raise ProbeError(f"GGUF file '{path}' lacks the tensor 'token_embd.weight'")
-    tokens = fields.get("tokenizer.ggml.tokens")
-    if not fields.has("llama.vocab_size") and not (isinstance(tokens, list) and tokens):
-        raise ProbeError(f"GGUF file '{path}' has neither 'llama.vocab_size' nor a token list")
+    """A `LlamaConfig` dict (probe's first GGUF architecture: its vocabulary size is the
+    metadata's, else the token list's, and its rotary scaling may be llama3's frequencies)."""
+    config = _common(meta)
+    tokens = meta.fields.get("tokenizer.ggml.tokens")
+    if not meta.has("vocab_size") and not (isinstance(tokens, list) and tokens):
+        raise ProbeError(f"GGUF file '{meta.path}' has neither 'llama.vocab_size' nor a token list")
     vocab_size = meta.count("vocab_size", len(tokens) if isinstance(tokens, list) else None)
-    config: dict[str, Any] = {
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
-        "vocab_size": vocab_size,
-        "hidden_size": d_model,
-        "intermediate_size": meta.count("feed_forward_length"),
-        "num_hidden_layers": meta.count("block_count"),
-        "num_attention_heads": n_head,
-        "num_key_value_heads": n_kv_head,
-        "head_dim": d_head,
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
-        "rms_norm_eps": float32_value(meta.number("attention.layer_norm_rms_epsilon")),
-        "rope_theta": float32_value(freq_base),
-        "rope_parameters": _scaled(
-            meta,
-            {"rope_type": "default", "rope_theta": float32_value(freq_base)},
-            d_head,
-            meta.count("context_length"),
-            freqs=True,
-        ),
-        "max_position_embeddings": meta.count("context_length"),
-        "tie_word_embeddings": "output.weight" not in meta.shapes,
-        "torch_dtype": "float32",
-    }
-    for token in ("bos", "eos", "pad"):
-        gguf_key = f"tokenizer.ggml.{'padding' if token == 'pad' else token}_token_id"
-        if fields.has(gguf_key):
-            config[f"{token}_token_id"] = fields.integer(gguf_key, lo=0)
-    return config
+    rope = _rope(meta, config["head_dim"], freqs=True)
+    return {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_act": "silu",
+            "attention_bias": False, "mlp_bias": False, **config, "vocab_size": vocab_size,
+            "rope_theta": rope["rope_theta"], "rope_parameters": rope}  # fmt: skip
 
 
 def _common(meta: Meta, rms: bool = True) -> dict[str, Any]:
@@ -147,10 +57,11 @@ def _common(meta: Meta, rms: bool = True) -> dict[str, Any]:
     fields = meta.fields
     d_model, n_head = meta.count("embedding_length"), meta.count("attention.head_count")
     n_kv_head = meta.count("attention.head_count_kv", n_head)
-    if meta.has("attention.head_count_kv"):
-        fields.divides(meta.key("attention.head_count"), meta.key("attention.head_count_kv"))
+    fields.divides(meta.key("attention.head_count"), n_head,
+                   meta.key("attention.head_count_kv"), n_kv_head)  # fmt: skip
     if not meta.has("attention.key_length"):
-        fields.divides(meta.key("embedding_length"), meta.key("attention.head_count"))
+        fields.divides(meta.key("embedding_length"), d_model,
+                       meta.key("attention.head_count"), n_head)  # fmt: skip
     d_head = meta.count("attention.key_length", d_model // n_head)
     if meta.count("attention.value_length", d_head) != d_head:
         meta.refuse("attention.value_length", f"probe imports heads whose keys and values "
@@ -181,13 +92,17 @@ def _common(meta: Meta, rms: bool = True) -> dict[str, Any]:
     return config
 
 
-def _rope(meta: Meta, d_head: int, partial: bool = False, longrope: bool = False) -> dict[str, Any]:
+def _rope(meta: Meta, d_head: int, partial: bool = False, **scaling: bool) -> dict[str, Any]:
     """`rope_parameters` of the file's rotary base, for heads of `d_head`; `partial`: rotary
-    dimensions may be fewer than a head's (as `partial_rotary_factor`), else they are all of it."""
+    dimensions may be fewer than a head's (as `partial_rotary_factor`), else they are all of it;
+    `scaling`: the scalings besides linear and yarn the file may hold (`_scaled`'s flags)."""
     dims = meta.count("rope.dimension_count", d_head)
     factor = dims / d_head
     exact = int(d_head * factor) == dims and (partial or dims == d_head)
     if dims % 2 or dims > d_head or not exact:
+        if not meta.has("rope.dimension_count"):  # all of a head of an odd size
+            raise ProbeError(f"GGUF file '{meta.path}': the heads have {d_head} dimensions, an odd "
+                             "number, which probe's rotary embedding cannot rotate.")  # fmt: skip
         meta.refuse("rope.dimension_count", f"probe rotates an even number of dimensions, "
                     f"{'at most' if partial else 'all'} of a head's {d_head}.")  # fmt: skip
     theta = meta.number("rope.freq_base", 10000.0)
@@ -197,7 +112,7 @@ def _rope(meta: Meta, d_head: int, partial: bool = False, longrope: bool = False
     rope = {"rope_type": "default", "rope_theta": float32_value(theta)}
     if partial:
         rope["partial_rotary_factor"] = factor
-    return _scaled(meta, rope, dims, meta.count("context_length"), longrope=longrope)
+    return _scaled(meta, rope, dims, meta.count("context_length"), **scaling)
 
 
 def _scaled(meta: Meta, rope: dict[str, Any], dims: int, context: int, freqs: bool = False,
@@ -223,20 +138,22 @@ def _no_sliding_window(meta: Meta, what: str) -> None:
         )
 
 
-def qwen3(meta: Meta) -> dict[str, Any]:
+def _llama_like(meta: Meta, model_type: str, architecture: str, windowed: str) -> dict[str, Any]:
+    """A config of Llama's keys for `model_type`, refusing the sliding window of `windowed`
+    (the model a window would make it)."""
     config = _common(meta)
     config["rope_parameters"] = _rope(meta, config["head_dim"])
-    _no_sliding_window(meta, "Qwen3 with use_sliding_window")
-    return {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_act": "silu",
+    _no_sliding_window(meta, windowed)
+    return {"model_type": model_type, "architectures": [architecture], "hidden_act": "silu",
             "attention_bias": False, **config}  # fmt: skip
+
+
+def qwen3(meta: Meta) -> dict[str, Any]:
+    return _llama_like(meta, "qwen3", "Qwen3ForCausalLM", "Qwen3 with use_sliding_window")
 
 
 def olmo2(meta: Meta) -> dict[str, Any]:
-    config = _common(meta)
-    config["rope_parameters"] = _rope(meta, config["head_dim"])
-    _no_sliding_window(meta, "OLMo 3")
-    return {"model_type": "olmo2", "architectures": ["Olmo2ForCausalLM"], "hidden_act": "silu",
-            "attention_bias": False, **config}  # fmt: skip
+    return _llama_like(meta, "olmo2", "Olmo2ForCausalLM", "OLMo 3")
 
 
 def phi3(meta: Meta) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from probe.errors import ProbeError
 from probe.rope import RopeScaling
 
 if TYPE_CHECKING:
-    from probe.interop.gguf_configs import Meta
+    from probe.interop.gguf_meta import Meta
 
 ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 # (low_freq_factor, high_freq_factor) Llama 3.1 / 3.2 / 3.3 ship, and their original contexts

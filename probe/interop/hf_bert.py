@@ -9,7 +9,8 @@ import torch
 
 from probe.config import PE, Arch, ModelConfig, Norm
 from probe.errors import ProbeError
-from probe.interop.families import (
+from probe.interop import common
+from probe.interop.family_parts import (
     ACTIVATIONS,
     EXPORTED,
     refuse_unimplemented,
@@ -20,6 +21,9 @@ from probe.interop.fields import Fields
 
 MODEL_TYPES = ("bert",)
 MLM = "cls.predictions."
+# BertConfig's name and default of the shared keys it names or fills in otherwise than Llama's
+KEYS = {"rms_norm_eps": "layer_norm_eps"}  # a LayerNorm's epsilon
+DEFAULTS = {"rms_norm_eps": 1e-12}
 # source tensors probe leaves unused: buffers, the pooler and next-sentence head (neither feeds
 # the hidden states or the MLM logits), the MLM decoder tied to the token embedding
 IGNORED = (r"(bert\.)?embeddings\.position_ids", r"(bert\.)?pooler\..*",
@@ -31,25 +35,17 @@ def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> Mode
     refuse_unimplemented(hf, "BERT")
     act = hf.choice("hidden_act", "gelu", ACTIVATIONS, "BERT")
     hf.choice("position_embedding_type", "absolute", ("absolute",), "BERT")
-    d_model = hf.integer("hidden_size")
-    n_head = hf.integer("num_attention_heads")
-    hf.divides("hidden_size", "num_attention_heads")
+    block = common.read(hf, DEFAULTS, KEYS, grouped=False)
     has_head = names is not None and any(n.startswith(MLM) for n in names)
     if has_head and not hf.flag("tie_word_embeddings", True) and f"{MLM}decoder.weight" in names:
         hf.refuse("tie_word_embeddings", False, "an MLM decoder apart from the token "
                   "embedding is not implemented in probe's BERT.")  # fmt: skip
     return ModelConfig(
+        **block,
         arch=Arch.ENCODER,
-        vocab_size=hf.integer("vocab_size"),
-        n_layer=hf.integer("num_hidden_layers"),
-        n_head=n_head,
-        d_model=d_model,
         ffn=act,
-        ffn_mult=hf.integer("intermediate_size") / d_model,
         norm=Norm.POST,
         pe=PE.LEARNED,
-        max_len=hf.integer("max_position_embeddings"),
-        ln_eps=hf.number("layer_norm_eps", 1e-12),
         type_vocab_size=hf.integer("type_vocab_size", 2, lo=0),
         embed_norm=True,
         tie_embeddings=True,
@@ -115,20 +111,11 @@ def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]
     if cfg.head_transform:
         weights[f"{MLM}decoder.weight"] = state["embed.weight"]
         weights[f"{MLM}decoder.bias"] = state["head.bias"]
-    act = EXPORTED[cfg.ffn]
-    hf = {
-        "model_type": "bert",
-        "architectures": ["BertForMaskedLM" if cfg.head_transform else "BertModel"],
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.d_model,
-        "num_hidden_layers": cfg.n_layer,
-        "num_attention_heads": cfg.n_head,
-        "intermediate_size": cfg.d_ff,
-        "hidden_act": act,
-        "max_position_embeddings": cfg.max_len,
+    architecture = "BertForMaskedLM" if cfg.head_transform else "BertModel"
+    hf = common.write(cfg, "bert", architecture, EXPORTED[cfg.ffn], keys=KEYS)
+    return {
+        **hf,
         "type_vocab_size": cfg.type_vocab_size,
-        "layer_norm_eps": cfg.ln_eps,
         "hidden_dropout_prob": 0.0,
         "attention_probs_dropout_prob": 0.0,
-    }
-    return hf, weights
+    }, weights

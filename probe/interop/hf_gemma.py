@@ -25,16 +25,18 @@ from collections.abc import Iterator, Mapping
 
 import torch
 
-from probe.config import FFN, PE, Arch, ModelConfig, Norm, NormType
+from probe.config import FFN, ModelConfig, Norm
 from probe.errors import ProbeError
-from probe.interop.families import (
+from probe.interop import hf_llama
+from probe.interop.family_parts import (
     LLAMA_NORMS,
+    gated,
     layer_types,
     llama_names,
     renamed,
     same_tied_head,
     tied_output,
-    uniform_shape,
+    uniform_heads,
     windows,
 )
 from probe.interop.fields import Fields
@@ -63,8 +65,18 @@ DEFAULTS = {
                     "final_logit_softcapping": None, "sliding_window_pattern": 6,
                     "rope_theta": 1_000_000.0, "rope_local_base_freq": 10000.0},
 }  # fmt: skip
+# what every Gemma's block does otherwise than Llama's (probe.interop.hf_llama): GeGLU, token
+# embeddings times sqrt(hidden_size), RMSNorm gain 1 + w multiplied in float32, no q/k/v biases
+CHANGES = {"ffn": FFN.GEGLU, "embed_scale": True, "norm_offset": 1.0, "norm_gain_float32": True,
+           "qkv_bias": False}  # fmt: skip
 ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
                  "gemma3_text": "Gemma3ForCausalLM"}  # fmt: skip
+
+
+def _keys(kind: str) -> dict[str, str]:
+    """Where the Gemma `kind`'s config names a shared key otherwise than Llama's: Gemma 2 and 3
+    read their activation from `hidden_activation` (probe.interop.common)."""
+    return {} if kind == "gemma" else {"hidden_act": "hidden_activation"}
 
 
 def _rotary(hf: Fields, kind: str, context: int, slides: bool) -> dict:
@@ -117,48 +129,23 @@ def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> Mode
         names = None if names is None else {_plain_name(n) for n in names}
     kind = hf.name("model_type")
     d = DEFAULTS[kind]
-    act_key = "hidden_act" if kind == "gemma" else "hidden_activation"  # transformers reads
-    tanh = ("gelu_pytorch_tanh", "gelu") if kind == "gemma" else ("gelu_pytorch_tanh",)
-    hf.choice(act_key, "gelu_pytorch_tanh", tanh, "Gemma's GeGLU (gelu is its tanh form)")
+    gelu = ("gelu",) if kind == "gemma" else ()
+    act_key = _keys(kind).get("hidden_act", "hidden_act")
+    gated(hf, act_key, FFN.GEGLU, "Gemma's GeGLU (gelu is its tanh form)", aliases=gelu)
     if hf.flag("attention_bias", False):
         hf.refuse("attention_bias", True, "biases on the attention projections are not "
                   "implemented in probe's Gemma.")  # fmt: skip
     if hf.flag("use_bidirectional_attention", False):
         hf.refuse("use_bidirectional_attention", True, "bidirectional (non-causal) attention is "
                   "not implemented in probe's Gemma, a causal language model.")  # fmt: skip
-    d_model = hf.integer("hidden_size", d["hidden_size"])
-    n_head = hf.integer("num_attention_heads", d["num_attention_heads"])
-    n_kv_head = hf.integer("num_key_value_heads", d["num_key_value_heads"])
-    if n_head % n_kv_head:
-        hf.fail("num_key_value_heads", f"a divisor of num_attention_heads ({n_head})", n_kv_head)
-    n_layer = hf.integer("num_hidden_layers", d["num_hidden_layers"])
-    context = hf.integer("max_position_embeddings", d["max_position_embeddings"])
-    window, window_layers = _windows(hf, kind, n_layer)
-    rotary = _rotary(hf, kind, context, slides=window is not None)
-    later = kind != "gemma"  # Gemma 2 and 3
+    later = kind != "gemma"  # Gemma 2 and 3: a norm before and after each sub-layer
+    block = {**hf_llama.keywords(hf, d), **CHANGES, "norm": Norm.SANDWICH if later else Norm.PRE}
+    window, window_layers = _windows(hf, kind, block["n_layer"])
     capped = later and not multimodal  # Gemma3ForConditionalGeneration does not soft-cap
     return ModelConfig(
-        arch=Arch.DECODER,
-        vocab_size=hf.integer("vocab_size", d["vocab_size"]),
-        n_layer=n_layer,
-        n_head=n_head,
-        n_kv_head=n_kv_head,
-        d_model=d_model,
-        d_head=hf.integer("head_dim", d["head_dim"]),
-        ffn=FFN.GEGLU,
-        ffn_mult=hf.integer("intermediate_size", d["intermediate_size"]) / d_model,
-        norm=Norm.SANDWICH if later else Norm.PRE,
-        norm_type=NormType.RMS,
-        norm_offset=1.0,
-        norm_gain_float32=True,
-        pe=PE.ROPE,
-        **rotary,
-        max_len=context,
-        bias=False,
-        qkv_bias=False,
+        **block,
+        **_rotary(hf, kind, block["max_len"], slides=window is not None),
         tie_embeddings=tied_output(top, names, default=True),
-        ln_eps=hf.number("rms_norm_eps", d["rms_norm_eps"]),
-        embed_scale=True,
         qk_norm=kind == "gemma3_text",
         scale_dim=hf.number("query_pre_attn_scalar", d["query_pre_attn_scalar"]) if later else None,
         attn_softcap=_cap(hf, "attn_logit_softcapping", 50.0) if kind == "gemma2" else None,
@@ -222,46 +209,27 @@ def _integral(x: float) -> float | int:
 
 
 def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]:
+    """Llama's config.json with Gemma's model type, activation and rotary sections, no MLP bias
+    key, and Gemma 2 and 3's attention scale, windows and soft-capping."""
     kind = _kind(cfg)
-    shape = uniform_shape(cfg)
-    if isinstance(shape, str):
-        raise ProbeError(
-            f"This pruned model cannot be written as a Hugging Face {kind}: {shape}, but its "
-            "config.json has one head count for every layer. Prune with `probe prune --uniform` "
-            "(the same number of heads, or groups, in every layer) to make it exportable."
-        )
-    n_q, n_kv = shape
+    n_q, n_kv = uniform_heads(cfg, kind)
     if kind != "gemma" and cfg.d_model % n_q:  # transformers' config class checks it
         raise ProbeError(
             f"This pruned model keeps {n_q} heads per layer, but transformers' {kind} requires "
             f"hidden_size ({cfg.d_model}) to be a multiple of num_attention_heads; prune to a "
             "head count that divides it."
         )
-    hf = {
-        "model_type": kind,
-        "architectures": [ARCHITECTURES[kind]],
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.d_model,
-        "intermediate_size": cfg.d_ff,
-        "num_hidden_layers": cfg.n_layer,
-        "num_attention_heads": n_q,
-        "num_key_value_heads": n_kv,
-        "head_dim": cfg.d_head,
-        "hidden_act" if kind == "gemma" else "hidden_activation": "gelu_pytorch_tanh",
-        "max_position_embeddings": cfg.max_len,
-        "rms_norm_eps": cfg.ln_eps,
-        "rope_parameters": rotary_to_hf(cfg, nested=kind == "gemma3_text"),
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "tie_word_embeddings": cfg.tie_embeddings,
-    }
+    hf = hf_llama.written(cfg, (n_q, n_kv), "gelu_pytorch_tanh", _keys(kind))
+    del hf["mlp_bias"]
+    hf |= {"model_type": kind, "architectures": [ARCHITECTURES[kind]],
+           "rope_parameters": rotary_to_hf(cfg, nested=kind == "gemma3_text"),
+           "attention_bias": False}  # fmt: skip
     if kind != "gemma":
-        types = layer_types(cfg)
         hf |= {
             "query_pre_attn_scalar": _integral(cfg.scale_dim or cfg.d_head),
             # transformers builds the sliding mask even where no layer uses it: any size will do
             "sliding_window": cfg.sliding_window or cfg.max_len,
-            "layer_types": types,
+            "layer_types": layer_types(cfg),
             "final_logit_softcapping": cfg.final_softcap,
             "attn_logit_softcapping": cfg.attn_softcap,
         }

@@ -8,7 +8,8 @@ from collections.abc import Iterator, Mapping
 import torch
 
 from probe.config import PE, Arch, ModelConfig, Norm
-from probe.interop.families import (
+from probe.interop import common
+from probe.interop.family_parts import (
     ACTIVATIONS,
     EXPORTED,
     refuse_unimplemented,
@@ -20,6 +21,10 @@ from probe.interop.families import (
 from probe.interop.fields import Fields
 
 MODEL_TYPES = ("gpt2",)
+# GPT2Config's names of the shared keys (its attribute_map; a LayerNorm's epsilon)
+KEYS = {"hidden_size": "n_embd", "num_attention_heads": "n_head", "num_hidden_layers": "n_layer",
+        "intermediate_size": "n_inner", "max_position_embeddings": "n_positions",
+        "rms_norm_eps": "layer_norm_epsilon", "hidden_act": "activation_function"}  # fmt: skip
 # source tensors probe leaves unused: the causal-mask buffers of older files, a tied lm_head
 IGNORED = (r"(transformer\.)?h\.\d+\.attn\.(masked_)?bias", r"lm_head\.weight")
 
@@ -27,29 +32,21 @@ IGNORED = (r"(transformer\.)?h\.\d+\.attn\.(masked_)?bias", r"lm_head\.weight")
 def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> ModelConfig:
     hf = Fields.of(hf, where)
     refuse_unimplemented(hf, "GPT-2")
-    act = hf.choice("activation_function", "gelu_new", ACTIVATIONS, "GPT-2")
+    act = hf.choice(KEYS["hidden_act"], "gelu_new", ACTIVATIONS, "GPT-2")
     for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
         if hf.flag(flag, False):
             hf.refuse(flag, True, "this attention variant is not implemented in probe's GPT-2.")
     if not hf.flag("scale_attn_weights", True):
         hf.refuse("scale_attn_weights", False, "unscaled attention is not implemented in probe's "
                   "GPT-2.")  # fmt: skip
-    d_model = hf.integer("n_embd")
-    n_head = hf.integer("n_head")
-    hf.divides("n_embd", "n_head")
-    inner = hf.integer("n_inner", 4 * d_model)
+    inner = 4 * hf.integer("n_embd")  # GPT2Config's n_inner when absent
+    block = common.read(hf, {"intermediate_size": inner, "rms_norm_eps": 1e-5}, KEYS, grouped=False)
     return ModelConfig(
+        **block,
         arch=Arch.DECODER,
-        vocab_size=hf.integer("vocab_size"),
-        n_layer=hf.integer("n_layer"),
-        n_head=n_head,
-        d_model=d_model,
         ffn=act,
-        ffn_mult=inner / d_model,
         norm=Norm.PRE,
         pe=PE.LEARNED,
-        max_len=hf.integer("n_positions"),
-        ln_eps=hf.number("layer_norm_epsilon", 1e-5),
         tie_embeddings=tied_output(hf, names, default=True),
     )
 
@@ -118,21 +115,11 @@ def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]
             w[f"{h}{hf_name}.bias"] = state[f"{b}{probe_name}.bias"]
     if not cfg.tie_embeddings:
         w["lm_head.weight"] = state["head.weight"]
-    act = EXPORTED[cfg.ffn]
-    hf = {
-        "model_type": "gpt2",
-        "architectures": ["GPT2LMHeadModel"],
-        "vocab_size": cfg.vocab_size,
-        "n_embd": cfg.d_model,
-        "n_layer": cfg.n_layer,
-        "n_head": cfg.n_head,
-        "n_inner": cfg.d_ff,
-        "n_positions": cfg.max_len,
-        "activation_function": act,
-        "layer_norm_epsilon": cfg.ln_eps,
+    hf = common.write(cfg, "gpt2", "GPT2LMHeadModel", EXPORTED[cfg.ffn], keys=KEYS)
+    return {
+        **hf,
         "tie_word_embeddings": cfg.tie_embeddings,
         "resid_pdrop": 0.0,
         "embd_pdrop": 0.0,
         "attn_pdrop": 0.0,
-    }
-    return hf, w
+    }, w

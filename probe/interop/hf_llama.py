@@ -2,7 +2,10 @@
 embedding with the config's base (rotate-half layout, as probe's `Rotary`), no biases (Qwen2:
 biases on q, k and v), tied or untied output, grouped-query attention, the sliding windows of
 Mistral, Qwen2 and Qwen3 (`_window`), and Qwen3's RMSNorm on each head's q and k (`qk_norm`,
-`head_dim` 128 unless the config says otherwise)."""
+`head_dim` 128 unless the config says otherwise).
+
+The parent of the other Llama-derived families (OLMo-2, Phi-3, Gemma, SmolLM3), which state
+only their differences from its block: `keywords` reads it, `written` writes its config.json."""
 
 from __future__ import annotations
 
@@ -13,14 +16,16 @@ import torch
 
 from probe.config import FFN, PE, Arch, ModelConfig, Norm, NormType
 from probe.errors import ProbeError
-from probe.interop.families import (
+from probe.interop import common
+from probe.interop.family_parts import (
+    gated,
     layer_types,
     llama_names,
     refuse_unimplemented,
     renamed,
     same_tied_head,
     tied_output,
-    uniform_shape,
+    uniform_heads,
     windows,
 )
 from probe.interop.fields import Fields
@@ -31,6 +36,11 @@ MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # o_proj's bias (Llama's attention_bias; checked to be zero in `to_probe`)
 IGNORED = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq", r"lm_head\.weight",
            r"model\.layers\.\d+\.self_attn\.o_proj\.bias")  # fmt: skip
+# LlamaConfig's values of the shared keys a config may leave out (probe.interop.common.read)
+DEFAULTS = {"max_position_embeddings": 2048, "rms_norm_eps": 1e-6}
+# the Llama block as ModelConfig keywords: pre-norm RMSNorm, SwiGLU, rotary, no biases
+BLOCK = {"arch": Arch.DECODER, "ffn": FFN.SWIGLU, "norm": Norm.PRE, "norm_type": NormType.RMS,
+         "pe": PE.ROPE, "bias": False}  # fmt: skip
 
 
 def rope(
@@ -81,45 +91,29 @@ def _window(hf: Fields) -> tuple[int | None, tuple[int, ...] | None]:
     return windows(hf, n_layer, types, window)
 
 
+def keywords(hf: Fields, defaults: Mapping[str, Any] = DEFAULTS) -> dict[str, Any]:
+    """The ModelConfig keywords of a Llama block (`BLOCK`) of `hf`'s sizes (absent keys:
+    `defaults`); its rotary, biases, output and windows are the family's to read."""
+    return {**BLOCK, **common.read(hf, defaults)}
+
+
 def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> ModelConfig:
     hf = Fields.of(hf, where)
     model_type = hf.name("model_type")
     refuse_unimplemented(hf, "Llama family")
-    hf.choice("hidden_act", "silu", ("silu",), "the Llama family")
+    gated(hf, "hidden_act", FFN.SWIGLU, "the Llama family")
     llama = model_type == "llama"  # Mistral and Qwen2 have neither flag: transformers ignores it
     if llama and hf.flag("mlp_bias", False):
         hf.refuse("mlp_bias", True, "biases in the MLP are not implemented in probe's Llama.")
     qwen3 = model_type == "qwen3"  # Qwen3: attention_bias too, and always a norm on q and k
     biased = (llama or qwen3) and hf.flag("attention_bias", False)
-    qkv_bias = model_type == "qwen2" or biased
-    d_model = hf.integer("hidden_size")
-    n_head = hf.integer("num_attention_heads")
-    n_kv_head = hf.integer("num_key_value_heads", n_head)
-    if hf.has("num_key_value_heads"):
-        hf.divides("num_attention_heads", "num_key_value_heads")
-    if not hf.has("head_dim") and not qwen3:  # Qwen3Config's head_dim defaults to 128
-        hf.divides("hidden_size", "num_attention_heads")
+    block = keywords(hf, {**DEFAULTS, "head_dim": 128} if qwen3 else DEFAULTS)
     window, window_layers = _window(hf)
-    context = hf.integer("max_position_embeddings", 2048)
     return ModelConfig(
-        arch=Arch.DECODER,
-        vocab_size=hf.integer("vocab_size"),
-        n_layer=hf.integer("num_hidden_layers"),
-        n_head=n_head,
-        n_kv_head=n_kv_head,
-        d_model=d_model,
-        d_head=hf.integer("head_dim", 128 if qwen3 else d_model // n_head),
-        ffn=FFN.SWIGLU,
-        ffn_mult=hf.integer("intermediate_size") / d_model,
-        norm=Norm.PRE,
-        norm_type=NormType.RMS,
-        pe=PE.ROPE,
-        max_len=context,
-        **rope(hf, context),
-        bias=False,
-        qkv_bias=qkv_bias,
+        **block,
+        **rope(hf, block["max_len"]),
+        qkv_bias=model_type == "qwen2" or biased,
         tie_embeddings=tied_output(hf, names, default=False),
-        ln_eps=hf.number("rms_norm_eps", 1e-6),
         qk_norm=qwen3,
         sliding_window=window,
         window_layers=window_layers,
@@ -142,38 +136,30 @@ def to_probe(state: Mapping, cfg: ModelConfig, where: str) -> Iterator[tuple[str
     yield from renamed(state, llama_names(cfg), where)
 
 
-def to_hf(
-    state: dict[str, torch.Tensor], cfg: ModelConfig, family_name: str = "Llama"
-) -> tuple[dict, dict]:
-    shape = uniform_shape(cfg)
-    if isinstance(shape, str):
-        raise ProbeError(
-            f"This pruned model cannot be written as a Hugging Face {family_name}: {shape}, but "
-            "its config.json has one head count for every layer. Prune with `probe prune "
-            "--uniform` (the same number of heads, or groups, in every layer) to make it "
-            "exportable."
-        )
-    n_q, n_kv = shape
-    weights = {hf: state[p] for hf, p in llama_names(cfg).items()}
-    hf = {
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.d_model,
-        "intermediate_size": cfg.d_ff,
-        "num_hidden_layers": cfg.n_layer,
-        "num_attention_heads": n_q,
-        "num_key_value_heads": n_kv,
-        "head_dim": cfg.d_head,
-        "hidden_act": "silu",
-        "max_position_embeddings": cfg.max_len,
-        "rms_norm_eps": cfg.ln_eps,
+def written(
+    cfg: ModelConfig,
+    heads: tuple[int, int],
+    act: str = "silu",
+    keys: Mapping[str, str] = common.NONE,
+) -> dict[str, Any]:
+    """Llama's config.json of `cfg` with `heads` (query heads, key/value heads) in every layer,
+    the activation `act` and the family's `keys` (probe.interop.common.write)."""
+    hf = common.write(cfg, "llama", "LlamaForCausalLM", act, heads, keys)
+    return {
+        **hf,
         "rope_parameters": rotary_to_hf(cfg),
         "attention_bias": bool(cfg.qkv_bias),
         "mlp_bias": False,
         "tie_word_embeddings": cfg.tie_embeddings,
         "attention_dropout": 0.0,
     }
+
+
+def to_hf(
+    state: dict[str, torch.Tensor], cfg: ModelConfig, family_name: str = "Llama"
+) -> tuple[dict, dict]:
+    hf = written(cfg, uniform_heads(cfg, family_name))
+    weights = {name: state[p] for name, p in llama_names(cfg).items()}
     if cfg.qk_norm:
         return _qwen3(hf, weights, cfg)
     if cfg.sliding_window is not None:

@@ -13,7 +13,8 @@ import torch
 
 from probe.config import PE, Arch, ModelConfig, Norm
 from probe.errors import ProbeError
-from probe.interop.families import (
+from probe.interop import common
+from probe.interop.family_parts import (
     ACTIVATIONS,
     EXPORTED,
     refuse_unimplemented,
@@ -32,6 +33,9 @@ IGNORED = (r"gpt_neox\.layers\.\d+\.attention\.(masked_)?bias",
            r"embed_out\.weight", r"lm_head\.weight")  # fmt: skip
 # keys of other families GPT-NeoX reads otherwise (its rotary fraction) or ignores (always causal)
 OWN_KEYS = ("partial_rotary_factor", "is_decoder")
+# GPTNeoXConfig's name and default of the shared keys it names or fills in otherwise than Llama's
+KEYS = {"rms_norm_eps": "layer_norm_eps"}  # a LayerNorm's epsilon
+DEFAULTS = {"max_position_embeddings": 2048, "rms_norm_eps": 1e-5}
 HEADS = (
     "embed_out.weight",
     "lm_head.weight",
@@ -69,40 +73,29 @@ def _head(names: set[str] | None) -> str | None:
 
 def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> ModelConfig:
     hf = Fields.of(hf, where)
-    others = {k: v for k, v in hf.data.items() if k not in OWN_KEYS}
-    refuse_unimplemented(Fields(others, hf.label), "GPT-NeoX")
+    refuse_unimplemented(hf, "GPT-NeoX", OWN_KEYS)
     act = hf.choice("hidden_act", "gelu", ACTIVATIONS, "GPT-NeoX")
-    d_model = hf.integer("hidden_size")
-    n_head = hf.integer("num_attention_heads")
-    hf.divides("hidden_size", "num_attention_heads")
-    d_head = d_model // n_head
+    block = common.read(hf, DEFAULTS, KEYS, grouped=False)
+    d_head = block["d_model"] // block["n_head"]
     if hf.has("head_dim") and hf.integer("head_dim") != d_head:
         why = f"GPT-NeoX's heads are hidden_size / num_attention_heads = {d_head} wide."
         hf.refuse("head_dim", hf.raw("head_dim"), f"{why} Another head_dim is not implemented.")
-    context = hf.integer("max_position_embeddings", 2048)
-    rotary = _rotary(hf, d_head, context)
+    rotary = _rotary(hf, d_head, block["max_len"])
     tied = hf.flag("tie_word_embeddings", False)
     if not tied and names is not None and _head(names) is None:
         raise ProbeError(f"{hf.label}: tie_word_embeddings is false but the weights hold no "
                          "embed_out.weight; the output layer is missing.")  # fmt: skip
-    bias = hf.flag("attention_bias", True)
     return ModelConfig(
+        **block,
+        **rotary,
         arch=Arch.DECODER,
-        vocab_size=hf.integer("vocab_size"),
-        n_layer=hf.integer("num_hidden_layers"),
-        n_head=n_head,
-        d_model=d_model,
         ffn=act,
-        ffn_mult=hf.integer("intermediate_size") / d_model,
         norm=Norm.PRE,
         parallel_residual=hf.flag("use_parallel_residual", True),
         pe=PE.ROPE,
-        **rotary,
-        max_len=context,
         bias=True,  # the MLP always has biases; without attention_bias dense's are zeros
-        qkv_bias=bias,
+        qkv_bias=hf.flag("attention_bias", True),
         tie_embeddings=tied,
-        ln_eps=hf.number("layer_norm_eps", 1e-5),
     )
 
 
@@ -202,23 +195,13 @@ def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]
             weights[f"{h}query_key_value.bias"] = torch.zeros(3 * cfg.n_head * cfg.d_head)
     if not cfg.tie_embeddings:
         weights["embed_out.weight"] = state["head.weight"]
-    act = EXPORTED[cfg.ffn]
-    hf = {
-        "model_type": "gpt_neox",
-        "architectures": ["GPTNeoXForCausalLM"],
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.d_model,
-        "intermediate_size": cfg.d_ff,
-        "num_hidden_layers": cfg.n_layer,
-        "num_attention_heads": cfg.n_head,
-        "hidden_act": act,
-        "max_position_embeddings": cfg.max_len,
-        "layer_norm_eps": cfg.ln_eps,
+    hf = common.write(cfg, "gpt_neox", "GPTNeoXForCausalLM", EXPORTED[cfg.ffn], keys=KEYS)
+    return {
+        **hf,
         "use_parallel_residual": cfg.parallel_residual,
         "attention_bias": True,
         "rope_parameters": rotary_to_hf(cfg, fraction=True),
         "tie_word_embeddings": cfg.tie_embeddings,
         "attention_dropout": 0.0,
         "hidden_dropout": 0.0,
-    }
-    return hf, weights
+    }, weights

@@ -1,11 +1,13 @@
-"""OLMo-2 family: RMSNorm on each sub-layer's output before the residual add (probe's norm
-"branch": post_attention_layernorm and post_feedforward_layernorm), its gain multiplied in
-float32; QK-norm over the whole q and k projections (one RMSNorm over all heads' queries, one
-over all keys), SwiGLU, rotary embedding over each whole head (rotated in float32, rounded
-once), no biases, untied output.
+"""OLMo-2 family: Llama's model (probe.interop.hf_llama reads and writes its block) with
+RMSNorm on each sub-layer's output before the residual add (probe's norm "branch":
+post_attention_layernorm and post_feedforward_layernorm) instead of on its input, its gain
+multiplied in float32; QK-norm over the whole q and k projections (one RMSNorm over all heads'
+queries, one over all keys); rotary embedding over each whole head rotated in float32 (rounded
+once); no biases, untied output (`CHANGES`, `DEFAULTS`).
 
 A pruned OLMo-2 keeps every q and k row (the norm's statistic of a kept head depends on the
-removed heads), so it has no Hugging Face OLMo-2 form: its export is refused."""
+removed heads); its config cannot hold fewer heads, so it is written at its unpruned size with
+the removed heads zero (`PRUNED_EXPORT`)."""
 
 from __future__ import annotations
 
@@ -13,8 +15,10 @@ from collections.abc import Iterator, Mapping
 
 import torch
 
-from probe.config import FFN, PE, Arch, ModelConfig, Norm, NormType
-from probe.interop.families import (
+from probe.config import FFN, ModelConfig, Norm
+from probe.interop import hf_llama
+from probe.interop.family_parts import (
+    gated,
     llama_names,
     refuse_unimplemented,
     renamed,
@@ -23,7 +27,7 @@ from probe.interop.families import (
 )
 from probe.interop.fields import Fields
 from probe.interop.hf_neox import padded
-from probe.interop.hf_rope import read_rotary, rotary_to_hf
+from probe.interop.hf_rope import read_rotary
 
 # OLMo-2's norms sit on each sub-layer's output (norm "branch")
 OLMO2_NORMS = {"post_attention_layernorm": "ln_attn_out",
@@ -39,6 +43,11 @@ PRUNED_EXPORT = (
     "OLMo-2's QK-norm normalises the queries and keys of every head together, so its config "
     "cannot hold fewer heads."
 )
+DEFAULTS = {**hf_llama.DEFAULTS, "rms_norm_eps": 1e-5}  # Olmo2Config's, where Llama's differ
+# what OLMo-2's block does otherwise than Llama's: norms on each sub-layer's output, their gain
+# in float32, one QK-norm over all heads' queries and one over all keys, rotary in float32
+CHANGES = {"norm": Norm.BRANCH, "norm_gain_float32": True, "qk_norm": True, "qk_norm_whole": True,
+           "rope_float32": True}  # fmt: skip
 
 
 def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> ModelConfig:
@@ -49,42 +58,14 @@ def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> Mode
 
 def keywords(hf: Fields, names: set[str] | None, family_name: str = "OLMo-2") -> dict:
     """The ModelConfig keywords of OLMo-2's model but its rotary (which OLMo-3 reads per layer
-    type), errors naming `family_name`."""
-    refuse_unimplemented(Fields({k: v for k, v in hf.data.items() if k not in OWN_KEYS},
-                                hf.label), family_name)  # fmt: skip
-    hf.choice("hidden_act", "silu", ("silu",), family_name)
+    type): Llama's block with `CHANGES`, errors naming `family_name`."""
+    refuse_unimplemented(hf, family_name, OWN_KEYS)
+    gated(hf, "hidden_act", FFN.SWIGLU, family_name)
     if hf.flag("attention_bias", False):
         hf.refuse("attention_bias", True, "biases on q, k, v and o are not implemented in "
                   f"probe's {family_name}.")  # fmt: skip
-    d_model = hf.integer("hidden_size")
-    n_head = hf.integer("num_attention_heads")
-    n_kv_head = hf.integer("num_key_value_heads", n_head)
-    if hf.has("num_key_value_heads"):
-        hf.divides("num_attention_heads", "num_key_value_heads")
-    if not hf.has("head_dim"):
-        hf.divides("hidden_size", "num_attention_heads")
-    return dict(
-        arch=Arch.DECODER,
-        vocab_size=hf.integer("vocab_size"),
-        n_layer=hf.integer("num_hidden_layers"),
-        n_head=n_head,
-        n_kv_head=n_kv_head,
-        d_model=d_model,
-        d_head=hf.integer("head_dim", d_model // n_head),
-        ffn=FFN.SWIGLU,
-        ffn_mult=hf.integer("intermediate_size") / d_model,
-        norm=Norm.BRANCH,
-        norm_type=NormType.RMS,
-        norm_gain_float32=True,
-        qk_norm=True,
-        qk_norm_whole=True,
-        pe=PE.ROPE,
-        rope_float32=True,
-        max_len=hf.integer("max_position_embeddings", 2048),
-        bias=False,
-        tie_embeddings=tied_output(hf, names, default=False),
-        ln_eps=hf.number("rms_norm_eps", 1e-5),
-    )
+    block = {**hf_llama.keywords(hf, DEFAULTS), **CHANGES}
+    return {**block, "tie_embeddings": tied_output(hf, names, default=False)}
 
 
 def to_probe(state: Mapping, cfg: ModelConfig, where: str) -> Iterator[tuple[str, torch.Tensor]]:
@@ -94,25 +75,12 @@ def to_probe(state: Mapping, cfg: ModelConfig, where: str) -> Iterator[tuple[str
 
 
 def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]:
-    """A pruned model keeps every head's q and k rows (its QK-norm spans them all), and is
-    written with the removed heads' v rows and o columns zero (`PRUNED_EXPORT`)."""
-    hf = {
-        "model_type": "olmo2",
-        "architectures": ["Olmo2ForCausalLM"],
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.d_model,
-        "intermediate_size": cfg.d_ff,
-        "num_hidden_layers": cfg.n_layer,
-        "num_attention_heads": cfg.n_head,
-        "num_key_value_heads": cfg.kv_heads,
-        "hidden_act": "silu",
-        "max_position_embeddings": cfg.max_len,
-        "rms_norm_eps": cfg.ln_eps,
-        "rope_parameters": rotary_to_hf(cfg),
-        "attention_bias": False,
-        "tie_word_embeddings": cfg.tie_embeddings,
-        "attention_dropout": 0.0,
-    }
+    """Llama's config.json with every head (a pruned model keeps every head's q and k rows, as
+    its QK-norm spans them all, and is written with the removed heads' v rows and o columns
+    zero: `PRUNED_EXPORT`), no MLP bias key, and head_dim only where transformers needs it."""
+    hf = hf_llama.written(cfg, (cfg.n_head, cfg.kv_heads))
+    del hf["mlp_bias"], hf["head_dim"]
+    hf |= {"model_type": "olmo2", "architectures": ["Olmo2ForCausalLM"], "attention_bias": False}
     if cfg.d_head * cfg.n_head != cfg.d_model:  # transformers reads head_dim when it is there
         hf["head_dim"] = cfg.d_head
     weights = {hf_name: state[p] for hf_name, p in llama_names(cfg, OLMO2_NORMS).items()}

@@ -16,7 +16,7 @@ import torch
 
 from probe.config import ModelConfig
 from probe.interop import hf_olmo2
-from probe.interop.families import layer_types, windows
+from probe.interop.family_parts import layer_types, windows
 from probe.interop.fields import Fields
 from probe.interop.hf_rope import read_rotary, rotary_to_hf
 from probe.rope import UNSCALED

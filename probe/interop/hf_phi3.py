@@ -1,12 +1,13 @@
-"""Phi-3 family: the Llama block (pre-norm RMSNorm, SwiGLU, rotate-half rotary, no biases,
-grouped-query attention) with q, k and v in one fused `qkv_proj` ([q | k | v] rows) and gate and
-up in one fused `gate_up_proj` ([gate | up] rows: transformers' Phi3MLP chunks gate first), split
-on import and re-fused on export; rotary on the first `partial_rotary_factor` of each head; and
-`sliding_window` on every layer when set (Phi3Model builds transformers' sliding-window causal
-mask, the rule of Mistral). Dropouts (`resid_pdrop`, `embd_pdrop`, `attention_dropout`) act in
-training only. The rotary is the plain one or LongRoPE (Phi-3.5, Phi-4-mini; `rope_type`
-'longrope', or 'su' and 'yarn', which Phi3Config reads as longrope), anchored at the top-level
-`original_max_position_embeddings` (4096 when absent), which wins over the section's."""
+"""Phi-3 family: the Llama block (probe.interop.hf_llama: pre-norm RMSNorm, SwiGLU, rotate-half
+rotary, no biases, grouped-query attention) with q, k and v in one fused `qkv_proj` ([q | k | v]
+rows) and gate and up in one fused `gate_up_proj` ([gate | up] rows: transformers' Phi3MLP
+chunks gate first), split on import and re-fused on export; rotary on the first
+`partial_rotary_factor` of each head; and `sliding_window` on every layer when set (Phi3Model
+builds transformers' sliding-window causal mask, the rule of Mistral). Dropouts (`resid_pdrop`,
+`embd_pdrop`, `attention_dropout`) act in training only. The rotary is the plain one or LongRoPE
+(Phi-3.5, Phi-4-mini; `rope_type` 'longrope', or 'su' and 'yarn', which Phi3Config reads as
+longrope), anchored at the top-level `original_max_position_embeddings` (4096 when absent),
+which wins over the section's."""
 
 from __future__ import annotations
 
@@ -14,16 +15,18 @@ from collections.abc import Iterator, Mapping
 
 import torch
 
-from probe.config import FFN, PE, Arch, ModelConfig, Norm, NormType
+from probe.config import FFN, ModelConfig
 from probe.errors import ProbeError
-from probe.interop.families import (
+from probe.interop import hf_llama
+from probe.interop.family_parts import (
+    gated,
     llama_names,
     refuse_unimplemented,
     renamed,
     require,
     same_tied_head,
     tied_output,
-    uniform_shape,
+    uniform_heads,
 )
 from probe.interop.fields import Fields
 from probe.interop.hf_llama import rope
@@ -34,51 +37,31 @@ MODEL_TYPES = ("phi3",)
 # source tensors probe may leave unused: the rotary frequencies of older files, a tied lm_head
 IGNORED = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq", r"lm_head\.weight")
 RENAMED = {"su": "longrope", "yarn": "longrope"}  # rotary kinds Phi3Config reads as longrope
+DEFAULTS = {"max_position_embeddings": 4096, "rms_norm_eps": 1e-5}  # Phi3Config's
 
 
 def config(hf: Fields | dict, where: str, names: set[str] | None = None) -> ModelConfig:
     hf = Fields.of(hf, where)
     refuse_unimplemented(hf, "Phi-3", implemented=("partial_rotary_factor",))
-    hf.choice("hidden_act", "silu", ("silu",), "Phi-3")
-    d_model = hf.integer("hidden_size")
-    n_head = hf.integer("num_attention_heads")
-    n_kv_head = hf.integer("num_key_value_heads", n_head)  # read first: 0 is refused by name
-    if hf.has("num_key_value_heads"):
-        hf.divides("num_attention_heads", "num_key_value_heads")
-    if not hf.has("head_dim"):
-        hf.divides("hidden_size", "num_attention_heads")
-    d_head = hf.integer("head_dim", d_model // n_head)
-    context = hf.integer("max_position_embeddings", 4096)
+    gated(hf, "hidden_act", FFN.SWIGLU, "Phi-3")
+    block = hf_llama.keywords(hf, DEFAULTS)
     original = hf.integer("original_max_position_embeddings", 4096)
-    rotary = rope(hf, context, "Phi-3", partial=True, renamed=RENAMED, top_original=original)
+    rotary = rope(hf, block["max_len"], "Phi-3", partial=True, renamed=RENAMED,
+                  top_original=original)  # fmt: skip
     kind, fraction = rotary["rope_scaling"].kind, rotary["rope_fraction"]
     if kind not in ("default", "longrope"):  # transformers' Phi3Config refuses the others
         hf.refuse("rope_parameters.rope_type", kind, "Phi-3 computes rope_type 'default' or "
                   "'longrope' (transformers refuses the others).")  # fmt: skip
+    d_head = block["d_head"]
     rotated = int(d_head * fraction)  # transformers' rotary width: int(head_dim * factor)
     if rotated % 2 or rotated < 2:
         why = f"it rotates {rotated} of each head's {d_head} dimensions; probe's rotary needs "
         hf.refuse("partial_rotary_factor", fraction, why + "an even number of at least 2.")
-    window = hf.integer("sliding_window", None)
     return ModelConfig(
-        arch=Arch.DECODER,
-        vocab_size=hf.integer("vocab_size"),
-        n_layer=hf.integer("num_hidden_layers"),
-        n_head=n_head,
-        n_kv_head=n_kv_head,
-        d_model=d_model,
-        d_head=d_head,
-        ffn=FFN.SWIGLU,
-        ffn_mult=hf.integer("intermediate_size") / d_model,
-        norm=Norm.PRE,
-        norm_type=NormType.RMS,
-        pe=PE.ROPE,
+        **block,
         **rotary,
-        max_len=context,
-        bias=False,
         tie_embeddings=tied_output(hf, names, default=False),
-        ln_eps=hf.number("rms_norm_eps", 1e-5),
-        sliding_window=window,
+        sliding_window=hf.integer("sliding_window", None),
     )
 
 
@@ -114,46 +97,31 @@ def to_probe(state: Mapping, cfg: ModelConfig, where: str) -> Iterator[tuple[str
 
 
 def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> tuple[dict, dict]:
-    shape = uniform_shape(cfg)
-    if isinstance(shape, str):
-        raise ProbeError(
-            f"This pruned model cannot be written as a Hugging Face Phi-3: {shape}, but its "
-            "config.json has one head count for every layer. Prune with `probe prune --uniform` "
-            "(the same number of heads, or groups, in every layer) to make it exportable."
-        )
+    """Llama's config.json with Phi-3's fused weights, partial rotary, LongRoPE anchor and
+    window, and without the bias keys Phi3Config lacks."""
+    heads = uniform_heads(cfg, "Phi-3")
     if cfg.window_layers is not None:
         raise ProbeError(
             "Phi-3 windows every layer or none; this model windows only layers "
             f"{list(cfg.window_layers)}, which a Phi-3 config cannot hold."
         )
-    n_q, n_kv = shape
     original = cfg.rope_scaling.original_max_position_embeddings  # longrope's (else None)
     weights = {hf: state[p] for hf, p in llama_names(cfg, fused=FUSED).items()}
     for name, parts in _fused(cfg).items():
         weights[name] = torch.cat([state[p] for p, _ in parts])  # [rows of every part, d_model]
-    hf = {
+    # Llama's config.json keeps head_dim (Phi3Attention reads it: a pruned model's is not
+    # d_model / n_q); Phi3Config has no bias flags
+    hf = hf_llama.written(cfg, heads)
+    del hf["attention_bias"], hf["mlp_bias"]
+    return {
+        **hf,
         "model_type": "phi3",
         "architectures": ["Phi3ForCausalLM"],
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.d_model,
-        "intermediate_size": cfg.d_ff,
-        "num_hidden_layers": cfg.n_layer,
-        "num_attention_heads": n_q,
-        "num_key_value_heads": n_kv,
-        "head_dim": cfg.d_head,  # read by Phi3Attention; a pruned model's is not d_model / n_q
-        "hidden_act": "silu",
-        "max_position_embeddings": cfg.max_len,
         "original_max_position_embeddings": original or cfg.max_len,
-        "rms_norm_eps": cfg.ln_eps,
         "rope_parameters": rotary_to_hf(cfg, fraction=True),
         "partial_rotary_factor": cfg.rope_fraction,
         "sliding_window": cfg.sliding_window,
-        "tie_word_embeddings": cfg.tie_embeddings,
-        "attention_dropout": 0.0,
         "resid_pdrop": 0.0,
         "embd_pdrop": 0.0,
-        "bos_token_id": None,
-        "eos_token_id": None,
-        "pad_token_id": None,
-    }
-    return hf, weights
+        **dict.fromkeys(("bos_token_id", "eos_token_id", "pad_token_id")),
+    }, weights

@@ -10,7 +10,7 @@ from typing import Any
 
 from probe.config import ModelConfig
 from probe.errors import ProbeError
-from probe.interop.families import LAYER_TYPES  # the keys of a nested section
+from probe.interop.family_parts import LAYER_TYPES  # the keys of a nested section
 from probe.interop.fields import Fields
 from probe.rope import KINDS, PARAMETERS, RopeScaling
 from probe.words import did_you_mean

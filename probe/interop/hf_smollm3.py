@@ -15,7 +15,7 @@ import torch
 
 from probe.config import ModelConfig
 from probe.interop import hf_llama
-from probe.interop.families import layer_types, windows
+from probe.interop.family_parts import layer_types, windows
 from probe.interop.fields import Fields
 
 MODEL_TYPES = ("smollm3",)

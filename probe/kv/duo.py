@@ -2,15 +2,16 @@
 
 Every key/value head of every causal self-attention site gets a gate alpha in [0, 1]; its query
 heads' output is alpha * (full attention) + (1 - alpha) * (streaming attention: the first `sink`
-keys and the last `window`, `probe.model.streaming`). With the model frozen, only the gates are
-optimized (Adam, clamped to [0, 1] after each step, starting at 1 as DuoAttention does) on
-synthetic passkey prompts, so that the mixed model's last hidden states (after the final norm)
+keys and the last `window`: a key/value plan's streaming rule), each site's alphas given at its
+`mix` point (`probe.model.points`). With the model frozen, only the gates are optimized (Adam,
+clamped to [0, 1] after each step, starting at 1 as DuoAttention does) on synthetic passkey
+prompts, so that the mixed model's last hidden states (after the final norm)
 at the passkey answer positions match the full model's:
 
     loss = mean over answer positions of mean_d (h_mixed - h_full)^2 + l1 * mean(alpha)
 
 (DuoAttention's distillation loss and L1 penalty, `reg_weight` there.) Key/value heads with the
-largest alpha keep the full cache (`probe.kv.methods.choose_full`).
+largest alpha keep the full cache (`probe.kv.planning.choose_full`).
 
 Differences from the paper's recipe: prompts are token-level passkeys (random tokens with a
 random-token passkey inserted early and repeated at the end, the repeat being the answer), not
@@ -20,36 +21,14 @@ text haystacks with a worded question; a few dozen steps on a CPU with a constan
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import torch
 
 from probe.errors import ProbeError
 from probe.kv.plan import KVPlan
 from probe.model import Transformer
-
-
-@dataclass(frozen=True)
-class DuoSettings:
-    steps: int = 40  # optimizer steps (one fresh batch of prompts each)
-    lr: float = 0.05  # Adam's learning rate on the gates
-    l1: float = 0.05  # weight of the L1 penalty mean(alpha)
-    batch: int = 4  # passkey prompts per step
-    key_len: int = 8  # tokens in a passkey
-
-    def check(self) -> None:
-        if self.steps < 1 or self.batch < 1 or self.key_len < 1:
-            raise ProbeError(
-                f"duo needs at least one step, prompt and passkey token; got steps {self.steps}, "
-                f"batch {self.batch}, key_len {self.key_len}."
-            )
-        # finite too: an infinite rate or penalty turns every gate into NaN, a plan of noise
-        if not 0 < self.lr < math.inf or not 0 <= self.l1 < math.inf:
-            raise ProbeError(f"duo needs a finite lr > 0 and l1 >= 0, got lr {self.lr}, l1 "
-                             f"{self.l1}.")  # fmt: skip
 
 
 def streaming_plan(model: Transformer, sink: int, window: int) -> KVPlan:
@@ -74,7 +53,7 @@ def frozen(model: Transformer) -> Iterator[None]:
 def mixing(model: Transformer, alphas: Sequence[torch.Tensor]) -> Iterator[None]:
     """Inside, a forward with a plan (`plan=`) mixes each site's full and streaming head outputs
     by `alphas` (per site, [kept key/value heads] in the site's order), a group's query heads
-    sharing its gate."""
+    sharing its gate: the sites' `mix` points return them."""
     blocks = list(model.blocks)
     if len(alphas) != len(blocks):
         raise ValueError(f"{len(alphas)} gate vectors for {len(blocks)} attention sites")
@@ -85,13 +64,12 @@ def mixing(model: Transformer, alphas: Sequence[torch.Tensor]) -> Iterator[None]
         if alpha.shape != (len(attn.site.kept_groups),):
             raise ValueError(f"{attn.site.name}: gates {tuple(alpha.shape)}, expected "
                              f"({len(attn.site.kept_groups)},)")  # fmt: skip
-    try:
-        for block, alpha in zip(blocks, alphas, strict=True):
-            block.attn.mix = alpha.index_select(0, block.attn.kv_index)  # [head]
+    mixes = {
+        f"{b.attn.site.name}.mix": lambda _, m=a.index_select(0, b.attn.kv_index): m  # [head]
+        for b, a in zip(blocks, alphas, strict=True)
+    }
+    with model.intervene(mixes):
         yield
-    finally:
-        for block in blocks:
-            block.attn.mix = None
 
 
 def mixed_features(model: Transformer, tokens: torch.Tensor, alphas: Sequence[torch.Tensor],
@@ -133,11 +111,12 @@ def prompt_length(model: Transformer, sink: int, window: int, key_len: int) -> i
     return length
 
 
-def duo_gates(model: Transformer, sink: int, window: int, settings: DuoSettings, seed: int = 0,
+def duo_gates(model: Transformer, sink: int, window: int, settings, seed: int = 0,
               progress: Callable[[str], None] | None = None
               ) -> tuple[list[torch.Tensor], dict]:  # fmt: skip
     """Per site, the trained gates [kept key/value heads] (float32, in [0, 1]) and notes (prompt
-    length, the distillation loss before and after)."""
+    length, the distillation loss before and after); `settings`: a
+    `probe.kv.methods.duo.DuoSettings` (the method's options and the prompts' shape)."""
     settings.check()
     say = progress or (lambda _: None)
     length = prompt_length(model, sink, window, settings.key_len)

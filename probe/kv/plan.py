@@ -14,11 +14,10 @@ from typing import Any
 from probe.errors import ProbeError
 from probe.fields import shown
 from probe.files import atomic_write_text, check_input_file
+from probe.kv.methods import METHODS
 
 FORMAT = 1
 FIELDS = ("format", "method", "full_share", "sink", "window", "full")
-HEAD_METHODS = ("retrieval", "razor", "duo", "random")  # those that choose heads by a score
-METHODS = (*HEAD_METHODS, "streaming", "full")
 # the most tokens a sink or window may count: far past any context, and small enough that
 # positions minus the window stay within torch's int64 (a larger one only means "every token")
 MAX_TOKENS = 2**40
@@ -26,7 +25,7 @@ MAX_TOKENS = 2**40
 
 @dataclass(frozen=True)
 class KVPlan:
-    method: str  # how the full heads were chosen (METHODS)
+    method: str  # how the full heads were chosen (a name of probe.kv.methods.METHODS)
     full_share: float  # the share of key/value heads asked to keep the full cache, 0-1
     sink: int  # tokens at the start every streaming head keeps
     window: int  # most recent tokens every streaming head keeps (itself included)
@@ -38,8 +37,7 @@ class KVPlan:
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
-            raise ProbeError(f"Unknown kv-plan method '{self.method}'. Available: "
-                             f"{', '.join(METHODS)}.")  # fmt: skip
+            raise ProbeError(METHODS.unknown(self.method))
         if not 0.0 <= self.full_share <= 1.0:
             raise ProbeError(f"full_share must be in [0, 1], got {self.full_share}.")
         if self.sink < 0 or self.window < 1:

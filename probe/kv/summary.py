@@ -13,17 +13,22 @@ import math
 import pandas as pd
 from scipy import stats
 
-from probe.kv.plan import HEAD_METHODS
+from probe.kv.methods import head_methods
 from probe.significance import ALPHA
 
 SAVED = 0.60  # the share of the full cache a plan must save
 KEPT = 0.95  # the share of the full cache's needle accuracy it must keep
-ORDER = ("full", "window", *HEAD_METHODS, "streaming")  # by share; a share's streaming last
+
+
+def order() -> tuple[str, ...]:
+    """Methods in a table's order: by share; a share's streaming last."""
+    return ("full", "window", *head_methods(), "streaming")
 
 
 def ordered(table: pd.DataFrame) -> pd.DataFrame:
-    """Rows by full share, then method in `ORDER` (the baselines of share 0 and 1 first)."""
-    rank = table.method.map({m: i for i, m in enumerate(ORDER)}).fillna(len(ORDER))
+    """Rows by full share, then method in `order()` (the baselines of share 0 and 1 first)."""
+    methods = order()
+    rank = table.method.map({m: i for i, m in enumerate(methods)}).fillna(len(methods))
     share = table.full_share.where(table.method != "full", -1.0)  # the full cache first
     keys = table.assign(_share=share, _rank=rank)
     by = ["_share", "_rank", "length"] if "length" in table else ["_share", "_rank"]
@@ -88,7 +93,7 @@ def targets(table: pd.DataFrame) -> pd.DataFrame:
     full = needles[needles.method == "full"].set_index("length")
     rows = []
     for (method, share), part in needles.groupby(["method", "full_share"], sort=False):
-        if method not in HEAD_METHODS:
+        if method not in head_methods():
             continue
         part = part.set_index("length")
         base = full.needle_accuracy.reindex(part.index)

@@ -5,7 +5,9 @@ explicit one that materialises the weights (used when an observer asks for them)
 an `AttentionCall` (`probe.model.call`) holding the per-head q, k, v and everything needed to
 rebuild the logits tile by tile, so statistics can be computed without keeping an n x n matrix.
 Which keys a query sees (causal, sliding window, padding) is `probe.model.mask`'s one rule,
-shared by both paths.
+shared by both paths. Under a key/value plan the cache decides which keys each head sees
+(`probe.model.cache`); functions attached at the named points (`probe.model.points`) read or
+replace the call's arguments, DuoAttention's mixing weights, the heads' outputs and the output.
 """
 
 from __future__ import annotations
@@ -19,31 +21,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from probe.config import PE, ModelConfig, Scale
-from probe.model import mask, streaming
+from probe.model import mask
 from probe.model.cache import SiteCache, StreamRule
 from probe.model.call import AttentionCall, Observer
-from probe.model.layers import make_norm
+from probe.model.layers import make_norm, sliced
+from probe.model.points import Fn, at
 from probe.model.positional import FIRE, ALiBi, Rotary, T5Bias
 from probe.site import Site
 
-
-def _sliced(layer: nn.Linear, index: list[int], dim: int) -> nn.Linear:
-    """A copy of `layer` keeping rows (dim 0) or columns (dim 1) `index` of its weight."""
-    idx = torch.tensor(index, dtype=torch.long, device=layer.weight.device)
-    weight = layer.weight.detach().index_select(dim, idx)  # [out, in] sliced
-    bias = layer.bias
-    if bias is not None and dim == 0:
-        bias = bias.detach().index_select(0, idx)
-    with warnings.catch_warnings():  # a fully pruned site has zero-element weights
-        warnings.filterwarnings("ignore", "Initializing zero-element tensors")
-        new = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None,
-                        device=weight.device, dtype=weight.dtype)  # fmt: skip
-    with torch.no_grad():
-        new.weight.copy_(weight)
-        if bias is not None:
-            new.bias.copy_(bias.detach())
-    new.weight.requires_grad_(layer.weight.requires_grad)
-    return new
+POINTS = ("args", "mix", "heads", "out")  # see probe.model.points
 
 
 class Attention(nn.Module):
@@ -86,7 +72,16 @@ class Attention(nn.Module):
         self.dropout = cfg.dropout
         self._set_kv_index()
         self.observer: Observer | None = None  # set only inside Transformer.observe(...)
-        self.mix: torch.Tensor | None = None  # [head] DuoAttention gates (probe.kv.duo.mixing)
+        self.points: dict[str, Fn] | None = None  # set only inside Transformer.intervene(...)
+
+    def point_names(self) -> tuple[str, ...]:
+        return POINTS
+
+    @property
+    def mix(self) -> torch.Tensor | None:
+        """[head] the DuoAttention weights a forward under a plan mixes with now (the `mix`
+        point's; None: none attached)."""
+        return at(self.points, "mix", None)
 
     def _set_kv_index(self) -> None:
         device = self.gate.device
@@ -136,10 +131,10 @@ class Attention(nn.Module):
         rows = [h * self.d_head + j for h in local for j in range(self.d_head)]
         kv_rows = [g * self.d_head + j for g in groups for j in range(self.d_head)]
         if not self.whole_qk:  # (a whole-head qk norm keeps every q and k row, see __init__)
-            self.q = _sliced(self.q, rows, 0)
-            self.k = _sliced(self.k, kv_rows, 0)
-        self.v = _sliced(self.v, kv_rows, 0)
-        self.o = _sliced(self.o, rows, 1)
+            self.q = sliced(self.q, rows, 0)
+            self.k = sliced(self.k, kv_rows, 0)
+        self.v = sliced(self.v, kv_rows, 0)
+        self.o = sliced(self.o, rows, 1)
         idx = torch.tensor(local, dtype=torch.long, device=self.gate.device)
         self.gate = nn.Parameter(self.gate.index_select(0, idx), requires_grad=False)
         if self.scale_kind == Scale.LEARNED:
@@ -221,9 +216,12 @@ class Attention(nn.Module):
         bool (False for padding). Returns [batch, q_len, d_model].
 
         With `cache` (self-attention), x holds only the new tokens: their keys and values join
-        the cache's, and k_pos and key_mask describe every key (cached and new). A cache with a
-        key/value plan's rule evicts its streaming heads' keys (`streaming.planned`); `stream`
+        the cache, and k_pos and key_mask describe every key (cached and new). A cache with a
+        key/value plan's rule decides which keys each head sees (`SiteCache.update`); `stream`
         (no cache) applies a rule as a mask over the whole sequence instead."""
+        if self.points is not None:  # read only: what a function returns here is not used
+            args = dict(x=x, context=context, q_pos=q_pos, k_pos=k_pos, key_mask=key_mask)
+            at(self.points, "args", {**args, "cache": cache, "stream": stream})
         if context is None:  # one matmul for q, k and v
             q, k, v = self._qkv(x)  # [batch, head, seq, d_head] each
         else:
@@ -241,7 +239,7 @@ class Attention(nn.Module):
         if self.rotary is not None:  # new keys stand where the new queries do
             q, k = self.rotary(q, q_pos), self.rotary(k, k_pos if cache is None else q_pos)
         if cache is not None and cache.rule is not None:
-            return streaming.planned(self, q, k, v, q_pos, k_pos, key_mask, cache)
+            return self._planned(q, k, v, q_pos, k_pos, key_mask, cache)
         if cache is not None:
             k, v = cache.append(k, v)  # [batch, kv_head, cached + q_len, d_head]
             k_len = k.shape[2]
@@ -251,7 +249,7 @@ class Attention(nn.Module):
         bias = self.score_bias.bias(q_pos, k_pos) if self.score_bias is not None else None
         visible = mask.visible(self.site, q_len, k_len, key_mask, x.device)  # [b|1, 1, q, k]
         if stream is not None:  # [batch|1, head, q, k]: streaming heads see sink + window
-            visible = streaming.per_head_visible(stream, self.kv_index, q_len, k_len, visible)
+            visible = stream.visible(self.kv_index, q_len, k_len, visible)
         observer = self.observer if self.n_kept > 0 else None  # nothing to see in a pruned site
         call = None
         if observer is not None:
@@ -261,14 +259,69 @@ class Attention(nn.Module):
             out = self._capped(q, k, v, scale, factor, bias, visible)
         if out is None:
             out = self._fused(q, k, v, scale, factor, bias, visible, key_mask, stream is None)
-        if self.mix is not None and stream is not None:  # gate * full + (1 - gate) * streaming
-            out = streaming.mixed(self, out, q, k, v, scale, factor, bias, key_mask)
+        if stream is not None and self.points is not None:  # DuoAttention's mixing
+            mix = at(self.points, "mix", None)  # [head] or None
+            if mix is not None:  # mix * full + (1 - mix) * streaming
+                out = self._mixed(mix, out, q, k, v, scale, factor, bias, key_mask)
         out = out * self.gate.to(out.dtype).view(1, -1, 1, 1)  # [batch, head, q_len, d_head]
         if call is not None:
             call.head_out = out
             observer.record(call)
+        return self._project(out)  # [batch, q_len, d_model]
+
+    def _project(self, out: torch.Tensor) -> torch.Tensor:
+        """The gated head outputs [batch, head, q_len, d_head] merged and through W_O."""
+        b, _, q_len, _ = out.shape
         merged = out.transpose(1, 2).reshape(b, q_len, self.n_kept * self.d_head)
-        return self.o(merged)  # [batch, q_len, d_model]
+        if self.points is None:
+            return self.o(merged)  # [batch, q_len, d_model]
+        merged = at(self.points, "heads", merged)  # [batch, q_len, n_kept * d_head]
+        return at(self.points, "out", self.o(merged))  # [batch, q_len, d_model]
+
+    def _planned(self, q, k, v, q_pos, k_pos, key_mask: torch.Tensor | None,
+                 cache: SiteCache) -> torch.Tensor:  # fmt: skip
+        """Attention of the new queries q [batch, head, q_len, d_head] through a cache with a
+        rule; k, v [batch, kv_head, q_len, d_head] are the new tokens' (they join the cache);
+        k_pos, key_mask [batch, len] cover every token so far. Each group of query heads
+        attends, in its own call, to the keys the cache returns for it, so a streaming head's
+        keys are never padded back to the full length (its memory really is cut)."""
+        if self.observer is not None:
+            raise ValueError(
+                "observing a model that decodes with a key/value plan is not supported; "
+                "observe the full forward with `plan=` instead"
+            )
+        b, _, q_len, _ = q.shape
+        k_len = k_pos.shape[1]
+        factor = self._length_factor(q_len, k_len, q.device)  # [q_len] or None: the site's rule
+        start = k_len - q_len
+        p = torch.arange(start, k_len, device=q.device)  # [q_len] the queries' arrival indices
+        scale = self.head_scale()  # [head]
+        out = q.new_zeros(b, q.shape[1], q_len, v.shape[-1])  # [batch, head, q_len, d_head]
+        for seen in cache.update(k, v, start, self.site.kv_index()):
+            idx, j = seen.heads, seen.index  # [h], [len]
+            bias = None
+            if self.score_bias is not None:  # at the kept keys' original positions
+                bias = self.score_bias.bias(q_pos, k_pos.index_select(1, j)).index_select(1, idx)
+            keeps = seen.rule.keeps(p, j) if seen.rule is not None else None  # [q, len]
+            visible = mask.visible_at(self.site, p, j, key_mask, keeps)  # [batch|1, 1, q, len]
+            hq = q.index_select(1, idx)  # [batch, h, q_len, d_head]
+            out[:, idx] = self.attend(hq, seen.k, seen.v, scale.index_select(0, idx), factor,
+                                      bias, visible)  # fmt: skip
+        out = out * self.gate.to(out.dtype).view(1, -1, 1, 1)  # [batch, head, q_len, d_head]
+        return self._project(out)  # [batch, q_len, d_model]
+
+    def _mixed(self, mix: torch.Tensor, streamed: torch.Tensor, q, k, v, scale, factor, bias,
+               key_mask: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+        """DuoAttention's training-time head output (Xiao et al. 2025): per query head, mix [head]
+        * full attention + (1 - mix) * `streamed` (the streaming-masked output, [batch, head,
+        q_len, d_head]); the full output computed exactly as the plain forward computes it."""
+        visible = mask.visible(self.site, q.shape[2], k.shape[2], key_mask, q.device)
+        if self.softcap is not None:  # visible: [batch|1, 1, q, k]
+            full = self._capped(q, k, v, scale, factor, bias, visible)
+        else:
+            full = self._fused(q, k, v, scale, factor, bias, visible, key_mask)
+        gate = mix.to(full.dtype).view(1, -1, 1, 1)  # [1, head, 1, 1]
+        return gate * full + (1 - gate) * streamed  # [batch, head, q_len, d_head]
 
     def attend(self, q, k, v, scale, factor, bias, visible) -> torch.Tensor:
         """softmax(scores) @ v for q [batch, head, q, d], k, v [batch, head, k, d] with an

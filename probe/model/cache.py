@@ -12,7 +12,14 @@ keeps only the first `sink` tokens and the last `window` (StreamingLLM; DuoAtten
 the rest as decoding goes. Kept keys keep their original absolute positions (rotary was applied
 at those positions when they were cached; score biases read them), as DuoAttention does for its
 streaming heads; StreamingLLM instead re-indexes positions within the cache (its pos_shift
-attention caches keys before rotary), which probe does not do.
+attention caches keys before rotary), which probe does not do. The cache decides what it keeps:
+`SiteCache.update` takes the new keys and values and returns, per group of query heads, the keys
+those heads see (`HeadKeys`); attention only attends to them.
+
+The full forward under a plan (no cache) computes the same thing with a mask instead:
+`StreamRule.visible` hides from a streaming head the keys its cache would have evicted, and
+tests/test_kv_apply.py proves the two equal. Indices below are arrival indices (the key's
+column in the whole sequence); with positions 0, 1, ... they are the positions.
 """
 
 from __future__ import annotations
@@ -21,6 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from probe.errors import ProbeError
+from probe.site import Site
 
 
 @dataclass(frozen=True)
@@ -37,6 +47,60 @@ class StreamRule:
     def keeps(self, p: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
         """p [q], j [k] arrival indices -> [q, k] bool: what a streaming head keeps for p."""
         return (j < self.sink).view(1, -1) | (p.view(-1, 1) - j.view(1, -1) < self.window)
+
+    @classmethod
+    def for_site(cls, site: Site, full: tuple[int, ...], sink: int, window: int
+                 ) -> StreamRule | None:  # fmt: skip
+        """The split of `site`'s key/value heads when the original groups `full` keep the full
+        cache (None: every head is full, so nothing changes)."""
+        local_full = tuple(i for i, g in enumerate(site.kept_groups) if g in full)
+        stream = tuple(i for i, g in enumerate(site.kept_groups) if g not in full)
+        if not stream:
+            return None
+        return cls(local_full, stream, sink, window)
+
+    def visible(self, kv_index: torch.Tensor, q_len: int, k_len: int,
+                visible: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+        """The full forward's mask: [batch|1, head, q_len, k_len] bool, the site's `visible`
+        ([batch|1, 1, q, k] or None) and, for query heads whose key/value head streams, the
+        keys a streaming head keeps (kv_index [head]: each query head's local key/value head)."""
+        device = kv_index.device
+        p = torch.arange(k_len - q_len, k_len, device=device)  # [q] the queries' indices
+        j = torch.arange(k_len, device=device)  # [k]
+        keeps = self.keeps(p, j)  # [q, k]
+        streams = torch.isin(kv_index, torch.tensor(self.stream, device=device))  # [head]
+        heads = keeps.unsqueeze(0) | ~streams.view(-1, 1, 1)  # [head, q, k]
+        if visible is None:
+            return heads.unsqueeze(0)  # [1, head, q, k]
+        return visible & heads.unsqueeze(0)  # [batch|1, head, q, k]
+
+
+def plan_rules(plan: Any, sites: list[Site]) -> list[StreamRule | None]:
+    """Per site, the rule a `KVPlan` sets (plan.full in site order)."""
+    return [StreamRule.for_site(s, plan.full[s.index], plan.sink, plan.window) for s in sites]
+
+
+def check_right_padded(key_mask: torch.Tensor | None) -> None:
+    """A plan counts sink and window by column (arrival index), so padding must come after
+    every real token of its row (right padding); left padding would make the pads the sink."""
+    if key_mask is not None and bool((~key_mask[:, :-1] & key_mask[:, 1:]).any()):
+        raise ProbeError(
+            "a key/value plan needs right-padded rows (padding after the real tokens): it "
+            "counts sink and window by column, so left padding would make the pads the sink."
+        )
+
+
+@dataclass(frozen=True)
+class HeadKeys:
+    """What some query heads of a site see through an evicting cache: their keys and values
+    [batch, h, len, d_head] (one per query head), the keys' arrival indices `index` [len] and
+    the rule that evicted the others (None: every key so far is kept)."""
+
+    heads: torch.Tensor  # [h] the query heads (local indices)
+    k: torch.Tensor
+    v: torch.Tensor
+    index: torch.Tensor
+    rule: StreamRule | None
 
 
 @dataclass
@@ -64,7 +128,29 @@ class SiteCache:
             self.v = torch.cat([self.v, v], dim=2)
         return self.k, self.v
 
-    def append_split(self, k: torch.Tensor, v: torch.Tensor, start: int) -> tuple[tuple, tuple]:
+    def update(self, k: torch.Tensor, v: torch.Tensor, start: int,
+               kv_index: list[int]) -> list[HeadKeys]:  # fmt: skip
+        """With a rule: add the new tokens' k and v [batch, kv_head, new, d_head], arriving at
+        indices start, start + 1, ... (`_append_split`), and return per group of query heads
+        (kv_index: each query head's local key/value head) the keys they see: the full heads'
+        every key so far, the streaming heads' the keys kept before this call and the new ones."""
+        rule = self.rule
+        (kf, vf), (ks, vs, kept) = self._append_split(k, v, start)
+        everything = torch.arange(start + k.shape[2], device=k.device)  # [len]
+        seen = []
+        for group, keys, values, index, evicts in ((rule.full, kf, vf, everything, None),
+                                                   (rule.stream, ks, vs, kept, rule)):  # fmt: skip
+            local = {g: i for i, g in enumerate(group)}
+            heads = [h for h, g in enumerate(kv_index) if g in local]
+            if not heads:
+                continue
+            idx = torch.tensor(heads, dtype=torch.long, device=k.device)  # [h]
+            rows = torch.tensor([local[kv_index[h]] for h in heads], device=k.device)  # [h]
+            hk, hv = keys.index_select(1, rows), values.index_select(1, rows)  # [b, h, len, d]
+            seen.append(HeadKeys(idx, hk, hv, index, evicts))
+        return seen
+
+    def _append_split(self, k: torch.Tensor, v: torch.Tensor, start: int) -> tuple[tuple, tuple]:
         """Add the new tokens' k and v [batch, kv_head, new, d_head], arriving at indices start,
         start + 1, ...; returns ((k, v) of the full heads, every key so far [batch, full, len,
         d_head]) and ((ks, vs, kept) of the streaming heads: the keys kept before this call

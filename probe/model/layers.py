@@ -1,14 +1,35 @@
-"""The parts of a block besides attention: the norms and the position-wise feed-forward."""
+"""The parts of a block besides attention: the norms and the position-wise feed-forward; and
+`sliced`, a linear layer cut to some rows or columns (pruning heads)."""
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from probe.config import FFN, ModelConfig, NormType
+
+
+def sliced(layer: nn.Linear, index: list[int], dim: int) -> nn.Linear:
+    """A copy of `layer` keeping rows (dim 0) or columns (dim 1) `index` of its weight."""
+    idx = torch.tensor(index, dtype=torch.long, device=layer.weight.device)
+    weight = layer.weight.detach().index_select(dim, idx)  # [out, in] sliced
+    bias = layer.bias
+    if bias is not None and dim == 0:
+        bias = bias.detach().index_select(0, idx)
+    with warnings.catch_warnings():  # a fully pruned site has zero-element weights
+        warnings.filterwarnings("ignore", "Initializing zero-element tensors")
+        new = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None,
+                        device=weight.device, dtype=weight.dtype)  # fmt: skip
+    with torch.no_grad():
+        new.weight.copy_(weight)
+        if bias is not None:
+            new.bias.copy_(bias.detach())
+    new.weight.requires_grad_(layer.weight.requires_grad)
+    return new
 
 
 class RMSNorm(nn.Module):

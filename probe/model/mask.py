@@ -59,6 +59,23 @@ def visible(
     return seen
 
 
+def visible_at(site: Site, p: torch.Tensor, j: torch.Tensor, key_mask: torch.Tensor | None,
+               keeps: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """[batch|1, 1, q, k] bool: which keys of arrival indices j [k] the queries at p [q] see (an
+    evicting cache's keys, not all of 0..k_len-1): causal, the site's window, `keeps` [q, k]
+    (a streaming rule's) and padding (key_mask [batch, len] over every key so far)."""
+    gap = p.view(-1, 1) - j.view(1, -1)  # [q, k]
+    seen = gap >= 0
+    if site.window is not None:
+        seen = seen & (gap < site.window)
+    if keeps is not None:
+        seen = seen & keeps
+    seen = seen.view(1, 1, *seen.shape)
+    if key_mask is not None:
+        seen = seen & key_mask.index_select(1, j).view(key_mask.shape[0], 1, 1, -1)
+    return seen
+
+
 def visible_counts(
     site: Site, q_len: int, k_len: int, device: torch.device | str = "cpu"
 ) -> torch.Tensor:

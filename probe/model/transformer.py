@@ -11,11 +11,11 @@ from torch import nn
 
 from probe.config import FFN, Arch, ModelConfig, Norm
 from probe.errors import ProbeError
-from probe.model import streaming
 from probe.model.attention import Attention
-from probe.model.cache import KVCache, SiteCache, StreamRule
+from probe.model.cache import KVCache, SiteCache, StreamRule, check_right_padded, plan_rules
 from probe.model.call import Observer
 from probe.model.layers import FeedForward, activation, make_norm
+from probe.model.points import Fn, Intervention, at
 from probe.model.positional import InputPositions
 from probe.site import Site
 
@@ -40,6 +40,13 @@ class Block(nn.Module):
         if self.ffn is not None:
             self.ln_ffn, self.ln_ffn_out = self._norms(cfg)
         self.drop = nn.Dropout(cfg.dropout)
+        self.points: dict[str, Fn] | None = None  # set only inside Transformer.intervene(...)
+
+    def point_names(self) -> tuple[str, ...]:
+        """The points a block calls (`probe.model.points`): its attention sub-layers' residual
+        stream and update, and its output."""
+        subs = ("attn", "cross") if self.cross is not None else ("attn",)
+        return (*(f"{s}.{p}" for s in subs for p in ("resid_pre", "update")), "resid_post")
 
     @staticmethod
     def _norms(cfg: ModelConfig) -> tuple[nn.Module | None, nn.Module | None]:
@@ -59,21 +66,25 @@ class Block(nn.Module):
             pairs.append((self.ln_cross, self.cross))
         return pairs
 
-    def update_module(self, attn: Attention) -> nn.Module:
-        """The module whose output the attention sub-layer `attn` adds to the stream: its output
-        norm (sandwich, branch), else the attention itself."""
-        out = self.ln_attn_out if attn is self.attn else self.ln_cross_out
-        return out if out is not None else attn
-
-    def _branch(self, x: torch.Tensor, ln: nn.Module | None, ln_out: nn.Module | None, f):
-        """The sub-layer's addition to the stream (all placements but post)."""
+    def _branch(self, x: torch.Tensor, ln: nn.Module | None, ln_out: nn.Module | None, f,
+                point: str | None = None):  # fmt: skip
+        """The sub-layer's addition to the stream (all placements but post); `point`: the
+        sub-layer's name ("attn", "cross") where it has points."""
         h = f(ln(x) if ln is not None else x)
-        return self.drop(ln_out(h) if ln_out is not None else h)
+        return self.drop(self._at(point, "update", ln_out(h) if ln_out is not None else h))
 
-    def _residual(self, x: torch.Tensor, ln: nn.Module | None, ln_out: nn.Module | None, f):
+    def _residual(self, x: torch.Tensor, ln: nn.Module | None, ln_out: nn.Module | None, f,
+                  point: str | None = None):  # fmt: skip
+        x = self._at(point, "resid_pre", x)
         if self.placement == Norm.POST:
-            return ln(x + self.drop(f(x)))
-        return x + self._branch(x, ln, ln_out, f)
+            return ln(x + self.drop(self._at(point, "update", f(x))))
+        return x + self._branch(x, ln, ln_out, f, point)
+
+    def _at(self, sub: str | None, name: str, value: torch.Tensor) -> torch.Tensor:
+        """`value` through the point `sub.name` (sub "": the block's own; None: no points)."""
+        if self.points is None or sub is None:
+            return value
+        return at(self.points, f"{sub}.{name}" if sub else name, value)
 
     def forward(
         self,
@@ -94,19 +105,23 @@ class Block(nn.Module):
             return self.attn(h, None, positions, key_positions, key_mask, cache, stream)
 
         if self.parallel:  # GPT-NeoX's order of the sums: ffn + attn + x
+            x = self._at("attn", "resid_pre", x)
             ffn = self._branch(x, self.ln_ffn, self.ln_ffn_out, self.ffn)
-            return ffn + self._branch(x, self.ln_attn, self.ln_attn_out, attend) + x
-        x = self._residual(x, self.ln_attn, self.ln_attn_out, attend)
+            attn = self._branch(x, self.ln_attn, self.ln_attn_out, attend, "attn")
+            return self._at("", "resid_post", ffn + attn + x)
+        x = self._residual(x, self.ln_attn, self.ln_attn_out, attend, "attn")
         if self.cross is not None:
+            cross = self.cross
             x = self._residual(
                 x,
                 self.ln_cross,
                 self.ln_cross_out,
-                lambda h: self.cross(h, memory, positions, None, memory_mask),
+                lambda h: cross(h, memory, positions, None, memory_mask),
+                "cross",
             )
         if self.ffn is not None:
             x = self._residual(x, self.ln_ffn, self.ln_ffn_out, self.ffn)
-        return x
+        return self._at("", "resid_post", x)
 
 
 class Transformer(nn.Module):
@@ -229,7 +244,8 @@ class Transformer(nn.Module):
     ) -> torch.Tensor:
         """The last hidden state [batch, seq, d_model] (after the final norm); see `forward`.
         `collect`, a list, receives the residual stream after each decoder block, in order
-        ([batch, seq, d_model] each; distillation matches them layer by layer)."""
+        ([batch, seq, d_model] each, the blocks' `resid_post` points; distillation matches them
+        layer by layer)."""
         rules = [None] * len(self.blocks)
         if plan is not None:
             if cache is not None:
@@ -249,13 +265,14 @@ class Transformer(nn.Module):
                 raise ValueError("a key/value cache needs a decoder (causal self-attention)")
             key_positions, key_mask = cache.extend(positions, key_mask)
         if plan is not None or (cache is not None and cache.plan is not None):
-            streaming.check_right_padded(key_mask)
+            check_right_padded(key_mask)
         x = self._embed(tokens, positions, token_types)  # [batch, seq, d_model]
-        for i, block in enumerate(self.blocks):
-            site = cache.sites[i] if cache is not None else None
-            x = block(x, positions, key_mask, memory, source_mask, site, key_positions, rules[i])
-            if collect is not None:
-                collect.append(x)
+        n = 0 if collect is None else len(self.blocks)  # (no points: nothing to look up)
+        with self.intervene({f"blocks.{i}.resid_post": collect.append for i in range(n)}):
+            for i, block in enumerate(self.blocks):
+                site = cache.sites[i] if cache is not None else None
+                x = block(x, positions, key_mask, memory, source_mask, site, key_positions,
+                          rules[i])  # fmt: skip
         if self.ln_final is not None:
             x = self.ln_final(x)
         return x
@@ -316,7 +333,7 @@ class Transformer(nn.Module):
                 "(no cache to cut)."
             )
         plan.check(self.cfg)
-        return streaming.rules(plan, [block.attn.site for block in self.blocks])
+        return plan_rules(plan, [block.attn.site for block in self.blocks])
 
     # ------------------------------------------------------------ attention access
     def attention_modules(self) -> list[Attention]:
@@ -338,6 +355,12 @@ class Transformer(nn.Module):
         finally:
             for m in mods:
                 m.observer = None
+
+    def intervene(self, fns: dict[str, Fn]) -> Intervention:
+        """Inside `with model.intervene({point: fn}):`, each fn reads (returns None) or replaces
+        (returns a value) what flows through its named point (`probe.model.points`, e.g.
+        "blocks.3.attn.heads"); an unknown name is one line; nothing stays attached after."""
+        return Intervention(self, fns)
 
     def gates(self) -> list[torch.Tensor]:
         """The per-head gate of each attention site, in site order ([head] each)."""

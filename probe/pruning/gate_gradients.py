@@ -1,6 +1,6 @@
 """Per-example gradients of the loss with respect to every head's gate, for gradient (Michel et
 al. 2019) and Fisher (Kwon et al. 2022) importance: one backward pass per micro-batch gives every
-head at once (see `probe.pruning.importance` for the derivation from the head outputs).
+head at once (see `probe.pruning.estimators.gradients` for the derivation from the head outputs).
 
 Only the gates require grad during the pass, so no weight gradient is computed; a micro-batch
 whose backward pass would keep more than RECOMPUTE_ABOVE bytes of activations runs with its blocks

@@ -32,44 +32,37 @@ def layer_importance(model: Transformer, batches: Sequence[Batch],
     (attn(norm(x)), through its output norm where it has one), averaged over every token of
     `batches` (run in micro-batches of `max_batch_tokens` tokens): columns layer, site, method
     ("attention-layer"), value. Sites without heads get 0."""
-    blocks = list(model.encoder or []) + list(model.blocks)
-    pre = model.cfg.norm_before
     sums: dict[int, float] = {}
     counts: dict[int, int] = {}
     streams: dict[int, torch.Tensor] = {}
-    handles = []
 
     def keep_stream(layer: int):
-        def hook(module, args):
-            streams[layer] = args[0]
+        def keep(x: torch.Tensor) -> None:
+            streams[layer] = x  # [batch, seq, d_model]
 
-        return hook
+        return keep
 
     def score(layer: int):
-        def hook(module, args, out):
+        def add(update: torch.Tensor) -> None:
             x = streams.pop(layer)  # [batch, seq, d_model]
-            cos = F.cosine_similarity(x.double(), (x + out).double(), dim=-1)  # [batch, seq]
+            cos = F.cosine_similarity(x.double(), (x + update).double(), dim=-1)  # [batch, seq]
             sums[layer] = sums.get(layer, 0.0) + float((1 - cos).sum())
             counts[layer] = counts.get(layer, 0) + cos.numel()
 
-        return hook
+        return add
 
+    points = {}
+    for attn in model.attention_modules():
+        points[f"{attn.site.name}.resid_pre"] = keep_stream(attn.layer)  # the stream x
+        points[f"{attn.site.name}.update"] = score(attn.layer)  # what the sub-layer adds to it
     was_training = model.training
     model.eval()
     try:
-        for block in blocks:
-            for norm, attn in block.attention_sublayers():
-                stream = norm if pre else attn  # pre: the norm's input; else the attention's
-                handles.append(stream.register_forward_pre_hook(keep_stream(attn.layer)))
-                # what the sub-layer adds: after its output norm, where there is one
-                update = block.update_module(attn)
-                handles.append(update.register_forward_hook(score(attn.layer)))
         device = next(model.parameters()).device
-        for batch in micro_batches(batches, max_batch_tokens):
-            features_batch(model, batch.to(device))
+        with model.intervene(points):
+            for batch in micro_batches(batches, max_batch_tokens):
+                features_batch(model, batch.to(device))
     finally:
-        for h in handles:
-            h.remove()
         model.train(was_training)
     rows = [
         {"layer": s.index, "site": s.name, "method": "attention-layer",

@@ -55,57 +55,55 @@ def site_pass(model: Transformer, batches: Sequence[Batch], only: int | None = N
     just that site (and the pass stops there once its heads are seen; `out` stays None); without,
     every site's x and out but not its heads (float32, to hold every site of the calibration
     data). The model's gates come back afterwards."""
-    pre = model.cfg.norm_before
     dtype = torch.float64 if only is not None else torch.float32
     seen: dict[int, SiteData] = {}
-    handles = []
 
     def flat(t: torch.Tensor) -> torch.Tensor:
         return t.detach().reshape(-1, t.shape[-1]).to(dtype).cpu()
 
     def stream(layer: int):
-        def hook(module, args):
-            seen[layer] = SiteData(flat(args[0]))
+        def keep(x: torch.Tensor) -> None:
+            seen[layer] = SiteData(flat(x))
 
-        return hook
+        return keep
 
     def heads(layer: int):
-        def hook(module, args):
-            seen[layer].heads = flat(args[0])
-            if only is not None:
-                raise _Stop
+        def keep(merged: torch.Tensor) -> None:
+            seen[layer].heads = flat(merged)
+            raise _Stop
 
-        return hook
+        return keep
 
     def output(layer: int):
-        def hook(module, args, out):
+        def keep(out: torch.Tensor) -> None:
             seen[layer].out = flat(out)
 
-        return hook
+        return keep
 
+    points = {}
+    for attn in model.attention_modules():
+        if only is not None and attn.layer != only:
+            continue
+        name = attn.site.name
+        points[f"{name}.resid_pre"] = stream(attn.layer)  # the stream the sub-layer adds to
+        if only is not None:
+            points[f"{name}.heads"] = heads(attn.layer)
+        else:
+            points[f"{name}.out"] = output(attn.layer)
     before = [g.detach().clone() for g in model.gates()]
     was_training = model.training
     model.eval()
     result = []
     try:
         model.set_gates(gates)
-        for layer, (norm, attn) in _sublayers(model).items():
-            if only is not None and layer != only:
-                continue
-            handles.append((norm if pre else attn).register_forward_pre_hook(stream(layer)))
-            if only is not None:
-                handles.append(attn.o.register_forward_pre_hook(heads(layer)))
-            else:
-                handles.append(attn.register_forward_hook(output(layer)))
         device = next(model.parameters()).device
-        for batch in batches:
-            seen = {}
-            with contextlib.suppress(_Stop):
-                features_batch(model, batch.to(device))
-            result.append(seen)
+        with model.intervene(points):
+            for batch in batches:
+                seen = {}
+                with contextlib.suppress(_Stop):
+                    features_batch(model, batch.to(device))
+                result.append(seen)
     finally:
-        for h in handles:
-            h.remove()
         model.set_gates(before)
         model.train(was_training)
     return result
@@ -190,14 +188,14 @@ class _InStep:
         self.scales[i][torch.tensor(keep)] = solved
 
     def _stream(self, ident, layer: int):
-        def hook(module, args):
-            self.x[ident.b][layer] = args[0].detach().reshape(-1, args[0].shape[-1]).double().cpu()
+        def keep(x: torch.Tensor) -> None:  # [batch, seq, d_model]
+            self.x[ident.b][layer] = x.detach().reshape(-1, x.shape[-1]).double().cpu()
 
-        return hook
+        return keep
 
     def _heads(self, ident, i: int, last: bool):
-        def hook(module, args):
-            merged = args[0]  # [batch, q_len, n_kept * d_head], after the 0/1 gates
+        def tune(merged: torch.Tensor) -> torch.Tensor:
+            # merged [batch, q_len, n_kept * d_head], after the 0/1 gates
             self.heads[ident.b] = merged.detach().reshape(-1, merged.shape[-1]).double().cpu()
             self.site = i
             self.barrier.wait()
@@ -206,12 +204,11 @@ class _InStep:
             gate = self.gates[i]
             ratio = torch.where(gate != 0, self.scales[i] / gate.where(gate != 0, 1.0), 0.0)
             per_column = ratio.repeat_interleave(self.mods[i].d_head)  # [n_kept * d_head]
-            return (merged * per_column.to(merged.dtype).to(merged.device),)
+            return merged * per_column.to(merged.dtype).to(merged.device)
 
-        return hook
+        return tune
 
     def run(self) -> None:
-        pre = self.model.cfg.norm_before
         ident = threading.local()
         errors: list[BaseException] = []
         device = next(self.model.parameters()).device
@@ -227,25 +224,18 @@ class _InStep:
                 errors.append(exc)
                 self.barrier.abort()
 
-        sublayers = _sublayers(self.model)
-        handles = []
-        try:
-            for i in self.sites:
-                attn = self.mods[i]
-                norm = sublayers[attn.layer][0]
-                target = norm if pre else attn
-                handles.append(target.register_forward_pre_hook(self._stream(ident, attn.layer)))
-                last = i == max(self.sites)
-                handles.append(attn.o.register_forward_pre_hook(self._heads(ident, i, last)))
+        points = {}
+        for i in self.sites:
+            name, last = self.mods[i].site.name, i == max(self.sites)
+            points[f"{name}.resid_pre"] = self._stream(ident, self.mods[i].layer)
+            points[f"{name}.heads"] = self._heads(ident, i, last)
+        with self.model.intervene(points):
             threads = [threading.Thread(target=work, args=(b, batch))
                        for b, batch in enumerate(self.batches)]  # fmt: skip
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
-        finally:
-            for h in handles:
-                h.remove()
         if errors:
             raise errors[0]
 

@@ -48,19 +48,13 @@ def _sync(device: torch.device) -> None:
 
 
 def _attention_inputs(model: Transformer, batch: Batch) -> list[tuple]:
-    """(module, args, kwargs) of every attention call in one forward pass."""
-    calls, handles = [], []
-
-    def capture(module, args, kwargs):
-        calls.append((module, args, kwargs))
-
-    try:
-        for m in model.attention_modules():
-            handles.append(m.register_forward_pre_hook(capture, with_kwargs=True))
+    """(module, keyword arguments) of every attention call in one forward pass (the sites'
+    `args` points)."""
+    calls = []
+    points = {f"{m.site.name}.args": lambda args, m=m: calls.append((m, args))
+              for m in model.attention_modules()}  # fmt: skip
+    with model.intervene(points):
         forward_batch(model, batch)
-    finally:
-        for h in handles:
-            h.remove()
     return calls
 
 
@@ -68,8 +62,8 @@ def _timers(model: Transformer, batch: Batch) -> dict[str, Callable[[], object]]
     calls = _attention_inputs(model, batch)
 
     def attention() -> None:
-        for module, args, kwargs in calls:
-            module(*args, **kwargs)
+        for module, kwargs in calls:
+            module(**kwargs)
 
     return {"model": lambda: forward_batch(model, batch), "attention": attention}
 

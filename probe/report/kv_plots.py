@@ -17,7 +17,7 @@ import pandas as pd
 
 from probe.report.layout import title_above
 
-STYLE = {  # method: (colour, line style, marker)
+STYLE = {  # method: (colour, line style, marker); any other method is drawn dotted
     "retrieval": ("tab:red", "-", "o"),
     "razor": ("tab:blue", "-", "s"),
     "duo": ("tab:green", "-", "D"),
@@ -28,7 +28,9 @@ POINTS = {"full": ("k", "*", "full cache"), "window": ("tab:orange", "X", "windo
 
 
 def _lines(ax, part: pd.DataFrame, y: str, band: tuple[str, str] | None) -> None:
-    for method, (color, style, marker) in STYLE.items():
+    others = sorted(set(part.method) - set(STYLE) - set(POINTS))  # a method without a style
+    cycle = [(f"C{i % 10}", ":", "P") for i in range(len(others))]
+    for method, (color, style, marker) in [*STYLE.items(), *zip(others, cycle, strict=True)]:
         rows = part[part.method == method]
         if method == "streaming":  # the shares' memory-matched caches, from the plain one at 0
             label = "streaming (same memory)"

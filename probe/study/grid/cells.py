@@ -26,16 +26,9 @@ from probe.train_config import TrainConfig
 from probe.words import counted
 
 CELL_FORMAT = 1  # bump when a cell's results change meaning, to invalidate every cache
-# fields added to the configs after cells of this format were first computed: left out of the key
-# while at their default (the behaviour those cells ran with), so adding a field keeps the cache
-LATER_FIELDS = {
-    "train": ("schedule", "adam_eps", "label_smoothing"),
-    "model": ("n_kv_head", "norm_type", "qkv_bias", "type_vocab_size", "embed_norm",
-              "head_transform", "head_bias", "sliding_window", "window_layers", "norm_offset",
-              "norm_gain_float32", "parallel_residual", "rope_local_base", "qk_norm_whole",
-              "scale_dim", "attn_softcap", "final_softcap", "rope_float32",
-              "rope_scaling", "rope_local_scaling", "nope_layers"),
-}  # fmt: skip
+# fields added to the configs after cells of this format were first computed (each config
+# declares its own): left out of the key while at their default, so adding a field keeps the cache
+LATER_FIELDS = {"train": TrainConfig.ADDED_LATER, "model": ModelConfig.ADDED_LATER}
 # fields renamed since: keyed under their first name, so the cells keep their keys
 RENAMED = {"model": {"kept_heads": "heads"}}
 RESERVED = {"cell", "arm", "variant", "L", "L_min", "length", "metric", "value", "n", "layer",

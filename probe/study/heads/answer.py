@@ -1,6 +1,7 @@
-"""A head study's answer: one sentence carrying the numbers that answer its question (how many
-heads can go by the best estimator, against random rankings, how fast the pruned model runs,
-which heads have roles and what masking the retrieval heads does)."""
+"""A head study's pruning sentence: the part of its answer carrying the numbers of how many heads
+can go by the best estimator, against random rankings, how fast the pruned model runs, which
+heads have roles and what masking the retrieval heads does. The curves' step kind declares it as
+its answer (`steps/curves.py`); the report joins it with the other kinds' (`report.answer`)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ import pandas as pd
 
 from probe.study.heads import evidence as ev
 from probe.study.heads.findings import Findings
-from probe.study.heads.heal_report import heal_answer
-from probe.study.heads.steps.kv import kv_answer
 from probe.words import counted
 
 
@@ -30,14 +29,8 @@ def _speed_at(r: Findings, method: str, unit: str, n: int) -> str:
             f"median {signs['median']:.2f}x, sign test p = {signs.p_sign:.2g})")  # fmt: skip
 
 
-def answer(r: Findings) -> str:
-    """The pruning sentence, and the key/value plans' and the healing's when the study
-    measured them."""
-    parts = [p for p in (_pruning(r), kv_answer(r), heal_answer(r)) if p]
-    return " ".join(parts) if parts else "No pruning curves were run."
-
-
-def _pruning(r: Findings) -> str | None:
+def pruning_answer(r: Findings) -> str | None:
+    """The pruning sentence (None when the study ran no curves)."""
     best = r.best()
     if best is None:
         return None

@@ -3,21 +3,18 @@
 Each claim is checked only in its published direction, with the study's own interval (the range
 over seeds of disjoint text) or test, and the verdict is "agrees", "disagrees" or "inconclusive"
 with the numbers that decide it. A setting that differs from the paper's (model size, task,
-criterion) is said next to the verdict.
+criterion) is said next to the verdict. Each claim is declared by the step kind whose tables it
+reads (`heads/steps/`); the report gathers them in their order (`report.comparison`).
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
-from probe.analysis.roles import ROLE_THRESHOLDS, has_role
 from probe.references import published
-from probe.report.report import MarkdownReport
 from probe.significance import ALPHA
 from probe.study.heads import evidence as ev
-from probe.study.heads import kv_claims
 from probe.study.heads.findings import Findings
-from probe.study.heads.heal_report import minitron
 from probe.study.verdicts.contrast import smallest_p
 from probe.study.verdicts.stats import fmt_vs
 from probe.words import counted
@@ -123,6 +120,8 @@ def he(report: Findings) -> str | None:
 
 
 def wu(report: Findings) -> list[str]:
+    from probe.analysis.roles import ROLE_THRESHOLDS, has_role
+
     out = []
     ref = published("wu2024")
     retrieval = report.tables.get("retrieval")
@@ -174,6 +173,8 @@ def xiao(report: Findings) -> str | None:
     roles = report.tables.get("roles")
     if roles is None or "sink" not in set(roles.statistic):
         return None
+    from probe.analysis.roles import has_role
+
     ref = published("xiao2023")
     sinks = roles[(roles.statistic == "sink") & has_role("sink", roles.value)]
     layers = sorted(sinks.layer.unique())
@@ -185,40 +186,3 @@ def xiao(report: Findings) -> str | None:
         f"{', '.join(str(x) for x in layers) or 'none'} ({ev.pct(share_low)} of them in layers 0 "
         "and 1); a description, not a test."
     )
-
-
-def comparison(report: Findings, rep: MarkdownReport) -> None:
-    """The section comparing the study with the published direction of each claim."""
-    items = [
-        michel(report),
-        kwon(report),
-        he(report),
-        *wu(report),
-        xiao(report),
-        kv_claims.duo(report),
-        kv_claims.razor(report),
-        kv_claims.streaming(report),
-        minitron(report),
-    ]
-    items = [i for i in items if i]
-    if not items:
-        return
-    rep.heading("Against published work")
-    rep.bullets(items)
-    cited = []
-    for key in (
-        "michel2019",
-        "kwon2022",
-        "he2024",
-        "wu2024",
-        "xiao2023",
-        "xiao2025-duo",
-        "tang2024-razor",
-        "muralidharan2024",
-        "allal2025",
-    ):
-        ref = published(key)
-        if any(ref.short in i for i in items):
-            cited.append(f"{ref.cite}.")
-    rep.heading("References", 3)
-    rep.bullets(cited)

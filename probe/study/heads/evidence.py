@@ -14,8 +14,6 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from probe.analysis.roles import ROLE_THRESHOLDS, has_role
-from probe.pruning.heads import ranking
 from probe.pruning.objectives import operating_points, primary
 
 
@@ -135,6 +133,8 @@ def retrieval_note(retrieval: pd.DataFrame, needles: int) -> str:
 def role_counts(roles: pd.DataFrame, n_heads: int) -> pd.DataFrame:
     """Per role: how many heads pass its threshold (`probe.analysis.roles.has_role`), their share,
     and the layers they sit in."""
+    from probe.analysis.roles import ROLE_THRESHOLDS, has_role
+
     rows = []
     for role, threshold in ROLE_THRESHOLDS.items():
         part = roles[roles.statistic == role]
@@ -202,6 +202,8 @@ def speed_signs(speed_table: pd.DataFrame) -> pd.DataFrame:
 def least_important(importance: pd.DataFrame, method: str, n: int) -> list[str]:
     """The heads ("L2H11", ...) that `method` ranks among the n least important in every seed
     (n of them when the seeds agree)."""
+    from probe.pruning.heads import ranking
+
     if "method" not in importance.columns:  # a study without [importance] methods
         return []
     part = importance[importance.method == method]

@@ -13,16 +13,18 @@ undecided otherwise (one seed: no interval, so never decided).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import pandas as pd
 from scipy import stats
 
 from probe.interop.llama_cpp import speed_summary
 from probe.references import published
-from probe.report.heal_plots import heal_curves_plot
-from probe.report.report import MarkdownReport
 from probe.study.heads.findings import Findings
 from probe.words import counted
+
+if TYPE_CHECKING:
+    from probe.report.report import MarkdownReport
 
 TARGET = 0.5  # share of the perplexity increase healing should win back
 
@@ -90,6 +92,8 @@ def healing_section(r: Findings, rep: MarkdownReport) -> None:
     heal = heal_table(r)
     if heal is None:
         return
+    from probe.report.heal_plots import heal_curves_plot
+
     o = r.study.get("heal", {})
     t = recovery(heal)
     rep.heading("Healing by distillation")

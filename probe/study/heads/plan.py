@@ -28,7 +28,14 @@ from probe.study.engine.store import read_table
 from probe.study.engine.units import Progress
 from probe.study.heads.checks import check_source
 from probe.study.heads.spec import check_head_study, head_study_dict
-from probe.study.heads.steps import STEP_KINDS, TABLES, plan_steps, step_count, step_kind
+from probe.study.heads.steps import (
+    check_fit,
+    plan_steps,
+    step_count,
+    step_kind,
+    step_kinds,
+    table_names,
+)
 from probe.study.heads.study import HeadStudy
 from probe.study.heads.subject import Subject, source_digest
 
@@ -54,7 +61,7 @@ class HeadStep(Unit):
     given: dict[str, pd.DataFrame] = field(default_factory=dict, compare=False)
 
     def run(self, context: Subject, progress: Progress) -> tuple[dict, dict]:
-        context.check()  # before the first step computed, not on a cached rerun
+        context.check(check_fit)  # before the first step computed, not on a cached rerun
         compute = step_kind(self.kind).compute
         table = compute(context, self.options, self.given,
                         lambda d, t: progress(self.kind, d, t, ""))  # fmt: skip
@@ -91,7 +98,7 @@ class HeadPlan(Plan):
             return [self._unit(i, *step) for i, step in enumerate(steps)]
         tables = {name: _concat(parts) for name, parts in finished.items()}
         units = []
-        for kind in STEP_KINDS:
+        for kind in step_kinds():
             if kind.later is None or kind.name in finished:
                 continue
             planned = kind.later.plan(self.study, tables)
@@ -151,7 +158,7 @@ def _concat(tables: list[pd.DataFrame]) -> pd.DataFrame:
 def read_head_tables(out: Path) -> dict[str, pd.DataFrame]:
     """The gathered tables of a finished head study run."""
     tables = {}
-    for kind in TABLES:
+    for kind in table_names():
         path = out / "tables" / f"{kind}.csv"
         if path.is_file():
             try:

@@ -4,8 +4,10 @@ A head study imports one model (a bundled one such as `bundled:minilm`, a Huggin
 a GGUF file), cuts the shipped text (or a given file) into disjoint batches, and measures its
 heads: importance by several estimators, pruning curves by head, by key/value group or by
 attention sub-layer, head roles and retrieval heads, the effect of removing the retrieval heads,
-and the speed of the physically pruned models. Every error names the file, the section and the
-field; `[smoke]` overrides any option to scale the study down for CI.
+and the speed of the physically pruned models. The sections a file may have are those its step
+kinds declare (`steps.study_sections`: each with its options, bounds and checks). Every error
+names the file, the section and the field; `[smoke]` overrides any option to scale the study
+down for CI.
 """
 
 from __future__ import annotations
@@ -16,124 +18,74 @@ from typing import Any
 
 from probe.errors import ProbeError
 from probe.fields import check_keys, from_dict, shown
-from probe.heal.prune import METHODS as HEAL_METHODS
-from probe.kv.plan import HEAD_METHODS
-from probe.pruning.curves import CURVE_EXTRAS
-from probe.pruning.importance import Method
+from probe.options import check
 from probe.rope_experiment import RopeRequest
-from probe.study.heads.checks import check_source, check_text, check_values
-from probe.study.heads.steps import TABLES
-from probe.study.heads.study import (
-    CurveOptions,
-    HeadStudy,
-    HealOptions,
-    ImportanceOptions,
-    KnockoutOptions,
-    KVOptions,
-    OperatingOptions,
-    RoleOptions,
-    TextOptions,
-    TimingOptions,
-)
+from probe.study.heads.checks import check_source, check_text
+from probe.study.heads.steps import study_sections, table_names
+from probe.study.heads.study import HeadStudy, StudySection
 from probe.study.settings import heading_dict, study_heading
 from probe.study.verdicts.checks import parse_verdicts, verdicts_dict
 from probe.words import did_you_mean
 
-TOP_LEVEL = ("study", "model", "text", "importance", "curves", "roles", "knockout", "kv",
-             "heal", "timing", "operating", "expect", "contrast", "smoke")  # fmt: skip
+__all__ = ["HeadStudy", "check_head_study", "head_study_dict", "parse_head_study",
+           "smoke_head_study", "top_level"]  # fmt: skip
+
 STUDY_KEYS = ("name", "question", "description", "title")
-CURVE_METHODS = (*(str(m) for m in Method), *CURVE_EXTRAS)
-KV_BASELINES = ("full", "streaming", "window")  # measured beside every [kv] section's methods
 HEAD_TABLES = "(a head study's tables; those its sections ask for are written)"
 
 
-SECTIONS = {
-    "text": TextOptions,
-    "importance": ImportanceOptions,
-    "curves": CurveOptions,
-    "roles": RoleOptions,
-    "knockout": KnockoutOptions,
-    "kv": KVOptions,
-    "heal": HealOptions,
-    "timing": TimingOptions,
-    "operating": OperatingOptions,
-}
+def top_level() -> tuple[str, ...]:
+    """The tables a head study file may have: [study], [model], the sections of its step kinds
+    (`steps.study_sections`), the verdicts and [smoke]."""
+    return ("study", "model", *(s.name for s in study_sections()), "expect", "contrast", "smoke")
 
 
 def _check(study: HeadStudy) -> HeadStudy:
-    """The names in `study` (methods) and how its sections fit together; the values of its
-    fields are checked by `checks.check_values`."""
-    where = study.where
-    for section, field_name, methods, valid in (
-        ("importance", "methods", study.importance.methods, [str(m) for m in Method]),
-        ("curves", "methods", study.curves.methods, list(CURVE_METHODS)),
-        ("curves", "group_methods", study.curves.group_methods, list(CURVE_METHODS)),
-        ("kv", "methods", study.kv.methods, list(HEAD_METHODS)),
-        ("heal", "methods", study.heal.methods, list(HEAL_METHODS)),
-    ):
-        for m in methods:
-            if m not in valid:
-                raise ProbeError(
-                    f"{where} [{section}] {field_name}: unknown method '{m}'."
-                    f"{did_you_mean(m, valid)} Available: {', '.join(valid)}."
-                )
-    extras = sorted(set(study.curves.group_methods) & set(CURVE_EXTRAS))
-    if extras:
-        raise ProbeError(
-            f"{where} [curves] group_methods: {', '.join(extras)} prune by head or by layer, not "
-            "by key/value group; list them under methods."
-        )
-    check_values(study)
-    kv = study.kv
-    if (kv.methods or kv.full_shares) and not kv.lengths:
-        raise ProbeError(f"{where} [kv] needs lengths (passkey prompt lengths in tokens) to "
-                         "measure its plans.")  # fmt: skip
-    if 0 in kv.full_shares:
-        raise ProbeError(f"{where} [kv] full_shares: 0 is the streaming-only cache, measured in "
-                         "every run; list shares above 0.")  # fmt: skip
-    if kv.methods and not kv.full_shares:
-        raise ProbeError(f"{where} [kv] methods need full_shares (the shares of key/value heads "
-                         "that keep the full cache, e.g. [0.1, 0.25]).")  # fmt: skip
-    if study.heal.methods:
-        _check_heal(study)
-    if study.knockout.heads and not study.roles.needles:
-        raise ProbeError(
-            f"{where} [knockout] heads needs retrieval scores: set [roles] needles to 1 or more "
-            "(or knockout heads = [] to skip the knock-out)."
-        )
+    """The names in each section (methods), the range of every bounded field, then how each
+    section's fields fit together (its declaration's `check`)."""
+    sections = study_sections()
+    for section in sections:
+        options = study.sections[section.name]
+        _check_methods(section, options, study.where)
+        check(options, f"{study.where} [{section.name}]")
+    for section in sections:
+        if section.check is not None:
+            section.check(study)
     return study
 
 
-def _check_heal(study: HeadStudy) -> None:
-    """The [heal] settings fit together (a step of whole rows, the steps measured after)."""
-    try:
-        study.heal.config()
-    except ProbeError as exc:
-        words = str(exc).replace("--", "").replace("-", "_")
-        raise ProbeError(f"{study.where} [heal]: {words}") from None
+def _check_methods(section: StudySection, options: Any, where: str) -> None:
+    """Every method a section lists is one it knows, listed once."""
+    if section.methods is None:
+        return
+    valid = list(section.methods())
+    for name in section.method_fields:
+        methods = getattr(options, name)
+        for m in methods:
+            if m not in valid:
+                raise ProbeError(
+                    f"{where} [{section.name}] {name}: unknown method '{m}'."
+                    f"{did_you_mean(m, valid)} Available: {', '.join(valid)}."
+                )
+        if len(set(methods)) < len(methods):
+            raise ProbeError(
+                f"{where} [{section.name}] {name} lists a method twice: {list(methods)}."
+            )
 
 
 def _sections(data: dict[str, Any], where: str) -> dict[str, Any]:
-    out = {}
-    for name, cls in SECTIONS.items():
-        if name in data:
-            out[name] = from_dict(cls, data[name], f"{where} [{name}]")
-    return out
+    """Every section's options, in order: the file's, else the defaults."""
+    return {s.name: from_dict(s.options, data[s.name], f"{where} [{s.name}]") if s.name in data
+            else s.options() for s in study_sections()}  # fmt: skip
 
 
 def _methods(sections: dict[str, Any]) -> dict[str, tuple[str, ...]]:
-    """The methods the importance, curves and kv tables hold, for a contrast's a and b."""
-    importance = sections.get("importance", ImportanceOptions())
-    curves = sections.get("curves", CurveOptions())
-    kv = sections.get("kv", KVOptions())
-    heal = sections.get("heal", HealOptions())
-    return {"importance": importance.methods, "heal": heal.methods,
-            "curves": tuple(dict.fromkeys((*curves.methods, *curves.group_methods))),
-            "kv": (*kv.methods, *KV_BASELINES) if kv.lengths else ()}  # fmt: skip
+    """The methods each section's table holds, for a contrast's a and b."""
+    return {s.name: s.listed(sections[s.name]) for s in study_sections() if s.listed is not None}
 
 
 def parse_head_study(data: dict[str, Any], path: Path | None = None) -> HeadStudy:
-    where, head, name = study_heading(data, path, TOP_LEVEL, STUDY_KEYS)
+    where, head, name = study_heading(data, path, top_level(), STUDY_KEYS)
     model = check_keys(data["model"], ("source", "rope_scaling"), f"{where} [model]")
     if not isinstance(model.get("source"), str) or not model["source"]:
         raise ProbeError(
@@ -142,7 +94,7 @@ def parse_head_study(data: dict[str, Any], path: Path | None = None) -> HeadStud
         )
     smoke = data.get("smoke")
     if smoke is not None:
-        check_keys(smoke, tuple(SECTIONS), f"{where} [smoke]")
+        check_keys(smoke, tuple(s.name for s in study_sections()), f"{where} [smoke]")
         for section, options in smoke.items():
             if not isinstance(options, dict):
                 raise ProbeError(
@@ -150,7 +102,7 @@ def parse_head_study(data: dict[str, Any], path: Path | None = None) -> HeadStud
                     f"{shown(options)}."
                 )
     sections = _sections(data, where)
-    expectations, contrasts = parse_verdicts(data, where, TABLES, HEAD_TABLES,
+    expectations, contrasts = parse_verdicts(data, where, table_names(), HEAD_TABLES,
                                              _methods(sections))  # fmt: skip
     study = HeadStudy(
         name=name,
@@ -161,9 +113,10 @@ def parse_head_study(data: dict[str, Any], path: Path | None = None) -> HeadStud
         description=str(head.get("description", "")).strip(),
         title=str(head.get("title", "")),
         expectations=expectations,
+        sections=sections,
+        given=frozenset(name for name in sections if name in data),
         contrasts=contrasts,
         smoke=smoke,
-        **sections,
     )
     return check_head_study(study)
 
@@ -193,11 +146,12 @@ def smoke_head_study(study: HeadStudy) -> HeadStudy:
     if study.is_smoke:
         return study
     where = f"{study.where} [smoke]"
-    changes = {}
+    declared = {s.name: s for s in study_sections()}
+    sections = dict(study.sections)
     for name, options in (study.smoke or {}).items():
-        merged = {**dataclasses.asdict(getattr(study, name)), **options}
-        changes[name] = from_dict(SECTIONS[name], merged, f"{where} [{name}]")
-    smoke = dataclasses.replace(study, is_smoke=True, **changes)
+        merged = {**dataclasses.asdict(sections[name]), **options}
+        sections[name] = from_dict(declared[name].options, merged, f"{where} [{name}]")
+    smoke = dataclasses.replace(study, is_smoke=True, sections=sections)
     try:
         return _check(smoke)
     except ProbeError as exc:  # name the section that made the value
@@ -213,6 +167,6 @@ def head_study_dict(study: HeadStudy) -> dict[str, Any]:
     }
     if study.rope_scaling is not None:  # absent otherwise, as in the results of older runs
         out["rope_scaling"] = study.rope_scaling.to_dict()
-    for name in SECTIONS:
-        out[name] = dataclasses.asdict(getattr(study, name))
+    for section in study_sections():
+        out[section.name] = dataclasses.asdict(study.sections[section.name])
     return {**out, **verdicts_dict(study.expectations, study.contrasts)}

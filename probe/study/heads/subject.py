@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from probe.measure.evaluate import text_splits_for
 from probe.model.rescale import with_rope_scaling
 from probe.rope_experiment import check_rotary
 from probe.runtime import Runtime
-from probe.study.heads.checks import check_model_fit, check_source
+from probe.study.heads.checks import check_source
 from probe.study.heads.study import HeadStudy
 
 
@@ -50,10 +51,11 @@ class Subject:
         self._checked = False
         self.memo: dict = {}  # what steps share within a process (a method's head scores)
 
-    def check(self) -> None:
-        """What the study asks of its model, checked once the model is loaded (ProbeError)."""
+    def check(self, fit: Callable[[Subject], None]) -> None:
+        """What the study asks of its model (`fit`: `steps.check_fit`), checked once the model
+        is loaded (ProbeError)."""
         if not self._checked:
-            check_model_fit(self)
+            fit(self)
             self._checked = True
 
     @cached_property

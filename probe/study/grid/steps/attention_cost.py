@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from probe.analysis.attention_cost import Method, attention_cost, fit_slopes
+from probe.analysis.attention_cost import CostMethod, attention_cost, fit_slopes
 from probe.errors import ProbeError
 from probe.fields import choice
 from probe.references import published
@@ -45,7 +45,7 @@ def run(ctx: StepContext, opts: AttentionCostOptions) -> dict[str, pd.DataFrame]
 
 def check(opts: AttentionCostOptions) -> None:
     for method in opts.methods:
-        choice(Method, method, "attention cost method")
+        choice(CostMethod, method, "attention cost method")
     if not opts.ns or any(not isinstance(n, int) or n < 2 for n in opts.ns):
         raise ProbeError(f"[analysis.attention_cost] ns must be whole numbers >= 2, got {opts.ns}.")
 

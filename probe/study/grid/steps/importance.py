@@ -9,9 +9,9 @@ import pandas as pd
 from scipy import stats
 
 from probe.analysis.roles import DOMINANT
-from probe.fields import choice
 from probe.measure.evaluate import eval_batches, form_for
-from probe.pruning.importance import Method, head_importance, importance_correlations
+from probe.pruning.estimators import ESTIMATORS
+from probe.pruning.importance import head_importance, importance_correlations
 from probe.report import study_plots as plots
 from probe.report.report import MarkdownReport
 from probe.study.grid.steps.base import Section, Step, StepContext, resolve_lengths
@@ -46,7 +46,7 @@ def run(ctx: StepContext, opts: ImportanceOptions) -> dict[str, pd.DataFrame]:
 
 def check(opts: ImportanceOptions) -> None:
     for method in opts.methods:
-        choice(Method, method, "importance method")
+        ESTIMATORS.get(method)
 
 
 def agreement(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> list[str]:
@@ -59,9 +59,10 @@ def agreement(rep: MarkdownReport, table: pd.DataFrame, order: list[str]) -> lis
     rho = pd.concat(parts, ignore_index=True)
     rho = rho[rho["method"] != rho["other"]].rename(columns={"rho": "value"})
     rep.heading("Do the importance estimators agree?")
+    low = " and ".join(e.name for e in ESTIMATORS if e.low_is_important)
     rep.paragraph(
         "Spearman rank correlation between the estimators' head rankings, per model, averaged "
-        "over seeds and arms (entropy is negated, so a positive rho always means agreement on "
+        f"over seeds and arms ({low} is negated, so a positive rho always means agreement on "
         "which heads matter). Gradient and Fisher are Michel et al. 2019's and Kwon et al. "
         "2022's gate sensitivities; ablation and mean-ablation measure the loss with the head "
         "removed; confidence (Voita et al. 2019) and entropy read the attention pattern only."

@@ -9,11 +9,11 @@ from typing import ClassVar
 import pandas as pd
 
 from probe.errors import ProbeError
-from probe.fields import choice
 from probe.measure.evaluate import form_for
 from probe.pruning.curves import pruning_curve
+from probe.pruning.estimators import ESTIMATORS
 from probe.pruning.heads import present_heads
-from probe.pruning.importance import Method, disjoint_splits
+from probe.pruning.importance import disjoint_splits
 from probe.pruning.objectives import primary
 from probe.report import study_plots as plots
 from probe.report.report import MarkdownReport
@@ -66,7 +66,7 @@ def run(ctx: StepContext, opts: PruneOptions) -> dict[str, pd.DataFrame]:
 
 def check(opts: PruneOptions) -> None:
     for method in (*opts.methods, *opts.iterative):
-        choice(Method, method, "importance method")
+        ESTIMATORS.get(method)
     for fraction in opts.fractions:
         if not 0.0 < float(fraction) <= 1.0:
             raise ProbeError(f"fractions must lie in (0, 1], got {fraction}.")

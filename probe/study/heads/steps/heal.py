@@ -2,8 +2,8 @@
 query heads once, on the importance split of seed 0; each seed then heals a copy of that pruned
 model by distillation from the unpruned model (`probe.heal.loop`) on the training pages of the
 shipped manuals corpus, the seed ordering the rows, and measures held-out perplexity before and
-after the steps asked for. The report's section and the answer's sentence on them are in
-`probe.study.heads.heal_report`.
+after the steps asked for. The [heal] section of the study file is declared here; the report's
+section, the answer's sentence and the claim on them are in `probe.study.heads.heal_report`.
 """
 
 from __future__ import annotations
@@ -12,18 +12,99 @@ import contextlib
 import copy
 import hashlib
 import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from probe.data.docs import docs_corpus
-from probe.heal.loop import heal
-from probe.heal.prune import prune_for_healing
-from probe.heal.state import clear_state
+from probe.errors import ProbeError
 from probe.interop.llama_cpp import llama_cpp_version
-from probe.study.heads.heal_report import healing_section, speed_section
-from probe.study.heads.step import Later, Options, Section, StepKind
+from probe.options import option
+from probe.study.heads.heal_report import heal_answer, healing_section, minitron, speed_section
+from probe.study.heads.step import Claim, Later, Options, Section, StepKind, StudySection
 from probe.study.heads.study import HeadStudy
-from probe.study.heads.subject import Subject
+
+if TYPE_CHECKING:
+    from probe.study.heads.subject import Subject
+
+
+@dataclass(frozen=True)
+class HealOptions:
+    # healing pruned models by distillation (probe.heal): each method removes `fraction` of the
+    # query heads (probe.heal.prune), then each seed heals the pruned model from the unpruned
+    # one on the shipped manuals corpus, measured on its held-out pages. No methods: off.
+    methods: tuple[str, ...] = ()  # fisher+tune (ragged), fisher-group, fisher-uniform
+    fraction: float = option(1 / 3, low=1e-9, high=0.999,
+                             help="share of the query heads removed")  # fmt: skip
+    # distillation tokens per run (whole steps)
+    tokens: int = option(131072, low=1, help="distillation tokens per run")
+    seq_len: int = option(512, low=2, help="tokens per row")
+    batch_tokens: int = option(8192, low=2, help="tokens per optimizer step")
+    lr: float = option(1e-4, low=1e-12, help="peak learning rate")  # AdamW
+    warmup: float = option(0.1, low=0, high=0.99, help="share of the steps warming up")
+    temperature: float = option(1.0, low=1e-6, help="temperature of the distributions")
+    # held-out tokens perplexity is measured on
+    eval_tokens: int = option(32768, low=2, help="held-out tokens")
+    # steps measured after (empty: 1, 2, 4, ... and the last)
+    eval_at: tuple[int, ...] = option((), low=1, help="steps measured after")
+    # orders of the training rows (the pruned model is the same for every seed)
+    seeds: int = option(2, low=1, help="orders of the training rows")
+    # tokens one forward and backward pass holds (memory)
+    max_batch_tokens: int = option(2048, low=1, help="tokens one pass holds")
+    # llama.cpp timings of the exported models, once the rest is done (0: none; the step needs
+    # llama-cpp-python, scripts/llama-cpp.sh)
+    speed_repeats: int = option(3, low=0, help="llama.cpp timings; 0 turns them off")
+
+    def config(self, seed: int = 0):
+        """The `probe.heal.config.HealConfig` of one seed's run."""
+        from probe.heal.config import HealConfig
+
+        return HealConfig(tokens=self.tokens, seq_len=self.seq_len,
+                          batch_tokens=self.batch_tokens, lr=self.lr, warmup=self.warmup,
+                          temperature=self.temperature, eval_tokens=self.eval_tokens,
+                          eval_at=self.eval_at or None, seed=seed)  # fmt: skip
+
+
+def _methods() -> tuple[str, ...]:
+    from probe.heal.prune import METHODS
+
+    return tuple(METHODS)
+
+
+def _check(study: HeadStudy) -> None:
+    """The [heal] settings fit together (a step of whole rows, the steps measured after)."""
+    if not study.heal.methods:
+        return
+    try:
+        study.heal.config()
+    except ProbeError as exc:
+        words = str(exc).replace("--", "").replace("-", "_")
+        raise ProbeError(f"{study.where} [heal]: {words}") from None
+
+
+def _fit(subject: Subject) -> None:
+    """Healing distills next-token distributions: a causal language model, rows within its
+    positions, and no more tokens than the manuals corpus holds."""
+    from probe.study.heads.checks import causal_within
+
+    study = subject.study
+    heal, where = study.heal, study.where
+    if not heal.methods:
+        return
+    causal_within(subject, "heal", "healing distills next-token distributions, so it needs",
+                  f"seq_len = {heal.seq_len} is", heal.seq_len, "(or its methods)")  # fmt: skip
+    cfg = heal.config()
+    size = sum(len(d.encode()) + 1 for d in docs_corpus("train"))  # a token is a byte or more
+    if cfg.steps * cfg.step_tokens > size:  # the step's own count comes after minutes of work
+        raise ProbeError(
+            f"{where} [heal] tokens = {heal.tokens:,} is more than the training pages of the "
+            f"manuals corpus hold ({size:,} bytes, a token each at most); lower it."
+        )
+
+
+HEAL = StudySection("heal", 60, HealOptions, check=_check, fit=_fit, methods=_methods,
+                    listed=lambda o: o.methods)  # fmt: skip
 
 
 def step_key(method: str, seed: int) -> str:
@@ -81,6 +162,7 @@ def _pruned(subject: Subject, method: str, fraction: float):
     import shutil
 
     from probe.checkpoint import load_checkpoint, save_checkpoint
+    from probe.heal.prune import prune_for_healing
 
     folder = _pruned_folder(subject, method, fraction)
     key = ("heal-pruned", folder.name)
@@ -105,6 +187,9 @@ def heal_step(subject: Subject, options: Options, given, progress) -> pd.DataFra
     """Rows (method, seed, stage, tokens, metric, value, heads, kv_heads, parameters): the
     original and pruned models' held-out perplexity and loss, and the healed model's after each
     measured step."""
+    from probe.heal.loop import heal
+    from probe.heal.state import clear_state
+
     method, seed = options["method"], int(options["seed"])
     cfg = subject.study.heal.config(seed)
     student = copy.deepcopy(_pruned(subject, method, float(options["fraction"])))
@@ -176,6 +261,11 @@ def llama_speed(subject: Subject, options: Options, given, progress) -> pd.DataF
 
 
 SPEED_LATER = Later(_plan_speed, _speed_expected)
-KINDS = (StepKind("heal", 9, heal_step, _plan), StepKind("llama-cpp", 10, llama_speed,
-                                                         later=SPEED_LATER))  # fmt: skip
-SECTIONS = (Section("healing", 78, healing_section), Section("llama-cpp", 79, speed_section))
+MINITRON = Claim("muralidharan2024", 90, minitron, ("muralidharan2024", "allal2025"))
+DECLARES = (
+    StepKind("heal", 9, heal_step, _plan, section=HEAL,
+             reports=(Section("healing", 78, healing_section),), answer=heal_answer,
+             claims=(MINITRON,)),
+    StepKind("llama-cpp", 10, llama_speed, later=SPEED_LATER, section=HEAL,
+             reports=(Section("llama-cpp", 79, speed_section),)),
+)  # fmt: skip

@@ -1,21 +1,61 @@
 """The knock-out step: copy accuracy and needle recall with the top-k retrieval heads masked,
-against k random heads; the report's subsection on removing the retrieval heads."""
+against k random heads; the report's subsection on removing the retrieval heads and the
+[knockout] section of the study file."""
 
 from __future__ import annotations
 
-import pandas as pd
-import torch
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from probe.analysis.retrieval import retrieval_scores
-from probe.pruning.heads import masked
-from probe.report.pruning_plots import knockout_plot
-from probe.report.report import MarkdownReport
+import pandas as pd
+
+from probe.errors import ProbeError
+from probe.options import option
 from probe.study.heads import evidence as ev
-from probe.study.heads.findings import Findings
-from probe.study.heads.step import Options, Section, StepKind
+from probe.study.heads.step import Options, Section, StepKind, StudySection
 from probe.study.heads.steps.roles import RETRIEVAL_SCORE
 from probe.study.heads.study import HeadStudy
-from probe.study.heads.subject import Subject
+from probe.words import counted
+
+if TYPE_CHECKING:
+    from probe.report.report import MarkdownReport
+    from probe.study.heads.findings import Findings
+    from probe.study.heads.subject import Subject
+
+
+@dataclass(frozen=True)
+class KnockoutOptions:
+    # remove the top-k retrieval heads, for each k
+    heads: tuple[int, ...] = option((), low=1, help="retrieval heads masked")
+    # against k random heads, this many draws
+    draws: int = option(10, low=1, help="random draws per k")
+    # fresh needle prompts (not the ones the scores came from)
+    prompts: int = option(20, low=1, help="fresh needle prompts")
+
+
+def _check(study: HeadStudy) -> None:
+    if study.knockout.heads and not study.roles.needles:
+        raise ProbeError(
+            f"{study.where} [knockout] heads needs retrieval scores: set [roles] needles to 1 or "
+            "more (or knockout heads = [] to skip the knock-out)."
+        )
+
+
+def _fit(subject: Subject) -> None:
+    """Knock-outs of fewer than half the heads, so the random ones can be drawn from the rest."""
+    from probe.pruning.heads import present_heads
+
+    n_heads = sum(len(h) for h in present_heads(subject.model))
+    for k in subject.study.knockout.heads:
+        if 2 * k > n_heads:
+            raise ProbeError(
+                f"{subject.study.where} [knockout] heads: {k} would leave fewer than {k} of the "
+                f"model's {counted(n_heads, 'head')} to draw the random ones from; use at most "
+                f"{n_heads // 2}."
+            )
+
+
+KNOCKOUT = StudySection("knockout", 40, KnockoutOptions, check=_check, fit=_fit)
 
 
 def knockout(subject: Subject, options: Options, given, progress) -> pd.DataFrame:
@@ -23,6 +63,11 @@ def knockout(subject: Subject, options: Options, given, progress) -> pd.DataFram
     masked, against k random heads from the rest (`draws` draws), for each k: columns k,
     selection, draw, copy_accuracy (teacher-forced share of needle tokens predicted right),
     recall (the greedy output's needle recall, Wu et al.'s measure of retrieval), heads."""
+    import torch
+
+    from probe.analysis.retrieval import retrieval_scores
+    from probe.pruning.heads import masked
+
     ko = subject.study.knockout
     model = subject.model
     scores = subject.retrieval.sort_values(
@@ -67,6 +112,8 @@ def removing_retrieval_heads(r: Findings, rep: MarkdownReport) -> None:
     knockout_table = r.tables.get("knockout")
     if knockout_table is None or not len(knockout_table):
         return
+    from probe.report.pruning_plots import knockout_plot
+
     rep.heading("Removing the retrieval heads", 3)
     rep.paragraph("Fresh needle prompts (not those the scores came from) with the top-k "
                   "retrieval heads masked, against k heads drawn at random from the "
@@ -86,5 +133,5 @@ def removing_retrieval_heads(r: Findings, rep: MarkdownReport) -> None:
                    f"{title} with retrieval heads or random heads masked")  # fmt: skip
 
 
-KINDS = (StepKind("knockout", 6, knockout, _plan),)
-SECTIONS = (Section("knockout", 70, removing_retrieval_heads),)
+DECLARES = StepKind("knockout", 6, knockout, _plan, section=KNOCKOUT,
+                    reports=(Section("knockout", 70, removing_retrieval_heads),))  # fmt: skip

@@ -14,23 +14,115 @@ that length: the baseline "at the same memory").
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, make_dataclass
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from probe.data.text import text_batches
 from probe.errors import ProbeError
-from probe.kv.duo import DuoSettings
-from probe.kv.methods import choose_full, full_count, make_plan
+from probe.kv.methods import METHODS, head_methods
 from probe.kv.plan import KVPlan
 from probe.kv.summary import KEPT, SAVED
-from probe.kv.sweep import measure_plan
-from probe.report.kv_plots import kv_accuracy_plot, kv_loss_plot
-from probe.report.report import MarkdownReport
-from probe.study.heads.findings import Findings
-from probe.study.heads.step import Options, Section, StepKind
+from probe.options import option
+from probe.study.heads import kv_claims
+from probe.study.heads.step import Claim, Options, Section, StepKind, StudySection
 from probe.study.heads.study import HeadStudy
-from probe.study.heads.subject import Subject
 from probe.words import counted
+
+if TYPE_CHECKING:
+    from probe.report.report import MarkdownReport
+    from probe.study.heads.findings import Findings
+    from probe.study.heads.subject import Subject
+
+KV_BASELINES = ("full", "streaming", "window")  # measured beside every [kv] section's methods
+
+
+@dataclass(frozen=True)
+class _Common:
+    # key/value-cache plans (probe.kv): heads chosen by each method keep the full cache, the rest
+    # stream (sink + window); "full" and "streaming" are measured beside them. No lengths: off.
+    methods: tuple[str, ...] = ()  # retrieval, razor, duo, random
+    full_shares: tuple[float, ...] = option(
+        (), low=0, high=1, help="shares of key/value heads keeping the full cache"
+    )
+    sink: int = option(4, low=0, high=2**40, help="first tokens a streaming head keeps")
+    window: int = option(64, low=1, high=2**40, help="recent tokens a streaming head keeps")
+    lengths: tuple[int, ...] = option((), low=64, help="tokens per passkey prompt")
+    # passkey prompts per length and seed (depths spread over the haystack)
+    needles: int = option(3, low=1, help="passkey prompts per length and seed")
+    # seeds of passkeys, haystacks and text rows (and of the random plans)
+    seeds: int = option(3, low=1, help="seeds of prompts, text rows and random plans")
+    loss_tokens: int = option(1024, low=16, help="tokens per text row scored by loss")
+    loss_rows: int = option(2, low=1, help="text rows per seed")
+
+
+# the [kv] section: the fields above, then each method's declared options under its prefix
+# (retrieval's score_needles, razor's razor_period, duo's duo_steps ...), in the methods' order
+KVOptions = make_dataclass(
+    "KVOptions", [f for m in METHODS if m.study_prefix for f in m.study_fields()],
+    bases=(_Common,), frozen=True,
+)  # fmt: skip
+KVOptions.__module__ = __name__  # where pickle finds it
+
+
+def _check(study: HeadStudy) -> None:
+    """Plans need lengths to be measured at, and shares above 0 (0 is streaming, always run)."""
+    where, kv = study.where, study.kv
+    if (kv.methods or kv.full_shares) and not kv.lengths:
+        raise ProbeError(f"{where} [kv] needs lengths (passkey prompt lengths in tokens) to "
+                         "measure its plans.")  # fmt: skip
+    if 0 in kv.full_shares:
+        raise ProbeError(f"{where} [kv] full_shares: 0 is the streaming-only cache, measured in "
+                         "every run; list shares above 0.")  # fmt: skip
+    if kv.methods and not kv.full_shares:
+        raise ProbeError(f"{where} [kv] methods need full_shares (the shares of key/value heads "
+                         "that keep the full cache, e.g. [0.1, 0.25]).")  # fmt: skip
+
+
+def _fit(subject: Subject) -> None:
+    """Key/value plans need a decoder, prompts within its positions and text for the rows."""
+    from probe.data.text import stream_rows
+    from probe.kv.needles import passkey_prompts
+    from probe.measure.memory import check_fits, data_bytes, forward_bytes
+    from probe.study.heads.checks import causal_within
+
+    study = subject.study
+    kv, where = study.kv, study.where
+    if not kv.lengths:
+        return
+    longest = max(*kv.lengths, kv.loss_tokens, kv.score_context if "retrieval" in kv.methods
+                  else 0)  # fmt: skip
+    causal_within(subject, "kv", "key/value-cache plans are measured on",
+                  f"makes inputs of {counted(longest, 'token')},", longest)  # fmt: skip
+    # before any prompt is made: the prompts and text rows held (~24 bytes a token), a prefill
+    # of the longest, and razor's repeated sequences (8 rows a pass)
+    cfg, dtype = subject.model.cfg, next(subject.model.parameters()).dtype
+    held = 24 * kv.seeds * (kv.needles * sum(kv.lengths) + kv.loss_rows * kv.loss_tokens)
+    razor = 2 * kv.razor_period + 1
+    need = held + max(forward_bytes(cfg, 1, longest, dtype=dtype),
+                      data_bytes(1, kv.razor_rows, razor) if "razor" in kv.methods else 0,
+                      forward_bytes(cfg, min(kv.razor_rows, 8), razor, dtype=dtype)
+                      if "razor" in kv.methods else 0)  # fmt: skip
+    check_fits(need, f"{where} [kv] (prompts of up to {counted(longest, 'token')}, "
+               f"{kv.seeds} x {kv.needles} needles per length)",
+               "shorter lengths or loss_tokens, fewer needles, seeds or razor_rows, a shorter "
+               "razor_period")  # fmt: skip
+    try:
+        passkey_prompts(subject.imported.tokenizer, 1, min(kv.lengths))
+    except ProbeError as exc:
+        raise ProbeError(f"{where} [kv] lengths: {exc}") from None
+    need = kv.loss_rows * kv.seeds
+    rows = stream_rows(subject.docs, subject.imported.tokenizer, kv.loss_tokens, need)[0]
+    if rows.shape[0] < need:
+        raise ProbeError(
+            f"{where} [kv]: the text gives {counted(rows.shape[0], 'row')} of "
+            f"{counted(kv.loss_tokens, 'token')} but loss_rows x seeds = {need} are needed; "
+            "lower loss_rows, seeds or loss_tokens, or give a longer [text] file."
+        )
+
+
+KV = StudySection("kv", 50, KVOptions, check=_check, fit=_fit, methods=head_methods,
+                  listed=lambda o: (*o.methods, *KV_BASELINES) if o.lengths else ())  # fmt: skip
 
 
 def matched_window(share: float, length: int, sink: int, window: int) -> int:
@@ -41,15 +133,9 @@ def matched_window(share: float, length: int, sink: int, window: int) -> int:
 
 
 def _scoring(study: HeadStudy, method: str) -> Options:
-    """The options a method's head scores depend on (hashed with each of its steps)."""
-    kv = study.kv
-    if method == "retrieval":
-        return {"score_needles": kv.score_needles, "score_context": kv.score_context}
-    if method == "razor":
-        return {"razor_period": kv.razor_period, "razor_rows": kv.razor_rows}
-    if method == "duo":
-        return {"duo_steps": kv.duo_steps, "duo_lr": kv.duo_lr, "duo_l1": kv.duo_l1}
-    return {}
+    """The options a method's head scores depend on (hashed with each of its steps): its
+    declared options, under their [kv] keys (razor's period: razor_period)."""
+    return {key: getattr(study.kv, key) for key in METHODS.get(method).study_keys().values()}
 
 
 def _plan(study: HeadStudy) -> list[tuple[str, Options]]:
@@ -75,32 +161,34 @@ def _plan(study: HeadStudy) -> list[tuple[str, Options]]:
 def _scores(subject: Subject, options: Options) -> pd.DataFrame:
     """A method's key/value-head scores, computed once per process (every share reuses them)."""
     method = options["method"]
-    key = ("kv-scores", method, json.dumps(_scoring(subject.study, method), sort_keys=True))
+    scoring = _scoring(subject.study, method)
+    key = ("kv-scores", method, json.dumps(scoring, sort_keys=True))
     if key not in subject.memo:
-        from probe.analysis.retrieval import needle_prompts
+        from probe.kv.planning import make_plan
 
-        kv = subject.study.kv
+        kv, how = subject.study.kv, METHODS.get(method)
+        given = how.read(how.study_options(kv))
         prompts = None
-        if method == "retrieval":
-            prompts = needle_prompts(subject.docs, subject.imported.tokenizer, kv.score_needles,
-                                     kv.score_context, seed=0)  # fmt: skip
+        if how.prompts is not None:  # it reads text: the study's
+            prompts = how.prompts(subject.docs, subject.imported.tokenizer, given, 0)
         try:
-            result = make_plan(subject.model, method, 1.0, kv.sink, kv.window, seed=0,
-                               prompts=prompts, period=kv.razor_period, rows=kv.razor_rows,
-                               duo=DuoSettings(kv.duo_steps, kv.duo_lr, kv.duo_l1))  # fmt: skip
+            result = make_plan(subject.model, method, 1.0, kv.sink, kv.window, options=given,
+                               seed=0, prompts=prompts)  # fmt: skip
         except ProbeError as exc:
-            if method != "retrieval":
+            if how.prompts is None:
                 raise
-            raise ProbeError(
-                f"{subject.study.where} [kv] retrieval (score_needles = {kv.score_needles}, "
-                f"score_context = {kv.score_context}): {exc}"
-            ) from None
+            named = ", ".join(f"{k} = {v}" for k, v in scoring.items())
+            raise ProbeError(f"{subject.study.where} [kv] {method} ({named}): {exc}") from None
         subject.memo[key] = result.scores
     return subject.memo[key]
 
 
 def kv(subject: Subject, options: Options, given, progress) -> pd.DataFrame:
     """One method at one full-head share (or a baseline): rows of `probe.kv.sweep.COLUMNS`."""
+    from probe.data.text import text_batches
+    from probe.kv.planning import choose_full, full_count, make_plan
+    from probe.kv.sweep import measure_plan
+
     model, tokenizer = subject.model, subject.imported.tokenizer
     method, share = options["method"], float(options["full_share"])
     sink, window = int(options["sink"]), int(options["window"])
@@ -117,8 +205,10 @@ def kv(subject: Subject, options: Options, given, progress) -> pd.DataFrame:
             s = 0 if method == "window" else sink
             w = matched_window(kept, length, sink, window) if options.get("matched") else window
             return make_plan(model, kind, 0.0, s, w).plan
-        if method == "random":
-            return make_plan(model, "random", share, sink, window, seed=seed).plan
+        how = METHODS.find(method)
+        if how is not None and how.per_seed:  # a draw: again for each seed
+            given = how.study_options(subject.study.kv)
+            return make_plan(model, method, share, sink, window, options=given, seed=seed).plan
         full = choose_full(_scores(subject, options), model.cfg, share)
         return KVPlan(method, share, sink, window, full)
 
@@ -169,6 +259,8 @@ def _targets_display(t: pd.DataFrame) -> pd.DataFrame:
 def plans_section(r: Findings, rep: MarkdownReport) -> None:
     if r.kv is None:
         return
+    from probe.report.kv_plots import kv_accuracy_plot, kv_loss_plot
+
     o = r.study.get("kv", {})
     table, t = r.kv
     rep.heading("What the key/value plans save")
@@ -269,5 +361,10 @@ def kv_answer(r: Findings) -> str | None:
     return text + "."
 
 
-KINDS = (StepKind("kv", 8, kv, _plan),)
-SECTIONS = (Section("kv", 75, plans_section),)
+DECLARES = StepKind(
+    "kv", 8, kv, _plan, section=KV, reports=(Section("kv", 75, plans_section),),
+    answer=kv_answer,
+    claims=(Claim("xiao2025-duo", 60, kv_claims.duo, ("xiao2025-duo",)),
+            Claim("tang2024-razor", 70, kv_claims.razor, ("tang2024-razor",)),
+            Claim("xiao2023-sinks", 80, kv_claims.streaming, ("xiao2023",))),
+)  # fmt: skip

@@ -4,15 +4,20 @@ own: the curves present it."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pandas as pd
 
-from probe.pruning.layer_drop import layer_importance
 from probe.study.heads.step import Options, StepKind
 from probe.study.heads.study import HeadStudy
-from probe.study.heads.subject import Subject
+
+if TYPE_CHECKING:
+    from probe.study.heads.subject import Subject
 
 
 def layers(subject: Subject, options: Options, given, progress) -> pd.DataFrame:
+    from probe.pruning.layer_drop import layer_importance
+
     seed = options["seed"]
     return layer_importance(subject.model, subject.splits[0][seed]).assign(seed=seed)
 
@@ -23,4 +28,4 @@ def _plan(study: HeadStudy) -> list[tuple[str, Options]]:
     return [(f"layers-s{seed}", {"seed": seed}) for seed in range(study.text.seeds)]
 
 
-KINDS = (StepKind("layers", 2, layers, _plan),)
+DECLARES = StepKind("layers", 2, layers, _plan)

@@ -3,20 +3,25 @@ metrics; the report's Set-up section presents it."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pandas as pd
 
-from probe.pruning.curves import score_batches
-from probe.report.report import MarkdownReport
-from probe.study.heads.findings import Findings
 from probe.study.heads.step import Options, Section, StepKind
 from probe.study.heads.study import HeadStudy
-from probe.study.heads.subject import Subject
 from probe.words import counted
+
+if TYPE_CHECKING:
+    from probe.report.report import MarkdownReport
+    from probe.study.heads.findings import Findings
+    from probe.study.heads.subject import Subject
 
 
 def model_facts(subject: Subject, options: Options, given, progress) -> pd.DataFrame:
     """One row: the model's shape, its parameters, the text it is scored on, and its unpruned
     metrics on the scoring split."""
+    from probe.pruning.curves import score_batches
+
     model, cfg = subject.model, subject.model.cfg
     sets, scoring = subject.splits
     counts = model.parameter_counts()
@@ -82,5 +87,4 @@ def setup(r: Findings, rep: MarkdownReport) -> None:
     rep.bullets(bullets)
 
 
-KINDS = (StepKind("model", 0, model_facts, _plan),)
-SECTIONS = (Section("set-up", 10, setup),)
+DECLARES = StepKind("model", 0, model_facts, _plan, reports=(Section("set-up", 10, setup),))

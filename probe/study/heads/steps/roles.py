@@ -1,27 +1,75 @@
 """The role steps: previous-token, induction and sink scores of every head (roles), and Wu et
 al. 2024's retrieval score on needle prompts (retrieval, causal language models); the report's
-section on what the heads do presents both."""
+section on what the heads do presents both; the [roles] section of the study file, and the
+claims of Wu et al. 2024 (retrieval heads) and Xiao et al. 2023 (attention sinks)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import pandas as pd
 
-from probe.analysis.roles import head_roles
-from probe.report.attention_plots import role_heatmaps
-from probe.report.report import MarkdownReport
+from probe.errors import ProbeError
+from probe.options import option
 from probe.schema import ROLE_COLUMNS
+from probe.study.heads import claims
 from probe.study.heads import evidence as ev
-from probe.study.heads.findings import Findings
-from probe.study.heads.step import Options, Section, StepKind
+from probe.study.heads.step import Claim, Options, Section, StepKind, StudySection
 from probe.study.heads.study import HeadStudy
-from probe.study.heads.subject import Subject
+
+if TYPE_CHECKING:
+    from probe.report.report import MarkdownReport
+    from probe.study.heads.findings import Findings
+    from probe.study.heads.subject import Subject
 
 # which retrieval score the retrieval and knock-out steps compute: in their options, so a change
 # of definition recomputes exactly the steps that use it
 RETRIEVAL_SCORE = "wu2024-greedy"
 
 
+@dataclass(frozen=True)
+class RoleOptions:
+    enabled: bool = False
+    # repeated random sequences for induction
+    period: int = option(16, low=2, help="tokens repeated for induction")
+    # needle-in-a-haystack prompts for retrieval heads (causal LMs; 0: none)
+    needles: int = option(0, low=0, help="needle prompts; 0 turns retrieval off")
+    context: int = option(256, low=64, help="tokens per needle prompt")
+
+
+def _fit(subject: Subject) -> None:
+    """Inputs within the model's positions; needle prompts only for a causal language model
+    and buildable from the text."""
+    from probe.study.heads.checks import within
+
+    study = subject.study
+    where, roles = study.where, study.roles
+    within(subject, "roles", "period", roles.period, 2 * roles.period + 1 if roles.enabled else 0)
+    within(subject, "roles", "context", roles.context, roles.context if roles.needles else 0)
+    if not roles.needles:
+        return
+    off = "[roles] needles = 0 turns the needle prompts (and the knock-out) off"
+    if subject.objective != "causal-lm":
+        raise ProbeError(
+            f"{where} [roles] needles: retrieval heads are measured on a causal language "
+            f"model, and this one is scored by {subject.objective}; {off}."
+        )
+    try:
+        subject.needles(1, seed=0)
+    except ProbeError as exc:
+        raise ProbeError(
+            f"{where} [roles] needles = {roles.needles}, context = {roles.context}: "
+            f"{str(exc).rstrip('.')}; {off}."
+        ) from None
+
+
+ROLES = StudySection("roles", 30, RoleOptions, fit=_fit)
+
+
 def roles(subject: Subject, options: Options, given, progress) -> pd.DataFrame:
+    from probe.analysis.roles import head_roles
+
     return head_roles(subject.model, subject.splits[1], period=options["period"], seed=0)
 
 
@@ -46,6 +94,8 @@ def what_heads_do(r: Findings, rep: MarkdownReport) -> None:
     retrieval_table = r.tables.get("retrieval")
     if roles_table is None and retrieval_table is None:
         return
+    from probe.report.attention_plots import role_heatmaps
+
     rep.heading("What the heads do")
     parts = [t for t in (roles_table, retrieval_table) if t is not None]
     both = pd.concat([p[ROLE_COLUMNS] for p in parts])
@@ -75,6 +125,10 @@ def what_heads_do(r: Findings, rep: MarkdownReport) -> None:
         rep.paragraph(ev.retrieval_note(retrieval_table, int(r.study["roles"]["needles"])))
 
 
-KINDS = (StepKind("roles", 4, roles, _plan_roles),
-         StepKind("retrieval", 5, retrieval, _plan_retrieval))  # fmt: skip
-SECTIONS = (Section("roles", 60, what_heads_do),)
+DECLARES = (
+    StepKind("roles", 4, roles, _plan_roles, section=ROLES,
+             reports=(Section("roles", 60, what_heads_do),),
+             claims=(Claim("xiao2023", 50, claims.xiao, ("xiao2023",)),)),
+    StepKind("retrieval", 5, retrieval, _plan_retrieval, section=ROLES,
+             claims=(Claim("wu2024", 40, claims.wu, ("wu2024",)),)),
+)  # fmt: skip

@@ -1,28 +1,56 @@
 """The timing step, planned once the curves are known: it times, on one thread, the physically
 pruned model of every curve method at the study's fixed fractions and at the method's operating
 point (the most heads removed with the primary metric still within the tolerance, in every
-seed), each beside the original; the report's section on how much faster they run."""
+seed), each beside the original; the report's section on how much faster they run, and the
+[timing] section of the study file."""
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from probe.pruning.fisher import fisher_prune
-from probe.pruning.groups import plan_units
-from probe.pruning.heads import plan_removal, present_heads, prune_heads, quota
-from probe.pruning.importance import head_importance
-from probe.pruning.layer_drop import layer_importance, plan_layers
-from probe.pruning.objectives import objective_of, operating_points
-from probe.pruning.timing import time_forward, timing_batches
-from probe.report.pruning_plots import speed_plot
-from probe.report.report import MarkdownReport
-from probe.study.heads.findings import Findings
-from probe.study.heads.step import Later, Options, Section, StepKind
+from probe.errors import ProbeError
+from probe.options import option
+from probe.study.heads.step import Later, Options, Section, StepKind, StudySection
+from probe.study.heads.steps.curves import increasing
 from probe.study.heads.study import HeadStudy
-from probe.study.heads.subject import Subject
 from probe.words import counted
+
+if TYPE_CHECKING:
+    from probe.report.report import MarkdownReport
+    from probe.study.heads.findings import Findings
+    from probe.study.heads.subject import Subject
+
+
+def _cpus() -> int:
+    return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class TimingOptions:
+    # pruned models timed at these fractions (and the operating point of every curve method)
+    fractions: tuple[float, ...] = ()
+    batch_sizes: tuple[int, ...] = option((1, 8), low=1, help="rows per timed batch")
+    repeats: int = option(3, low=1, help="timed repeats")
+    threads: int = option(1, low=1, high=_cpus,
+                          help="torch threads, at most this machine's CPU count")  # fmt: skip
+
+
+def _check(study: HeadStudy) -> None:
+    fractions = study.timing.fractions
+    increasing(study, "timing", fractions)
+    for f in fractions:
+        if not 0.0 < f < 1.0:
+            raise ProbeError(
+                f"{study.where} [timing] fractions must lie strictly between 0 and 1 (a model "
+                f"with none or all of its heads removed is not timed), got {f}."
+            )
+
+
+TIMING = StudySection("timing", 70, TimingOptions, check=_check)
 
 
 def pruned_model(subject: Subject, method: str, unit: str, n_pruned: int,
@@ -30,6 +58,12 @@ def pruned_model(subject: Subject, method: str, unit: str, n_pruned: int,
     """The physically pruned model of one curve method, unit and head count (seed 0's data).
     `tables`: importance already computed on seed 0's data, by method ("attention-layer": the
     layer table), reused instead of computed again."""
+    from probe.pruning.fisher import fisher_prune
+    from probe.pruning.groups import plan_units
+    from probe.pruning.heads import plan_removal, present_heads, prune_heads, quota
+    from probe.pruning.importance import head_importance
+    from probe.pruning.layer_drop import layer_importance, plan_layers
+
     model = subject.model
     split = subject.splits[0][0]
     present = present_heads(model)
@@ -60,6 +94,8 @@ def timing_step(study: HeadStudy, curves: pd.DataFrame) -> dict[str, Any] | None
     thread."""
     if curves.empty or not times_models(study):
         return None
+    from probe.pruning.objectives import objective_of, operating_points
+
     t = study.timing
     n_heads = int(curves.n_pruned.max() / max(curves.fraction.max(), 1e-9) + 0.5)
     ops = operating_points(curves, objective_of(curves.metric), study.operating.tolerance)
@@ -100,6 +136,8 @@ def _plan_later(study: HeadStudy, tables: dict[str, pd.DataFrame]) -> tuple[Opti
 def time_variants(subject: Subject, options: Options, given, progress) -> pd.DataFrame:
     """`given`: seed 0's importance tables by method, so the pruned models need not estimate it
     again."""
+    from probe.pruning.timing import time_forward, timing_batches
+
     wanted, known = [tuple(v) for v in options["variants"]], given
     t = subject.study.timing
     model = subject.model
@@ -147,6 +185,8 @@ def _noise_text(speed: pd.DataFrame) -> str:
 def how_much_faster(r: Findings, rep: MarkdownReport) -> None:
     if r.speed.empty:
         return
+    from probe.report.pruning_plots import speed_plot
+
     rep.heading("How much faster")
     rep.paragraph("Each physically pruned model timed side by side with the original, one "
                   "thread; `why` says whether the count is a fixed share or the method's "
@@ -163,5 +203,5 @@ def how_much_faster(r: Findings, rep: MarkdownReport) -> None:
     rep.table(shown, "speed_signs.csv", data=r.signs, digits=3)
 
 
-KINDS = (StepKind("timing", 7, time_variants, later=Later(_plan_later, times_models)),)
-SECTIONS = (Section("timing", 40, how_much_faster),)
+DECLARES = StepKind("timing", 7, time_variants, later=Later(_plan_later, times_models),
+                    section=TIMING, reports=(Section("timing", 40, how_much_faster),))  # fmt: skip
