@@ -119,8 +119,13 @@ def kv_plan_cli(
     check_positive(window=window)
     flags = {"needles": needles, "context": context, "period": period, "rows": rows,
              "steps": steps, "lr": lr, "l1": l1}  # fmt: skip
-    given = {k: v for k, v in flags.items() if k in how.fields()
-             and ctx.get_parameter_source(k) != ParameterSource.DEFAULT}  # fmt: skip
+    changed = {k: v for k, v in flags.items()
+               if ctx.get_parameter_source(k) != ParameterSource.DEFAULT}  # fmt: skip
+    for owner in METHODS:  # a flag of another method is still checked by that method's bounds
+        theirs = {k: v for k, v in changed.items() if k in owner.fields()}
+        if theirs and owner is not how:
+            owner.read(theirs, flags=True)
+    given = {k: v for k, v in changed.items() if k in how.fields()}
     options = how.read({**given, **parse_sets(how.options, sets or (), how.name)}, flags=True)
     KVPlan(method, full_heads, sink, window, ())  # sink and window within a plan's range
     check_seed(seed)

@@ -163,3 +163,18 @@ def test_only_estimators_declaring_gradients_differentiate():
                     head_importance(model, data, declared.name)
             else:
                 assert head_importance(model, data, declared.name)["value"].notna().all()
+
+
+def test_an_estimator_giving_values_of_the_wrong_shape_is_named():
+    from dataclasses import replace
+
+    def too_many(model, batches, given):
+        return [torch.ones(m.n_kept + 1) for m in model.attention_modules()]
+
+    said = (
+        r"the too-many estimator gave values of shapes \[\(4,\), \(4,\)\], not one per "
+        r"kept head of each attention site \[\(3,\), \(3,\)\]"
+    )
+    toy = replace(TOY, name="too-many", compute=too_many)
+    with ESTIMATORS.added(toy), pytest.raises(ProbeError, match=said):
+        head_importance(make_model(), batches(), "too-many")

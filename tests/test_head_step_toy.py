@@ -131,3 +131,21 @@ def test_the_step_declarations_import_without_torch():
             "assert 'torch' not in sys.modules, 'torch imported'")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_section_may_not_take_the_name_of_a_study_file_s_own_table():
+    from dataclasses import replace
+
+    from probe.errors import ProbeError
+    from probe.study.heads.steps import study_sections
+
+    model = replace(NORMS, name="model-norms", section=StudySection("model", 80, NormOptions))
+    with (
+        KINDS.added(model),
+        pytest.raises(
+            ProbeError,
+            match=r"the model-norms step kind's "
+            r"section is called 'model', a table every head study",
+        ),
+    ):
+        study_sections()

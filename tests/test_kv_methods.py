@@ -104,6 +104,10 @@ def test_set_and_the_flags_give_one_plan_and_bounds_name_the_flag(tmp_path, caps
         (["--period", "1"], f"{period}, got 1."),
         (["--set", "period=1"], f"{period}, got 1."),
         (["--method", "duo", "--lr", "nan"], "--lr must be a finite number"),
+        # a flag of another method is checked by that method's bounds, as before the methods
+        # declared themselves
+        (["--lr", "nan"], "--lr must be a finite number"),
+        (["--method", "streaming", "--needles", "-5"], "--needles must be at least 1"),
     ]:
         assert exit_code([*base, *extra, "--out", str(tmp_path / "bad")]) == 2
         err = capsys.readouterr().err.strip()
@@ -150,3 +154,48 @@ def test_the_study_kv_section_carries_each_method_s_declared_options():
     assert "duo_lr = 0.05 (at least 1e-09): duo: Adam's learning rate on the gates" in lines
     with pytest.raises(ProbeError, match=r"^s\.toml \[kv\] razor_period must be at least 2 "):
         check(KVOptions(razor_period=1), "s.toml [kv]")
+
+
+def test_a_method_s_study_keys_must_not_clash():
+    from dataclasses import replace
+
+    import probe.study.heads.steps.kv as kv_step
+
+    @dataclass(frozen=True)
+    class Period:
+        period: int = option(2, low=1, help="a period")
+
+    @dataclass(frozen=True)
+    class Rows:
+        rows: int = option(2, low=1, help="rows")
+
+    with METHODS.added(replace(LAST_LAYERS, name="np", study_prefix="")):  # prefix: its name
+        assert [k for k, _, _ in METHODS.get("np").study_fields()] == ["np_layers"]
+        assert "np_layers" in [k for k, _, _ in kv_step._method_fields()]
+    clash = replace(LAST_LAYERS, name="clash", study_prefix="razor", options=Period, rank=80)
+    with (
+        METHODS.added(clash),
+        pytest.raises(
+            ProbeError,
+            match=r"the clash method's \[kv\] key "
+            r"'razor_period' is taken by the razor method",
+        ),
+    ):
+        kv_step._method_fields()
+    loss = replace(LAST_LAYERS, name="loss", study_prefix="loss", options=Rows)
+    with (
+        METHODS.added(loss),
+        pytest.raises(
+            ProbeError,
+            match=r"'loss_rows' is taken by the "
+            r"\[kv\] section",
+        ),
+    ):
+        kv_step._method_fields()
+
+
+def test_option_values_from_python_are_typed():
+    with pytest.raises(ProbeError, match=r"the razor method field 'period' must be an integer"):
+        METHODS.get("razor").read({"period": True})
+    with pytest.raises(ProbeError, match=r"field 'period' must be an integer"):
+        METHODS.get("razor").read({"period": 2.5})

@@ -138,6 +138,11 @@ def head_importance(
         values = declared.compute(model, batches, given)
     finally:
         model.train(was_training)
+    shapes = [(m.n_kept,) for m in model.attention_modules()]
+    if [tuple(v.shape) for v in values] != shapes:  # a new estimator's slip, named at once
+        raise ProbeError(f"the {declared.name} estimator gave values of shapes "
+                         f"{[tuple(v.shape) for v in values]}, not one per kept head of each "
+                         f"attention site {shapes}.")  # fmt: skip
     table = pd.DataFrame(_rows(model, declared.name, values), columns=COLUMNS)
     return normalize_per_layer(table) if normalize else table
 

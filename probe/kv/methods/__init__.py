@@ -24,6 +24,7 @@ from typing import Any
 
 from probe import options as opt
 from probe.errors import ProbeError
+from probe.fields import field_value
 from probe.registry import Registry
 
 # (model, options, seed, sink, window, prompts, say) -> (heads: probe.kv.planning.HEAD_COLUMNS,
@@ -64,9 +65,14 @@ class KVMethod:
     def fields(self) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(self.options))
 
+    @property
+    def prefix(self) -> str:
+        """Its options' prefix in a head study's [kv] table (its name where it declares none)."""
+        return self.study_prefix or self.name.replace("-", "_")
+
     def study_keys(self) -> dict[str, str]:
         """Option -> its key in a head study's [kv] table ("period" -> "razor_period")."""
-        return {f: f"{self.study_prefix}_{f}" for f in self.fields()}
+        return {f: f"{self.prefix}_{f}" for f in self.fields()}
 
     def study_fields(self) -> list[tuple[str, Any, Any]]:
         """Its options as a head study's flat [kv] fields: (key, type, field), the bounds and
@@ -75,10 +81,11 @@ class KVMethod:
         defaults = dict(self.study_defaults)
         made = []
         for f in dataclasses.fields(self.options):
-            low, high, what = f.metadata.get("low"), f.metadata.get("high"), f.metadata["help"]
+            low, high = f.metadata.get("low"), f.metadata.get("high")
+            what = f.metadata.get("help", "")
             field = opt.option(defaults.get(f.name, f.default), low=low, high=high,
-                               help=f"{self.name}: {what}")  # fmt: skip
-            made.append((f"{self.study_prefix}_{f.name}", hints[f.name], field))
+                               help=f"{self.name}: {what}" if what else self.name)  # fmt: skip
+            made.append((f"{self.prefix}_{f.name}", hints[f.name], field))
         return made
 
     def study_options(self, section: Any) -> dict[str, Any]:
@@ -95,6 +102,11 @@ class KVMethod:
             if unknown:
                 raise ProbeError(f"the {self.name} method has no option {unknown[0]!r}; its "
                                  f"options: {', '.join(self.fields()) or 'none'}.")  # fmt: skip
+            if not flags:  # from Python: typed as a study file's values are (a command's
+                # values arrive typed by their option, or by parse_sets)
+                hints = typing.get_type_hints(self.options)
+                given = {k: field_value(hints[k], k, v, f"the {self.name} method")
+                         for k, v in given.items()}  # fmt: skip
             given = self.options(**given)
         elif not isinstance(given, self.options):
             raise ProbeError(f"the {self.name} method takes {self.options.__name__}, got "

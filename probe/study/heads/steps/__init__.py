@@ -47,16 +47,22 @@ def claims() -> tuple[Claim, ...]:
     return _ordered([c for k in KINDS for c in k.claims], "claim")
 
 
+RESERVED = ("study", "model", "expect", "contrast", "smoke")  # a head study file's own tables
+
+
 def study_sections() -> tuple[StudySection, ...]:
     """The sections of a head study file, in order: [text], those the step kinds read (a
     section several kinds read counted once), [operating]."""
     found: dict[str, StudySection] = {}
     for kind in KINDS:
         s = kind.section
+        if s is not None and s.name in RESERVED:
+            raise ProbeError(f"the {kind.name} step kind's section is called '{s.name}', "
+                             "a table every head study file has; name it otherwise.")  # fmt: skip
         if s is not None and found.setdefault(s.name, s) is not s:
             raise ProbeError(f"two head study sections are called '{s.name}'; let the kinds "
                              f"that read it share one declaration in {__name__}.")  # fmt: skip
-    return _ordered([TEXT, *found.values(), OPERATING], "study section")
+    return _ordered([TEXT, *found.values(), OPERATING], "section")
 
 
 def table_names() -> tuple[str, ...]:

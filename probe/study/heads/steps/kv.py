@@ -13,9 +13,10 @@ that length: the baseline "at the same memory").
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, make_dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -58,10 +59,24 @@ class _Common:
 
 # the [kv] section: the fields above, then each method's declared options under its prefix
 # (retrieval's score_needles, razor's razor_period, duo's duo_steps ...), in the methods' order
-KVOptions = make_dataclass(
-    "KVOptions", [f for m in METHODS if m.study_prefix for f in m.study_fields()],
-    bases=(_Common,), frozen=True,
-)  # fmt: skip
+def _method_fields() -> list[tuple[str, Any, Any]]:
+    """Every method's options as [kv] fields; a key two methods make, or one the section has
+    already, is refused naming both."""
+    taken = {f.name: "the [kv] section" for f in dataclasses.fields(_Common)}
+    fields = []
+    for method in METHODS:
+        for key, tp, field in method.study_fields():
+            if key in taken:
+                raise ProbeError(f"the {method.name} method's [kv] key '{key}' is taken by "
+                                 f"{taken[key]}; give it another study_prefix.")  # fmt: skip
+            taken[key] = f"the {method.name} method"
+            fields.append((key, tp, field))
+    return fields
+
+
+# built once, from the methods of probe.kv.methods (a method added later, as a test's toy is,
+# plans and runs from Python and the command line but has no [kv] keys)
+KVOptions = make_dataclass("KVOptions", _method_fields(), bases=(_Common,), frozen=True)
 KVOptions.__module__ = __name__  # where pickle finds it
 
 
