@@ -15,6 +15,7 @@ import pandas as pd
 from scipy import stats
 
 from probe.pruning.objectives import operating_points, primary
+from probe.study.verdicts.stats import mann_whitney
 
 
 def pct(x: float) -> str:
@@ -65,7 +66,7 @@ def against_random(curves: pd.DataFrame, objective: str, upto: float = 0.5) -> p
                 continue
             mine = g.value.to_numpy()
             side = "greater" if higher else "less"
-            p = stats.mannwhitneyu(mine, rand, alternative=side, method="exact").pvalue
+            p = mann_whitney(mine, rand, side)
             rows.append({
                 "method": method, "unit": unit, "metric": metric, "upto": upto,
                 "mean": mine.mean(), "random_mean": rand.mean(), "n": len(mine),

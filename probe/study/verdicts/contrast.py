@@ -35,7 +35,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from probe.errors import ProbeError
 from probe.fields import check_keys
@@ -43,7 +42,7 @@ from probe.references import published
 from probe.significance import ALPHA
 from probe.study.verdicts import summary
 from probe.study.verdicts.expect import Condition, parse_conditions, select_rows
-from probe.study.verdicts.stats import fmt_ci, fmt_vs, mean_ci
+from probe.study.verdicts.stats import fmt_ci, fmt_vs, mann_whitney, mean_ci
 from probe.words import counted, did_you_mean
 
 KEYS = (
@@ -192,9 +191,9 @@ def evaluate(contrast: Contrast, table: pd.DataFrame) -> pd.DataFrame:
             continue
         side = "less" if contrast.expect == "lower" else "greater"
         other = "greater" if side == "less" else "less"
-        p_claim = stats.mannwhitneyu(x, y, alternative=side, method="exact").pvalue
-        p_other = stats.mannwhitneyu(x, y, alternative=other, method="exact").pvalue
-        p_two = stats.mannwhitneyu(x, y, alternative="two-sided", method="exact").pvalue
+        p_claim = mann_whitney(x, y, side)
+        p_other = mann_whitney(x, y, other)
+        p_two = mann_whitney(x, y, "two-sided")
         row.update(p_claim=float(p_claim), p_other=float(p_other), p_two=float(p_two),
                    verdict=_verdict(contrast.expect, p_claim, p_other, len(x), len(y),
                                     p_two))  # fmt: skip
