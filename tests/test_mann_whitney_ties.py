@@ -1,13 +1,16 @@
 """The verdicts' exact Mann-Whitney test under ties, against an enumeration of every split of
-the pooled values written here (U from mid-ranks, counted over all C(n + m, n) splits)."""
+the pooled values written here (U from mid-ranks, counted over all C(n + m, n) splits), against
+scipy's permutation test (every split) where each arm has two values or more, and against
+scipy's exact table where no value is tied."""
 
 from __future__ import annotations
 
 from itertools import combinations
 from math import comb
 
+import numpy as np
 import pytest
-from scipy.stats import rankdata
+from scipy.stats import PermutationMethod, mannwhitneyu, rankdata
 
 from probe.study.verdicts.stats import mann_whitney
 
@@ -37,14 +40,32 @@ CASES = [
     ([3, 1, 2], [6, 5, 4]),  # no ties: the classic table
     ([1, 1, 1, 0], [1, 0, 0, 0, 0]),
     ([0.2, 0.2, 0.3, 0.3, 0.3], [0.2, 0.1, 0.3]),
+    ([0.4], [0.1, 0.4, 0.2]),  # one seed against three (a smoke run's)
+    ([2.0], [1.0]),
 ]
 
 
 @pytest.mark.parametrize("x, y", CASES)
 @pytest.mark.parametrize("alternative", ["greater", "less", "two-sided"])
 def test_the_exact_test_counts_every_split_ties_included(x, y, alternative):
-    assert mann_whitney(x, y, alternative) == pytest.approx(enumerated(x, y, alternative),
-                                                            abs=1e-12)  # fmt: skip
+    p = mann_whitney(x, y, alternative)
+    assert p == pytest.approx(enumerated(x, y, alternative), abs=1e-12)
+    if min(len(x), len(y)) >= 2:
+        every = PermutationMethod(n_resamples=np.inf)
+        assert p == pytest.approx(mannwhitneyu(x, y, alternative=alternative,
+                                               method=every).pvalue, abs=1e-12)  # fmt: skip
+    if len(set([*x, *y])) == len(x) + len(y):  # untied: the classic exact table
+        assert p == pytest.approx(mannwhitneyu(x, y, alternative=alternative,
+                                               method="exact").pvalue, abs=1e-12)  # fmt: skip
+
+
+def test_many_seeds_go_to_scipy_s_permutation_test():
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, 3, 11).tolist(), rng.integers(0, 3, 10).tolist()  # C(21, 10) splits
+    every = PermutationMethod(n_resamples=np.inf)
+    assert mann_whitney(x, y, "greater") == pytest.approx(
+        mannwhitneyu(x, y, alternative="greater", method=every).pvalue, abs=1e-12
+    )
 
 
 def test_identical_arms_give_no_evidence():
