@@ -205,11 +205,6 @@ def load_model(checkpoint: Path, device: str, dtype: str | None, allow_pickle: b
     return load_checkpoint(checkpoint, runtime=runtime, allow_pickle=allow_pickle)
 
 
-def model_device(ckpt: Checkpoint):
-    """The device a checkpoint's model was loaded onto (a `torch.device`)."""
-    return next(ckpt.model.parameters()).device
-
-
 def describe(ckpt: Checkpoint) -> dict:
     """What a manifest records about a checkpoint's data: its task, or the import source."""
     if ckpt.task is not None:

@@ -99,9 +99,8 @@ def parse_sets(cls: type, items: Iterable[str], what: str) -> dict[str, Any]:
 
 
 def _toml_value(text: str) -> Any:
-    for candidate in (text, f"[{text}]" if "," in text and not text.startswith("[") else None):
-        if candidate is None:
-            continue
+    bare_list = "," in text and not text.startswith("[")
+    for candidate in (text, f"[{text}]") if bare_list else (text,):
         try:
             return tomllib.loads(f"v = {candidate}")["v"]
         except tomllib.TOMLDecodeError:

@@ -78,14 +78,14 @@ class KVMethod:
         """Its options as a head study's flat [kv] fields: (key, type, field), the bounds and
         help it declares, its study default where it has one (retrieval's score_needles: 20)."""
         hints = typing.get_type_hints(self.options)
-        defaults = dict(self.study_defaults)
+        defaults, keys = dict(self.study_defaults), self.study_keys()
         made = []
         for f in dataclasses.fields(self.options):
             low, high = f.metadata.get("low"), f.metadata.get("high")
             what = f.metadata.get("help", "")
             field = opt.option(defaults.get(f.name, f.default), low=low, high=high,
                                help=f"{self.name}: {what}" if what else self.name)  # fmt: skip
-            made.append((f"{self.prefix}_{f.name}", hints[f.name], field))
+            made.append((keys[f.name], hints[f.name], field))
         return made
 
     def study_options(self, section: Any) -> dict[str, Any]:
