@@ -33,6 +33,7 @@ from probe_cli.kv_eval import (
     KVPlanOpt,
     NeedlesOpt,
     NeedleTokensOpt,
+    PrefillOpt,
     check_needle_options,
     eval_kv_plan,
     read_plan,
@@ -77,6 +78,7 @@ def eval_cli(
     kv_plan: KVPlanOpt = None,
     needle_tokens: NeedleTokensOpt = None,
     needles: NeedlesOpt = None,
+    prefill: PrefillOpt = None,
     rope_scaling: RopeScalingOpt = None,
     rope_factor: RopeFactorOpt = None,
     rope_original: RopeOriginalOpt = None,
@@ -84,7 +86,7 @@ def eval_cli(
 ) -> None:
     """Evaluate a checkpoint at each task length; writes OUT/eval.csv."""
     check_positive(batches=batches, batch_size=batch_size, max_batch_tokens=max_batch_tokens)
-    check_needle_options(kv_plan, needle_tokens, needles)
+    check_needle_options(kv_plan, needle_tokens, needles, prefill)
     rope = rope_request(checkpoint, rope_scaling, rope_factor, rope_original, rope_alpha)
     if lengths:
         parse_lengths(lengths)  # task lengths or tokens per row: the same form, checked now
@@ -99,7 +101,7 @@ def eval_cli(
     apply_rope(ckpt, rope)
     if plan is not None:
         eval_kv_plan(ckpt, plan, out, earlier, lengths, text, whole, batch_size, batches, seed,
-                     max_batch_tokens, needle_tokens, needles)  # fmt: skip
+                     max_batch_tokens, needle_tokens, needles, prefill)  # fmt: skip
         return
     if ckpt.imported:
         _eval_text(ckpt, out, earlier, lengths, text, whole, batch_size, batches, seed,

@@ -66,13 +66,16 @@ def kv_plan_cli(
     out: OutOpt,
     method: Annotated[str, typer.Option(help=_method_help())],
     full_heads: Annotated[
-        float,
+        float | None,
         typer.Option(
             "--full-heads",
             help="Share (0-1) of the key/value heads, over the whole model, that keep the full "
-            "cache: round(share x total), at least one when above 0.",
+            "cache: round(share x total), at least one when above 0. Default: razor's own rule "
+            "(the top 14% of heads by induction score and 1% by echo score), 0.25 for the "
+            "other methods.",
+            show_default=False,
         ),
-    ] = 0.25,
+    ] = None,
     sink: Annotated[int, typer.Option(help="First tokens every streaming head keeps.")] = 4,
     window: Annotated[
         int, typer.Option(help="Most recent tokens every streaming head keeps.")
@@ -112,7 +115,9 @@ def kv_plan_cli(
     how = METHODS.find(method)
     if how is None:
         raise ProbeError(METHODS.unknown(method, "--method"))
-    if not 0.0 <= full_heads <= 1.0:
+    if full_heads is None and how.choose is None:  # a method of no share of its own
+        full_heads = 0.25
+    if full_heads is not None and not 0.0 <= full_heads <= 1.0:
         raise ProbeError(f"--full-heads must be a share in [0, 1], got {full_heads}.")
     if sink < 0:
         raise ProbeError(f"--sink must be at least 0, got {sink}.")
@@ -127,7 +132,7 @@ def kv_plan_cli(
             owner.read(theirs, flags=True)
     given = {k: v for k, v in changed.items() if k in how.fields()}
     options = how.read({**given, **parse_sets(how.options, sets or (), how.name)}, flags=True)
-    KVPlan(method, full_heads, sink, window, ())  # sink and window within a plan's range
+    KVPlan(method, full_heads or 0.0, sink, window, ())  # sink and window within range
     check_seed(seed)
     earlier = claim_output(out, WRITES, overwrite, inputs=inputs_of(checkpoint, text))
     from probe.files import open_output

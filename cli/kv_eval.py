@@ -28,14 +28,45 @@ NeedleTokensOpt = Annotated[
 NeedlesOpt = Annotated[
     int | None, typer.Option("--needles", help="With --kv-plan: needle prompts (3).")
 ]
+PrefillOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--prefill",
+        help="With --kv-plan: how a needle prompt enters the plan's cache: full (full attention "
+        "over the prompt, then the streaming heads cut, as DuoAttention and RazorAttention "
+        "prefill; default), chunked or chunked:N (N tokens a call, cut after each; 1024), or "
+        "masked (streaming heads see only sink + window at every position, StreamingLLM's).",
+    ),
+]
 NEEDLE_TOKENS, NEEDLES = 1024, 3
 
 
-def check_needle_options(plan: Path | None, needle_tokens: int | None, needles: int | None) -> None:
-    """--needles and --needle-tokens only mean something with --kv-plan (one line otherwise)."""
-    if plan is None and (needle_tokens is not None or needles is not None):
-        raise ProbeError("--needles and --needle-tokens set the needle prompts of --kv-plan; "
-                         "give a plan with --kv-plan DIR or leave them out.")  # fmt: skip
+def check_needle_options(plan: Path | None, needle_tokens: int | None, needles: int | None,
+                         prefill: str | None = None) -> None:  # fmt: skip
+    """--needles, --needle-tokens and --prefill only mean something with --kv-plan (one line
+    otherwise); --prefill is read now."""
+    if plan is None and (needle_tokens is not None or needles is not None or prefill):
+        raise ProbeError("--needles, --needle-tokens and --prefill set the needle prompts of "
+                         "--kv-plan; give a plan with --kv-plan DIR or leave them "
+                         "out.")  # fmt: skip
+    parse_prefill(prefill)
+
+
+def parse_prefill(text: str | None):
+    """--prefill's value as a `probe.kv.evaluate.Prefill` ("chunked:512": chunks of 512)."""
+    from probe.kv.plan import PREFILLS, Prefill
+
+    if not text:
+        return Prefill()
+    mode, colon, chunk = text.partition(":")
+    if mode not in PREFILLS or (colon and mode != "chunked"):
+        raise ProbeError(f"--prefill must be full, chunked, chunked:N or masked, got {text!r}.")
+    if not colon:
+        return Prefill(mode)
+    if not chunk.isdigit() or int(chunk) < 1:
+        raise ProbeError(f"--prefill chunked:N needs N, tokens per call, a whole number >= 1; "
+                         f"got {chunk!r}.")  # fmt: skip
+    return Prefill(mode, int(chunk))
 
 
 def read_plan(path: Path):
@@ -46,7 +77,7 @@ def read_plan(path: Path):
 
 
 def eval_kv_plan(ckpt, plan, out, earlier, lengths, text, whole, batch_size, batches, seed,
-                 max_batch_tokens, needle_tokens, needles) -> None:  # fmt: skip
+                 max_batch_tokens, needle_tokens, needles, prefill=None) -> None:  # fmt: skip
     from probe.analysis.retrieval import needle_prompts
     from probe.data.tasks import parse_lengths
     from probe.data.text import read_documents
@@ -56,6 +87,7 @@ def eval_kv_plan(ckpt, plan, out, earlier, lengths, text, whole, batch_size, bat
 
     needle_tokens = NEEDLE_TOKENS if needle_tokens is None else needle_tokens
     needles = NEEDLES if needles is None else needles
+    prefill = parse_prefill(prefill)
     ckpt.model.stream_rules(plan)  # one line when the plan is not this model's
     if not ckpt.imported or ckpt.objective != "causal-lm":
         raise ProbeError(
@@ -78,19 +110,21 @@ def eval_kv_plan(ckpt, plan, out, earlier, lengths, text, whole, batch_size, bat
     tokenizer = ckpt.tokenizer()
     prompts = needle_prompts(docs, tokenizer, needles, needle_tokens, seed=seed)
     table = evaluate_plan(ckpt.model, plan, tokenizer, docs, widths, prompts, batch_size,
-                          batches, seed, max_batch_tokens)  # fmt: skip
+                          batches, seed, max_batch_tokens, prefill)  # fmt: skip
     open_output(out, earlier)
     atomic_write_csv(out / "eval.csv", table)
     write_manifest(out, ckpt, command="eval", lengths=widths, batch_size=batch_size,
                    batches=batches, seed=seed, text=str(text) if text else "shipped corpus",
                    whole=whole, max_batch_tokens=max_batch_tokens, kv_plan=plan.to_dict(),
-                   needle_tokens=needle_tokens, needles=needles)  # fmt: skip
-    view = Table(title=f"key/value plan ({plan.method}, sink {plan.sink}, window {plan.window})")
+                   needle_tokens=needle_tokens, needles=needles,
+                   prefill={"mode": prefill.mode, "chunk": prefill.chunk})  # fmt: skip
+    view = Table(title=f"key/value plan ({plan.method}, sink {plan.sink}, window {plan.window}, "
+                       f"{prefill.mode} prefill)")  # fmt: skip
     for col in ("metric", "tokens", "plan", "full cache"):
         view.add_column(col, justify="right")
     wide = table.pivot_table(index=["metric", "length"], columns="cache", values="value")
     for (metric, length), row in wide.iterrows():
-        fmt = "{:,.0f}" if metric == "kv_bytes" else "{:.4f}"
+        fmt = "{:,.0f}" if metric.startswith("kv_") else "{:.4f}"
         view.add_row(metric, str(length), fmt.format(row.plan), fmt.format(row.full))
     console.print(view)
     for length, share in saved(table).items():

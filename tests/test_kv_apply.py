@@ -168,15 +168,16 @@ def _needle_setup():
 
 
 def test_needle_decoding_through_the_evicting_cache_is_the_masked_greedy_decoding():
-    from probe.kv.evaluate import decode_needle, needle_rows
+    from probe.kv.evaluate import Prefill, decode_needle, needle_rows
 
     model, _, prompts = _needle_setup()
     streaming = plan_of([(), (0,)], sink=2, window=8, method="streaming")
+    masked = Prefill("masked")
     for plan in (None, streaming):
         for p in prompts:
-            generated, _ = decode_needle(model, p, plan)
+            generated, _, _ = decode_needle(model, p, plan, masked)
             assert generated.tolist() == _greedy_by_full_forward(model, p, plan)
-    rows = needle_rows(model, prompts, streaming)
+    rows = needle_rows(model, prompts, streaming, prefill=masked)
     accuracy = [r["value"] for r in rows if r["metric"] == "needle_accuracy"]
     by_hand = sum(
         sum(a == b for a, b in zip(_greedy_by_full_forward(model, p, streaming),

@@ -43,11 +43,17 @@ def test_eval_with_a_plan_reports_loss_needles_and_bytes(llama, tmp_path):
     assert exit_code(["eval", str(llama[0]), "--out", str(out), "--kv-plan", str(plan), *EVAL]) == 0
     table = pd.read_csv(out / "eval.csv")
     assert set(table.cache) == {"plan", "full"}
-    assert set(table.metric) == {"loss", "needle_accuracy", "needle_exact", "kv_bytes"}
+    metrics = {"loss", "needle_accuracy", "needle_exact", "kv_bytes", "kv_peak_bytes"}
+    assert set(table.metric) == metrics
     got = table[table.metric == "kv_bytes"].set_index("cache").value
     # 2 sites x (k, v) x 2 kv heads x (sink 2 + window 6) x 8 dims x 4 bytes
     assert got["plan"] == 2 * 2 * 2 * (2 + 6) * 8 * 4
     assert got["full"] > 6 * got["plan"]  # ~64 tokens against 8
+    peak = table[table.metric == "kv_peak_bytes"].set_index("cache").value
+    # the papers' prefill: the whole prompt in every head, then the cut (the full cache's peak
+    # also holds the decoded tokens)
+    assert got["plan"] < peak["plan"] <= peak["full"] == got["full"]
+    assert json.loads((out / "manifest.json").read_text())["settings"]["prefill"]["mode"] == "full"
     loss = table[table.metric == "loss"].set_index("cache").value
     assert loss["plan"] != loss["full"]  # 16-token rows: the window hides keys
     manifest = json.loads((out / "manifest.json").read_text())

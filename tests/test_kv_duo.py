@@ -2,15 +2,17 @@
 masked forward at gates 0 (exactly), and alpha * full + (1 - alpha) * streaming per head in
 between (recomputed from the two forwards' head outputs); only the gates get gradients; the
 planted long-range echo head's key/value group ends with the highest gate; the CLI writes a plan
-KVPlan.read accepts; bad options are one line."""
+KVPlan.read accepts, training on passkeys in text; bad options are one line."""
 
 from __future__ import annotations
+
+import json
 
 import pandas as pd
 import pytest
 import torch
 from cli_run import exit_code
-from test_kv_plan import PLANT, planted, save
+from test_kv_plan import PLANT, planted
 
 from probe.config import ModelConfig
 from probe.errors import ProbeError
@@ -55,7 +57,7 @@ def test_gates_one_and_zero_are_the_plain_and_streaming_forwards_exactly(make):
         zeros = mixed_features(model, tokens, [torch.zeros(k) for k in n], SINK, WINDOW)
     assert torch.equal(ones, plain) and torch.equal(zeros, stream)
     assert not torch.allclose(plain, stream)  # the window matters at 30 tokens
-    assert all(b.attn.mix is None for b in model.blocks)  # restored
+    assert all(b.attn.points is None for b in model.blocks)  # restored
 
 
 class HeadOut:
@@ -133,20 +135,33 @@ def test_bad_settings_and_observed_mixing_are_refused():
         pass
 
 
-def test_cli_duo_writes_a_plan_that_reads(tmp_path, capsys):
-    model = loud_plant()
-    ckpt = save(tmp_path / "m", model)
+def test_cli_duo_trains_on_text_and_writes_a_plan_that_reads(tmp_path, capsys):
+    """An imported model with a tokenizer: the gates train on passkeys in the shipped text, and
+    the manifest says so (the prompts, the steps run, the undecided gates)."""
+    pytest.importorskip("transformers")
+    from test_cli_imported import hf_dir
+
+    ckpt = tmp_path / "llama-ckpt"
+    assert exit_code(["import", str(hf_dir("llama", tmp_path)), "--out", str(ckpt)]) == 0
     out = tmp_path / "plan"
     args = ["kv-plan", str(ckpt), "--method", "duo", "--full-heads", "0.25", "--sink", "2",
-            "--window", "8", "--steps", "30", "--l1", "0.001", "--out", str(out)]  # fmt: skip
+            "--window", "8", "--steps", "3", "--set", "prompt_tokens=256", "--set", "passkeys=1",
+            "--out", str(out)]  # fmt: skip
     assert exit_code(args) == 0
     plan = KVPlan.read(out)
-    assert plan == KVPlan("duo", 0.25, SINK, WINDOW, ((), (1,)))
+    assert (plan.method, plan.sink, plan.window) == ("duo", SINK, WINDOW)
+    assert sum(map(len, plan.full)) == 1  # a quarter of 2 layers x 2 key/value heads
     scores = pd.read_csv(out / "scores.csv")
     assert len(scores) == 4 and set(scores.method) == {"duo"}
-    assert scores.set_index(["layer", "kv_head"])["value"].idxmax() == (1, 1)
-    for extra in (["--steps", "0"], ["--lr", "0"], ["--l1", "-1"]):
+    settings = json.loads((out / "manifest.json").read_text())["settings"]
+    assert settings["duo_prompts"] == "passkeys in text" and settings["duo_prompt_tokens"] == 256
+    assert settings["duo_steps_run"] == 3 and settings["prompt_tokens"] == 256
+    gates = scores["value"].tolist()
+    assert settings["duo_undecided"] == sum(1 for v in gates if 0.05 < v < 0.95)
+    capsys.readouterr()
+    for extra in (["--steps", "0"], ["--lr", "0"], ["--l1", "-1"], ["--set", "warmup=0.9"],
+                  ["--set", "passkeys=0"], ["--set", "prompt_tokens=96"]):  # fmt: skip
         bad = [*args[:-1], str(tmp_path / "bad"), *extra]
         assert exit_code(bad) == 2
         err = capsys.readouterr().err.strip()
-        assert err.startswith("error:") and "Traceback" not in err
+        assert err.startswith("error:") and "Traceback" not in err and "\n" not in err

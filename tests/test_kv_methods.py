@@ -63,7 +63,7 @@ def test_a_toy_method_plans_from_python_and_is_gone_after_the_block():
             make_plan(model, "last-layers", 0.5, 4, 8, options=LastLayersOptions(layers=0))
     assert "last-layers" not in METHODS
     with pytest.raises(ProbeError, match=r"Unknown kv-plan method 'last-layers'\. Available: "
-                       r"retrieval, razor, duo, random, streaming, full\."):  # fmt: skip
+                       r"retrieval, razor, razor-max, duo, random, streaming, full\."):  # fmt: skip
         KVPlan("last-layers", 0.5, 4, 8, ((), ()))
 
 
@@ -118,19 +118,34 @@ def test_the_built_in_methods_keep_their_study_keys_and_help():
     from probe.study.heads.steps.kv import _scoring
 
     kv = SimpleNamespace(score_needles=20, score_context=256, razor_period=64, razor_rows=8,
-                         duo_steps=40, duo_lr=0.05, duo_l1=0.05)  # fmt: skip
+                         razor_induction_ratio=0.14, razor_echo_ratio=0.01, razor_buffer_ratio=0.0,
+                         razor_compensate=True, razor_max_period=64, razor_max_rows=8,
+                         duo_steps=40, duo_lr=0.05, duo_l1=0.05, duo_warmup=0.2,
+                         duo_prompt_tokens=1024, duo_passkeys=2, duo_train_sink=0,
+                         duo_train_window=0)  # fmt: skip
     study = SimpleNamespace(kv=kv)
     # the dicts the steps hashed before the methods declared themselves (cached step keys)
     assert _scoring(study, "retrieval") == {"score_needles": 20, "score_context": 256}
-    assert _scoring(study, "razor") == {"razor_period": 64, "razor_rows": 8}
-    assert _scoring(study, "duo") == {"duo_steps": 40, "duo_lr": 0.05, "duo_l1": 0.05}
+    # razor-max hashes as razor did (under its own keys); razor chooses as published
+    assert _scoring(study, "razor-max") == {"razor_max_period": 64, "razor_max_rows": 8}
+    assert _scoring(study, "razor") == {"razor_period": 64, "razor_rows": 8,
+                                        "razor_induction_ratio": 0.14, "razor_echo_ratio": 0.01,
+                                        "razor_buffer_ratio": 0.0,
+                                        "razor_compensate": True}  # fmt: skip
+    assert _scoring(study, "duo") == {"duo_steps": 40, "duo_lr": 0.05, "duo_l1": 0.05,
+                                      "duo_warmup": 0.2, "duo_prompt_tokens": 1024,
+                                      "duo_passkeys": 2, "duo_train_sink": 0,
+                                      "duo_train_window": 0}  # fmt: skip
     assert _scoring(study, "random") == {}
-    assert METHODS.names() == ("retrieval", "razor", "duo", "random", "streaming", "full")
-    assert head_methods() == ("retrieval", "razor", "duo", "random")
+    assert METHODS.names() == ("retrieval", "razor", "razor-max", "duo", "random", "streaming",
+                               "full")  # fmt: skip
+    assert head_methods() == ("retrieval", "razor", "razor-max", "duo", "random")
     assert method_help() == (
-        "retrieval (Wu et al. 2024), razor (RazorAttention's echo and induction scores), duo "
-        "(DuoAttention's gates trained on passkey prompts), random, streaming (no full heads) "
-        "or full (every head full)."
+        "retrieval (Wu et al. 2024), razor (RazorAttention as published: the top 14% of "
+        "key/value heads by induction score and 1% by echo score), razor-max (the larger of "
+        "RazorAttention's echo and induction scores: probe's razor until it chose as "
+        "published), duo (DuoAttention's gates trained on passkey prompts), random, streaming "
+        "(no full heads) or full (every head full)."
     )
 
 
@@ -151,7 +166,10 @@ def test_the_study_kv_section_carries_each_method_s_declared_options():
         "sequence" in lines
     )
     assert "score_needles = 20 (at least 1): retrieval: needle prompts" in lines  # its own default
-    assert "duo_lr = 0.05 (at least 1e-09): duo: Adam's learning rate on the gates" in lines
+    assert (
+        "duo_lr = 0.05 (at least 1e-09): duo: Adam's peak learning rate on the gates; the "
+        "reference: 0.02 over 2,000 steps"
+    ) in lines
     with pytest.raises(ProbeError, match=r"^s\.toml \[kv\] razor_period must be at least 2 "):
         check(KVOptions(razor_period=1), "s.toml [kv]")
 

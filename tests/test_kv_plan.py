@@ -80,13 +80,14 @@ def test_echo_score_recomputed_by_hand_and_the_planted_head_wins():
     echo = table[table.statistic == "echo"].set_index(["layer", "head"])["value"]
     assert echo.idxmax() == PLANT and echo.max() > 0.3  # the plant is not vacuous
     razor = {"period": period, "rows": rows}
-    result = make_plan(model, "razor", 0.25, 4, 8, options=razor)  # 1 of 4 kv heads
+    # the larger of the two scores (razor-max): the echo plant wins 1 of 4 kv heads
+    result = make_plan(model, "razor-max", 0.25, 4, 8, options=razor)
     assert result.plan.full == ((), (1,))
 
 
 def test_gqa_groups_move_together_and_the_score_is_the_group_max():
     model = planted(n_kv_head=2)
-    result = make_plan(model, "razor", 0.5, 4, 8, options={"period": 16, "rows": 4})  # 2 of 4
+    result = make_plan(model, "razor-max", 0.5, 4, 8, options={"period": 16, "rows": 4})  # 2 of 4
     heads = result.heads
     by_hand = {}
     for r in heads.itertuples():
@@ -99,7 +100,14 @@ def test_gqa_groups_move_together_and_the_score_is_the_group_max():
     assert chosen == set(best) and (1, 1) in chosen
     for gs in result.plan.full:  # the plan lists key/value heads only
         assert set(gs) <= {0, 1}
-    assert list(result.scores.columns) == ["layer", "site", "kv_head", "method", "value"]
+    assert list(result.scores.columns) == ["layer", "site", "kv_head", "method", "statistic",
+                                           "value"]  # fmt: skip
+    # razor scores each statistic apart, each a group max
+    razor = make_plan(model, "razor", 0.5, 4, 8, options={"period": 16, "rows": 4}).scores
+    for stat in ("echo", "induction"):
+        part = heads[heads.statistic == stat].groupby(["layer", "kv_head"])["value"].max()
+        got = razor[razor.statistic == stat].set_index(["layer", "kv_head"])["value"]
+        assert got.to_dict() == pytest.approx(part.to_dict())
 
 
 def test_share_rounding_zero_and_one():
@@ -155,14 +163,14 @@ def test_cli_writes_a_plan_that_round_trips(tmp_path):
     model = planted()
     ckpt = save(tmp_path / "m", model)
     out = tmp_path / "plan"
-    args = ["kv-plan", str(ckpt), "--method", "razor", "--full-heads", "0.25", "--sink", "2",
+    args = ["kv-plan", str(ckpt), "--method", "razor-max", "--full-heads", "0.25", "--sink", "2",
             "--window", "16", "--period", "16", "--rows", "4", "--out", str(out)]  # fmt: skip
     assert exit_code(args) == 0
     plan = KVPlan.read(out)
-    assert plan == KVPlan("razor", 0.25, 2, 16, ((), (1,)))
+    assert plan == KVPlan("razor-max", 0.25, 2, 16, ((), (1,)))
     plan.check(model.cfg)
     scores = pd.read_csv(out / "scores.csv")
-    assert len(scores) == 4 and set(scores.method) == {"razor"}
+    assert len(scores) == 4 and set(scores.method) == {"razor-max"}
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["command"] == "kv-plan" and manifest["settings"]["seed"] == 0
     assert "versions" in json.dumps(manifest) or "torch" in json.dumps(manifest)

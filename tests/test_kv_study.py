@@ -142,10 +142,13 @@ def test_the_summary_by_hand():
                 ("random", 0.2, 0.0, 0.0, 0.3 * full_bytes),
                 ("streaming", 0.2, 0.5, 0.5, 0.3 * full_bytes),
             ):
+                peak = full_bytes if method == "full" else 0.5 * full_bytes
                 for metric, value in (("needle_accuracy", acc), ("needle_exact", exact)):
-                    rows.append([method, share, length, seed, metric, value, held, 2, 0, ""])
+                    rows.append([method, share, length, seed, metric, value, held, peak, 2, 0,
+                                 ""])  # fmt: skip
     kv = _table(rows)
     assert with_saved(kv).saved.round(6).isin([0.0, 0.7]).all()
+    assert with_saved(kv).peak_saved.round(6).isin([0.0, 0.5]).all()
     table = by_length(kv)
     r = table[(table.method == "retrieval") & (table.length == 100)].iloc[0]
     assert r.needle_accuracy == pytest.approx(2.5 / 3)
@@ -154,6 +157,7 @@ def test_the_summary_by_hand():
     assert (r.exact_low, r.exact_high) == pytest.approx((ci.low, ci.high))
     t = targets(table).set_index("method")
     assert t.loc["retrieval", "saved_min"] == pytest.approx(0.7)
+    assert t.loc["retrieval", "peak_saved_min"] == pytest.approx(0.5)
     assert t.loc["retrieval", "kept_min"] == pytest.approx(2.5 / 3)
     assert not t.loc["retrieval", "meets"]  # 83% of the full cache's accuracy, not 95%
     p = stats.fisher_exact([[8, 4], [6, 6]], alternative="greater")[1]
@@ -251,14 +255,14 @@ def test_retrieval_scores_that_cannot_be_computed_are_one_line(tmp_path, capsys)
 
 
 def test_lengths_the_full_cache_fails_and_a_missing_full_cache():
-    from probe.study.heads.steps.kv import kv_answer
+    from probe.study.heads.kv_report import kv_answer
 
     rows = []
     for seed in range(2):
         for method, share, acc in (("full", 1.0, 0.0), ("razor", 0.2, 0.0)):
             held = 1000.0 if method == "full" else 300.0
             for metric in ("needle_accuracy", "needle_exact"):
-                rows.append([method, share, 100, seed, metric, acc, held, 2, 0, ""])
+                rows.append([method, share, 100, seed, metric, acc, held, 1000.0, 2, 0, ""])
     kv = _table(rows)
     t = targets(by_length(kv)).set_index("method")
     assert t.loc["razor", "kept_min"] == 1.0  # 0 of the full cache's 0: all of it kept

@@ -66,7 +66,7 @@ def test_sections_with_one_seed_say_so(tmp_path):
 
 
 def test_contrast_note_with_one_seed():
-    from probe.study.verdicts.contrast import _interval_note
+    from probe.study.verdicts.contrast_text import _interval_note
 
     assert _interval_note([3, 3]) == "Means are over seeds with 95% bootstrap intervals."
     assert "no interval" in _interval_note([1, 1])

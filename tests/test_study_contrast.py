@@ -154,7 +154,7 @@ def test_similar_is_read_from_the_two_sided_exact_p():
     row prints the two-sided p; 4 against 4 separated: 2/70 < 0.05, a difference."""
     from scipy import stats
 
-    from probe.study.verdicts.contrast import _p
+    from probe.study.verdicts.contrast_text import _p
 
     x, y = [0.9, 0.8, 0.95], [0.1, 0.3, 0.2]
     row = evaluate(contrast("similar"), table(x, y)).iloc[0]

@@ -68,7 +68,8 @@ def test_a_one_cell_one_head_study_report_says_so(tmp_path):
 
 
 def test_a_contrast_sentence_with_one_seed():
-    from probe.study.verdicts.contrast import _verdict, sentence
+    from probe.study.verdicts.contrast import _verdict
+    from probe.study.verdicts.contrast_text import sentence
 
     row = pd.Series({"claim": "c", "change": False, "metric": "m", "a": "x", "b": "y",
                      "mean_a": 1.0, "mean_b": 0.0, "n_a": 1, "n_b": 1, "expect": "higher",

@@ -17,10 +17,34 @@ from probe.files import atomic_write_text, check_input_file
 from probe.kv.methods import METHODS
 
 FORMAT = 1
-FIELDS = ("format", "method", "full_share", "sink", "window", "full")
+# the last two are optional (plans written before them have neither)
+FIELDS = ("format", "method", "full_share", "sink", "window", "full", "buffer_ratio",
+          "compensate")  # fmt: skip
+# how a prompt enters a plan's cache (`probe.kv.evaluate.Prefill`), the papers' first
+PREFILLS = {
+    "full": "the prompt with full attention, then the streaming heads cut (the papers')",
+    "chunked": "the prompt in chunks, the streaming heads cut after each (DuoAttention's)",
+    "masked": "streaming heads see only sink + window at every position (StreamingLLM's)",
+}
 # the most tokens a sink or window may count: far past any context, and small enough that
 # positions minus the window stay within torch's int64 (a larger one only means "every token")
 MAX_TOKENS = 2**40
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """How a prompt goes into a plan's cache: `mode` one of PREFILLS; `chunk` the tokens per call
+    of the chunked mode (`probe.kv.evaluate.prefilled` fills a cache by it)."""
+
+    mode: str = "full"
+    chunk: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.mode not in PREFILLS:
+            raise ProbeError(f"unknown prefill '{self.mode}'; use one of {', '.join(PREFILLS)}.")
+        if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1:
+            raise ProbeError(f"a prefill chunk is a whole number of tokens >= 1, got "
+                             f"{self.chunk!r}.")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -32,6 +56,12 @@ class KVPlan:
     # per site (in `ModelConfig.sites()` order), the key/value heads (original group ids) that
     # keep the full cache
     full: tuple[tuple[int, ...], ...]
+    # RazorAttention's buffer (Tang et al. 2024): a streaming head keeps the last
+    # max(window, ceil(n / buffer_ratio)) of the n tokens so far (0: the last `window`)
+    buffer_ratio: float = 0.0
+    # RazorAttention's compensation token: what a streaming head dropped, folded into one key and
+    # value (their means) that counts as many tokens as it holds in the softmax
+    compensate: bool = False
     # the plan.json it was read from (None: made in memory), for messages; not part of the plan
     source: Path | None = field(default=None, compare=False)
 
@@ -45,6 +75,13 @@ class KVPlan:
                 f"a streaming head keeps sink >= 0 and window >= 1 tokens, got sink {self.sink}, "
                 f"window {self.window}."
             )
+        ratio = self.buffer_ratio
+        if isinstance(ratio, bool) or not (ratio == 0 or 1 <= ratio < float("inf")):
+            raise ProbeError(f"buffer_ratio must be 0 (a fixed window) or a number >= 1 (the "
+                             f"buffer is 1/buffer_ratio of the tokens), got "
+                             f"{ratio!r}.")  # fmt: skip
+        if not isinstance(self.compensate, bool):
+            raise ProbeError(f"compensate must be true or false, got {self.compensate!r}.")
         if max(self.sink, self.window) > MAX_TOKENS:
             big = "sink" if self.sink > MAX_TOKENS else "window"
             raise ProbeError(
@@ -66,6 +103,11 @@ class KVPlan:
                 f"{where} lists {len(self.full)} attention sites but the model has {len(sites)}; "
                 "make the plan from this model (probe kv-plan)."
             )
+        pe = getattr(getattr(cfg, "pe", None), "value", None)
+        if self.compensate and (pe in ("alibi", "t5", "fire") or cfg.attn_softcap is not None):
+            what = f"{pe} score biases" if pe in ("alibi", "t5", "fire") else "soft-capped scores"
+            raise ProbeError(f"{where} folds dropped keys into a compensation token, which has "
+                             f"no position for {what}; make it with compensate off.")  # fmt: skip
         for site, full in zip(sites, self.full, strict=True):
             unknown = sorted(set(full) - set(site.kept_groups))
             if unknown:
@@ -77,7 +119,8 @@ class KVPlan:
     def to_dict(self) -> dict[str, Any]:
         full = [list(f) for f in self.full]
         return {"format": FORMAT, "method": self.method, "full_share": self.full_share,
-                "sink": self.sink, "window": self.window, "full": full}  # fmt: skip
+                "sink": self.sink, "window": self.window, "full": full,
+                "buffer_ratio": self.buffer_ratio, "compensate": self.compensate}  # fmt: skip
 
     def write(self, path: Path) -> Path:
         atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
@@ -118,8 +161,12 @@ class KVPlan:
             share = data["full_share"]
             if isinstance(share, bool) or not isinstance(share, int | float):
                 raise TypeError(f"full_share must be a number, got {share!r}")
+            ratio = data.get("buffer_ratio", 0.0)
+            if isinstance(ratio, bool) or not isinstance(ratio, int | float):
+                raise TypeError(f"buffer_ratio must be a number, got {ratio!r}")
             return cls(str(data["method"]), float(share), _whole(data["sink"], "sink"),
-                       _whole(data["window"], "window"), full, source=path)  # fmt: skip
+                       _whole(data["window"], "window"), full, float(ratio),
+                       data.get("compensate", False), source=path)  # fmt: skip
         except ProbeError as e:  # a field out of range (a ValueError too): its own line
             raise ProbeError(f"{path}: {e}") from None
         except (KeyError, TypeError, ValueError) as e:

@@ -9,9 +9,9 @@ earlier "B" (the same token's earlier occurrence) and an *induction* head to the
 - induction: mean p(i -> i - T + 1), the token after that one: `probe.analysis.roles`'s
   induction score (Olsson et al. 2022), which is the paper's definition, reused here.
 
-The paper keeps the full cache for the top heads of each score separately (its ablation: the top
-14% induction and top 1% echo heads); probe ranks one number per head, the larger of the two, so
-one `full_share` budget covers both (stated in `probe.kv.methods`).
+The paper keeps the full cache for the top heads of each score separately (the top 14% by
+induction and 1% by echo score): `probe.kv.methods.razor` ranks them so; `razor-max`
+(`probe.kv.methods.razor_max`) ranks the larger of the two, probe's earlier rule.
 """
 
 from __future__ import annotations

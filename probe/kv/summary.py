@@ -37,10 +37,15 @@ def ordered(table: pd.DataFrame) -> pd.DataFrame:
 
 def with_saved(kv: pd.DataFrame) -> pd.DataFrame:
     """`kv` with `saved`: 1 - kv_bytes / the full cache's kv_bytes on the same inputs (the same
-    length, seed and metric)."""
-    full = kv[kv.method == "full"].set_index(["length", "seed", "metric"])["kv_bytes"]
+    length, seed and metric), and `peak_saved` likewise of kv_peak_bytes (tables written before
+    the peak was measured have none)."""
+    full = kv[kv.method == "full"].set_index(["length", "seed", "metric"])
     index = pd.MultiIndex.from_frame(kv[["length", "seed", "metric"]])
-    return kv.assign(saved=1 - kv["kv_bytes"].to_numpy() / full.reindex(index).to_numpy())
+    out = kv.assign(saved=1 - kv["kv_bytes"].to_numpy() / full.kv_bytes.reindex(index).to_numpy())
+    if "kv_peak_bytes" in kv:
+        base = full.kv_peak_bytes.reindex(index).to_numpy()
+        out = out.assign(peak_saved=1 - kv["kv_peak_bytes"].to_numpy() / base)
+    return out
 
 
 def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
@@ -67,6 +72,8 @@ def by_length(kv: pd.DataFrame) -> pd.DataFrame:
         row = {"method": method, "full_share": share, "length": length,
                "full_heads": int(part.full_heads.iloc[0]),
                "saved": float(part.saved.mean())}  # fmt: skip
+        if "peak_saved" in part:
+            row["peak_saved"] = float(part.peak_saved.mean())
         if not acc.empty:
             k = int(float((exact.value * exact.n).sum()) + 0.5)
             n = int(exact.n.sum())
@@ -103,6 +110,8 @@ def targets(table: pd.DataFrame) -> pd.DataFrame:
         row = {"method": method, "full_share": share, "full_heads": int(part.full_heads.iloc[0]),
                "saved_min": float(part.saved.min()), "kept_min": float(kept.min()),
                "needle_accuracy_min": float(part.needle_accuracy.min())}  # fmt: skip
+        if "peak_saved" in part:
+            row["peak_saved_min"] = float(part.peak_saved.min())
         row["meets"] = bool(row["saved_min"] >= SAVED and row["kept_min"] >= KEPT)
         if not stream.empty:
             a, n = int(part.exact.sum()), int(part.prompts.sum())

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from probe.config import PE, ModelConfig, Scale
-from probe.model import mask
+from probe.model import compensate, mask
 from probe.model.cache import SiteCache, StreamRule
 from probe.model.call import AttentionCall, Observer
 from probe.model.layers import make_norm, sliced
@@ -76,12 +76,6 @@ class Attention(nn.Module):
 
     def point_names(self) -> tuple[str, ...]:
         return POINTS
-
-    @property
-    def mix(self) -> torch.Tensor | None:
-        """[head] the DuoAttention weights a forward under a plan mixes with now (the `mix`
-        point's; None: none attached)."""
-        return at(self.points, "mix", None)
 
     def _set_kv_index(self) -> None:
         device = self.gate.device
@@ -259,6 +253,10 @@ class Attention(nn.Module):
             out = self._capped(q, k, v, scale, factor, bias, visible)
         if out is None:
             out = self._fused(q, k, v, scale, factor, bias, visible, key_mask, stream is None)
+        if stream is not None and stream.compensate:  # RazorAttention's token
+            site_rule = mask.visible(self.site, q_len, k_len, key_mask, x.device)
+            out = compensate.streamed(out, q, k, v, scale, factor, site_rule, stream,
+                                      self.kv_index)  # fmt: skip
         if stream is not None and self.points is not None:  # DuoAttention's mixing
             mix = at(self.points, "mix", None)  # [head] or None
             if mix is not None:  # mix * full + (1 - mix) * streaming
@@ -302,11 +300,16 @@ class Attention(nn.Module):
             bias = None
             if self.score_bias is not None:  # at the kept keys' original positions
                 bias = self.score_bias.bias(q_pos, k_pos.index_select(1, j)).index_select(1, idx)
-            keeps = seen.rule.keeps(p, j) if seen.rule is not None else None  # [q, len]
+            # a masked rule cuts at every query; an unmasked one shows the call's queries what
+            # the cache held and the call's keys (the cut follows the call)
+            masked = seen.rule is not None and seen.rule.masked
+            keeps = seen.rule.keeps(p, j) if masked else None  # [q, len]
             visible = mask.visible_at(self.site, p, j, key_mask, keeps)  # [batch|1, 1, q, len]
-            hq = q.index_select(1, idx)  # [batch, h, q_len, d_head]
-            out[:, idx] = self.attend(hq, seen.k, seen.v, scale.index_select(0, idx), factor,
-                                      bias, visible)  # fmt: skip
+            hq, hs = q.index_select(1, idx), scale.index_select(0, idx)  # [b, h, q, d], [h]
+            if seen.rule is not None and seen.rule.compensate:  # RazorAttention's token
+                out[:, idx] = compensate.planned(self.site, hq, seen, p, key_mask, hs, factor)
+                continue
+            out[:, idx] = self.attend(hq, seen.k, seen.v, hs, factor, bias, visible)
         out = out * self.gate.to(out.dtype).view(1, -1, 1, 1)  # [batch, head, q_len, d_head]
         return self._project(out)  # [batch, q_len, d_model]
 

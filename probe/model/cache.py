@@ -16,10 +16,23 @@ attention caches keys before rotary), which probe does not do. The cache decides
 `SiteCache.update` takes the new keys and values and returns, per group of query heads, the keys
 those heads see (`HeadKeys`); attention only attends to them.
 
-The full forward under a plan (no cache) computes the same thing with a mask instead:
+When the cut comes is the rule's `masked`: a masked rule (StreamingLLM's token-by-token
+setting) shows a streaming head's query at p only the sink and the `window` keys up to p, even
+within one call, so a prompt prefilled in one call is already cut at every position; an unmasked
+rule (the papers' prefill: DuoAttention's and RazorAttention's reference code) lets a call's
+queries see every key the cache held when the call began and the call's own keys, and cuts after
+the call, so a prompt prefilled in one call is prefilled with full attention and a prompt in
+chunks is cut after each chunk. `KVCache.cut` applies a plan to a full cache after the fact (a
+prompt prefilled in full, then cut). One token at a time the two differ by one key: a decoding
+query sees the window up to itself (masked) or the window before it and itself (unmasked).
+
+The full forward under a plan (no cache) computes the masked rule with a mask instead:
 `StreamRule.visible` hides from a streaming head the keys its cache would have evicted, and
 tests/test_kv_apply.py proves the two equal. Indices below are arrival indices (the key's
 column in the whole sequence); with positions 0, 1, ... they are the positions.
+
+The cache counts the bytes it holds (`nbytes`) and the most it held at once (`peak_nbytes`): a
+streaming head's keys of the current call count until they are cut.
 """
 
 from __future__ import annotations
@@ -36,28 +49,52 @@ from probe.site import Site
 @dataclass(frozen=True)
 class StreamRule:
     """How one site splits its key/value heads (local indices, in cache order): the full ones
-    see every key; a streaming one sees key j (arrival index) from query p when j < sink or
-    p - j < window (and the site's own rule allows it)."""
+    see every key; a streaming one keeps key j (arrival index) for query p when j < sink or
+    p - j < window (and the site's own rule allows it). `masked`: the keep applies at every query
+    of a call (else a call's queries see what the cache held and the call's keys; the cut
+    follows the call)."""
 
     full: tuple[int, ...]
     stream: tuple[int, ...]
     sink: int
     window: int
+    masked: bool = True
+    # RazorAttention's buffer: the window grows to ceil(n / ratio) of the n tokens so far (0: no)
+    ratio: float = 0.0
+    # RazorAttention's compensation token: what a streaming head dropped, as one token
+    # (`probe.model.compensate`)
+    compensate: bool = False
+
+    def windows(self, n: torch.Tensor) -> torch.Tensor:
+        """The recent tokens kept when `n` [...] tokens have arrived: `window`, or RazorAttention's
+        max(window, ceil(n / ratio)). It grows by at most one a token (ratio >= 1), so a key
+        evicted once is never wanted again."""
+        if not self.ratio:
+            return torch.full_like(n, self.window)
+        return torch.clamp(torch.ceil(n / self.ratio).long(), min=self.window)
 
     def keeps(self, p: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
         """p [q], j [k] arrival indices -> [q, k] bool: what a streaming head keeps for p."""
-        return (j < self.sink).view(1, -1) | (p.view(-1, 1) - j.view(1, -1) < self.window)
+        recent = p.view(-1, 1) - j.view(1, -1) < self.windows(p + 1).view(-1, 1)
+        return (j < self.sink).view(1, -1) | recent
 
     @classmethod
-    def for_site(cls, site: Site, full: tuple[int, ...], sink: int, window: int
-                 ) -> StreamRule | None:  # fmt: skip
+    def for_site(cls, site: Site, full: tuple[int, ...], sink: int, window: int,
+                 masked: bool = True, ratio: float = 0.0,
+                 compensate: bool = False) -> StreamRule | None:  # fmt: skip
         """The split of `site`'s key/value heads when the original groups `full` keep the full
         cache (None: every head is full, so nothing changes)."""
         local_full = tuple(i for i, g in enumerate(site.kept_groups) if g in full)
         stream = tuple(i for i, g in enumerate(site.kept_groups) if g not in full)
         if not stream:
             return None
-        return cls(local_full, stream, sink, window)
+        return cls(local_full, stream, sink, window, masked, ratio, compensate)
+
+    def stays(self, kept: torch.Tensor, last: int) -> torch.Tensor:
+        """[kept] bool: which of the keys at arrival indices `kept` a streaming head keeps once
+        the key at `last` has arrived (every later query stands after it)."""
+        window = int(self.windows(torch.tensor(last + 1)))
+        return (kept < self.sink) | (kept > last - window)
 
     def visible(self, kv_index: torch.Tensor, q_len: int, k_len: int,
                 visible: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
@@ -75,9 +112,28 @@ class StreamRule:
         return visible & heads.unsqueeze(0)  # [batch|1, head, q, k]
 
 
-def plan_rules(plan: Any, sites: list[Site]) -> list[StreamRule | None]:
+def plan_rules(plan: Any, sites: list[Site], masked: bool = True) -> list[StreamRule | None]:
     """Per site, the rule a `KVPlan` sets (plan.full in site order)."""
-    return [StreamRule.for_site(s, plan.full[s.index], plan.sink, plan.window) for s in sites]
+    ratio, compensate = getattr(plan, "buffer_ratio", 0.0), getattr(plan, "compensate", False)
+    return [StreamRule.for_site(s, plan.full[s.index], plan.sink, plan.window, masked, ratio,
+                                compensate) for s in sites]  # fmt: skip
+
+
+@dataclass
+class Meter:
+    """The bytes a cache's sites hold now (`held`) and the most they held at once (`peak`)."""
+
+    held: int = 0
+    peak: int = 0
+
+    def change(self, before: int, during: int, after: int) -> None:
+        """One site went from `before` bytes to `after`, holding `during` on the way."""
+        self.peak = max(self.peak, self.held - before + during)
+        self.held += after - before
+
+
+def _bytes(*parts: torch.Tensor | None) -> int:
+    return sum(t.untyped_storage().nbytes() for t in parts if t is not None)
 
 
 def check_right_padded(key_mask: torch.Tensor | None) -> None:
@@ -101,6 +157,9 @@ class HeadKeys:
     v: torch.Tensor
     index: torch.Tensor
     rule: StreamRule | None
+    # with a compensating rule: (sum of the keys dropped before this call [batch, h, d_head], of
+    # their values, how many)
+    dropped: tuple[torch.Tensor, torch.Tensor, int] | None = None
 
 
 @dataclass
@@ -116,16 +175,22 @@ class SiteCache:
     ks: torch.Tensor | None = None
     vs: torch.Tensor | None = None
     kept: torch.Tensor | None = None
+    meter: Meter = field(default_factory=Meter, repr=False)  # shared by a cache's sites
+    # a compensating rule's evicted keys and values, summed (float32 [batch, stream, d_head]),
+    # and how many
+    dropped: tuple[torch.Tensor, torch.Tensor, int] | None = None
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Add the new tokens' k and v [batch, kv_head, new, d_head]; returns every key and
         value so far."""
+        before = self.nbytes
         if self.k is None:  # a copy: k and v may be views into the q/k/v projection's output
             self.k = k.clone(memory_format=torch.contiguous_format)
             self.v = v.clone(memory_format=torch.contiguous_format)
         else:
             self.k = torch.cat([self.k, k], dim=2)  # [batch, kv_head, len + new, d_head]
             self.v = torch.cat([self.v, v], dim=2)
+        self.meter.change(before, self.nbytes, self.nbytes)
         return self.k, self.v
 
     def update(self, k: torch.Tensor, v: torch.Tensor, start: int,
@@ -134,7 +199,7 @@ class SiteCache:
         indices start, start + 1, ... (`_append_split`), and return per group of query heads
         (kv_index: each query head's local key/value head) the keys they see: the full heads'
         every key so far, the streaming heads' the keys kept before this call and the new ones."""
-        rule = self.rule
+        rule, dropped = self.rule, self.dropped  # what was dropped before this call
         (kf, vf), (ks, vs, kept) = self._append_split(k, v, start)
         everything = torch.arange(start + k.shape[2], device=k.device)  # [len]
         seen = []
@@ -147,7 +212,11 @@ class SiteCache:
             idx = torch.tensor(heads, dtype=torch.long, device=k.device)  # [h]
             rows = torch.tensor([local[kv_index[h]] for h in heads], device=k.device)  # [h]
             hk, hv = keys.index_select(1, rows), values.index_select(1, rows)  # [b, h, len, d]
-            seen.append(HeadKeys(idx, hk, hv, index, evicts))
+            gone = None
+            if evicts is not None and dropped is not None:
+                gone = (dropped[0].index_select(1, rows), dropped[1].index_select(1, rows),
+                        dropped[2])  # fmt: skip
+            seen.append(HeadKeys(idx, hk, hv, index, evicts, gone))
         return seen
 
     def _append_split(self, k: torch.Tensor, v: torch.Tensor, start: int) -> tuple[tuple, tuple]:
@@ -156,7 +225,7 @@ class SiteCache:
         d_head]) and ((ks, vs, kept) of the streaming heads: the keys kept before this call
         and every new one, which the new queries may see). Then evicts what no later query of
         a streaming head sees: all but the first `sink` and the last `window` keys."""
-        rule = self.rule
+        rule, before = self.rule, self.nbytes
         new = k.shape[2]
         full = torch.tensor(rule.full, dtype=torch.long, device=k.device)
         stream = torch.tensor(rule.stream, dtype=torch.long, device=k.device)
@@ -169,17 +238,50 @@ class SiteCache:
         if self.ks is not None:
             ks, vs = torch.cat([self.ks, ks], dim=2), torch.cat([self.vs, vs], dim=2)
             kept = torch.cat([self.kept, kept])
-        last = start + new - 1  # the newest arrival: every later query stands after it
-        stay = (kept < rule.sink) | (kept > last - rule.window)  # [kept + new] bool
+        stay = rule.stays(kept, start + new - 1)  # [kept + new] bool
+        if rule.compensate:
+            self._drop(ks[:, :, ~stay], vs[:, :, ~stay])
         # boolean indexing copies: the evicted keys' storage is freed, not kept behind a view
         self.ks, self.vs, self.kept = ks[:, :, stay], vs[:, :, stay], kept[stay]
+        self.meter.change(before, _bytes(kf, vf, ks, vs), self.nbytes)
         return (kf, vf), (ks, vs, kept)
+
+    def _drop(self, ks: torch.Tensor, vs: torch.Tensor) -> None:
+        """Fold evicted keys and values [batch, stream, gone, d_head] into the sums."""
+        if ks.shape[2] == 0:
+            return
+        sk, sv = ks.float().sum(2), vs.float().sum(2)  # [batch, stream, d_head]
+        if self.dropped is not None:
+            sk, sv = sk + self.dropped[0], sv + self.dropped[1]
+        self.dropped = (sk, sv, ks.shape[2] + (self.dropped[2] if self.dropped else 0))
+
+    def cut(self, rule: StreamRule | None, meter: Meter) -> SiteCache:
+        """A new site cache holding what `rule` keeps of this (full) site's keys, as if they
+        had all arrived in one call; it shares storage with this one for the full heads (the
+        caches only ever concatenate, never write in place)."""
+        if self.rule is not None:
+            raise ValueError("only a full cache (no plan) can be cut")
+        site = SiteCache(rule=rule, meter=meter)
+        if rule is None or self.k is None:
+            site.k, site.v = self.k, self.v
+            return site
+        device = self.k.device
+        full = torch.tensor(rule.full, dtype=torch.long, device=device)
+        stream = torch.tensor(rule.stream, dtype=torch.long, device=device)
+        site.k, site.v = self.k.index_select(1, full), self.v.index_select(1, full)
+        index = torch.arange(self.k.shape[2], device=device)  # [len] arrival indices
+        stay = rule.stays(index, self.k.shape[2] - 1)  # [len] bool
+        ks, vs = self.k.index_select(1, stream), self.v.index_select(1, stream)
+        site.ks, site.vs = ks[:, :, stay], vs[:, :, stay]  # [batch, stream, kept, d_head]
+        site.kept = index[stay]
+        if rule.compensate:
+            site._drop(ks[:, :, ~stay], vs[:, :, ~stay])
+        return site
 
     @property
     def nbytes(self) -> int:
         """Bytes of the storage the cached keys and values hold (what is really allocated)."""
-        parts = (self.k, self.v, self.ks, self.vs)
-        return sum(t.untyped_storage().nbytes() for t in parts if t is not None)
+        return _bytes(self.k, self.v, self.ks, self.vs)
 
 
 @dataclass
@@ -192,19 +294,31 @@ class KVCache:
     positions: torch.Tensor | None = None
     key_mask: torch.Tensor | None = None
     _masked: bool = field(default=False, repr=False)
+    meter: Meter = field(default_factory=Meter, repr=False)  # its sites' bytes, now and at most
 
     @classmethod
     def empty(
         cls, n_sites: int, rules: list[StreamRule | None] | None = None, plan: Any = None
     ) -> KVCache:
         """No tokens yet; `rules` (per site, None: every head full) split heads by `plan`."""
-        rules = rules or [None] * n_sites
-        return cls([SiteCache(rule=rule) for rule in rules], plan)
+        rules, meter = rules or [None] * n_sites, Meter()
+        return cls([SiteCache(rule=rule, meter=meter) for rule in rules], plan, meter=meter)
 
     def clear(self) -> None:
         """Forget every cached token (the sites keep their rules), to be filled again."""
-        self.sites = [SiteCache(rule=site.rule) for site in self.sites]
+        self.meter = Meter()
+        self.sites = [SiteCache(rule=site.rule, meter=self.meter) for site in self.sites]
         self.positions, self.key_mask, self._masked = None, None, False
+
+    def cut(self, rules: list[StreamRule | None], plan: Any) -> KVCache:
+        """A new cache holding what `plan`'s `rules` (per site) keep of this full cache's keys:
+        a prompt prefilled with full attention, then each streaming head's cache cut to its
+        sink and window. This cache is left as it was (it can be cut again for another plan);
+        the new one's peak counts this one's (the prefill held every key)."""
+        meter = Meter(peak=self.meter.peak)
+        sites = [site.cut(rule, meter) for site, rule in zip(self.sites, rules, strict=True)]
+        meter.held = sum(site.nbytes for site in sites)
+        return KVCache(sites, plan, self.positions, self.key_mask, self._masked, meter)
 
     @property
     def length(self) -> int:
@@ -234,3 +348,9 @@ class KVCache:
     def nbytes(self) -> int:
         """Bytes the cached keys and values take."""
         return sum(site.nbytes for site in self.sites)
+
+    @property
+    def peak_nbytes(self) -> int:
+        """The most bytes the cached keys and values took at once (a streaming head's keys of a
+        call count until they are cut)."""
+        return max(self.meter.peak, self.nbytes)

@@ -318,14 +318,16 @@ class Transformer(nn.Module):
         )
         return self.logits(x)  # [batch, seq, vocab]
 
-    def new_cache(self, plan: Any = None) -> KVCache:
+    def new_cache(self, plan: Any = None, masked: bool = True) -> KVCache:
         """An empty key/value cache for incremental decoding (`forward(..., cache=)`); with a
-        `KVPlan`, its streaming heads keep only the plan's sink and window."""
+        `KVPlan`, its streaming heads keep only the plan's sink and window: at every query
+        (`masked`, StreamingLLM's token-by-token rule) or after each call (the papers' prefill:
+        a call's queries see what the cache held and the call's keys; `probe.model.cache`)."""
         if plan is None:
             return KVCache.empty(len(self.blocks))
-        return KVCache.empty(len(self.blocks), self.stream_rules(plan), plan)
+        return KVCache.empty(len(self.blocks), self.stream_rules(plan, masked), plan)
 
-    def stream_rules(self, plan: Any) -> list[StreamRule | None]:
+    def stream_rules(self, plan: Any, masked: bool = True) -> list[StreamRule | None]:
         """Per block, how `plan` (checked against this model first) splits its heads."""
         if self.cfg.arch != Arch.DECODER:
             raise ProbeError(
@@ -333,7 +335,7 @@ class Transformer(nn.Module):
                 "(no cache to cut)."
             )
         plan.check(self.cfg)
-        return plan_rules(plan, [block.attn.site for block in self.blocks])
+        return plan_rules(plan, [block.attn.site for block in self.blocks], masked)
 
     # ------------------------------------------------------------ attention access
     def attention_modules(self) -> list[Attention]:

@@ -4,11 +4,14 @@ A method is a module of this package that declares a `KVMethod` in its `DECLARES
 (`--method`, plan.json's "method"), its help, its options (a frozen dataclass of
 `probe.options.option` fields, bounds and help included), the prefix its options carry in a
 head study's flat [kv] table (razor's `period` is `razor_period` there), what text it reads
-(`prompts`), whether its options fit a model (`fits`), and `scores`, the function that gives
-every key/value head a score (None for a baseline that picks no heads: `streaming`, `full`).
-`probe.kv.planning.make_plan` ranks the scores and keeps the best heads' full cache; the
-command line, a head study and the report read everything else from the declaration, so adding
-a method is adding one module here.
+(`prompts`), whether its options fit a model (`fits`), `scores`, the function that gives
+every key/value head its score (None for a baseline that picks no heads: `streaming`, `full`),
+and, where the method needs them, `choose` (how it picks its full heads from scores of several
+statistics: razor's separate induction and echo rankings) and `plan_fields` (the plan fields
+its options set: razor's buffer ratio and compensation token). `probe.kv.planning.make_plan`
+ranks the scores (by `choose`, else the best heads of its one statistic) and keeps the chosen
+heads' full cache; the command line, a head study and the report read everything else from the
+declaration, so adding a method is adding one module here.
 
 This package imports without torch (the command line reads it for its help): a method's
 computation is imported inside its `scores`.
@@ -32,6 +35,9 @@ from probe.registry import Registry
 Scorer = Callable[..., tuple[Any, Any, dict]]
 # (documents, tokenizer, options, seed) -> the prompts its scores read
 Prompter = Callable[[Any, Any, Any, int], list]
+# (scores: SCORE_COLUMNS, model config, share or None (the method's own), options) -> per site,
+# the key/value heads that keep the full cache
+Chooser = Callable[[Any, Any, float | None, Any], tuple[tuple[int, ...], ...]]
 # (model config, options, named) -> None, or a ProbeError when the options do not fit the model
 # (`named(field)`: how the caller shows an option, "--period" or "[kv] razor_period")
 Fitter = Callable[[Any, Any, Callable[[str], str]], None]
@@ -55,6 +61,10 @@ class KVMethod:
     prompts: Prompter | None = None  # the text prompts its scores read (None: it reads none)
     fits: Fitter | None = None  # whether its options fit a model (None: any options fit)
     per_seed: bool = False  # a study draws its plan again for each seed (random's draw)
+    # how it picks full heads (None: the best share by its one statistic; it then needs a share)
+    choose: Chooser | None = None
+    # options -> the KVPlan fields they set (None: none; razor: buffer_ratio, compensate)
+    plan_fields: Callable[[Any], dict[str, Any]] | None = None
     # (option, default) where a head study's default differs from the command's
     study_defaults: tuple[tuple[str, Any], ...] = ()
 

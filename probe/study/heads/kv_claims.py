@@ -12,6 +12,9 @@ than the full cache at some length, one-sided Fisher exact p <= ALPHA (the count
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pandas as pd
 from scipy import stats
 
@@ -21,6 +24,7 @@ from probe.significance import ALPHA
 from probe.study.heads.findings import Findings
 from probe.study.verdicts.contrast import Contrast, evaluate
 from probe.study.verdicts.expect import Condition
+from probe.words import counted
 
 MARGIN = 0.10  # a share "about" a paper's saving saves at most this much more
 
@@ -77,7 +81,9 @@ def _saving(report: Findings, method: str, ref_id: str, need: float, what: str,
         best = (f"the most any share saves while keeping it is {top.saved_min:.0%} "
                 f"({1 / (1 - top.saved_min):.2f}x less memory; {int(top.full_heads)} key/value "
                 f"heads full)")  # fmt: skip
-    if tested:
+    if verdict == "agrees":  # the saving that kept the accuracy says it
+        at_need = ""
+    elif tested:
         share, (p, counts) = min(tested.items(), key=lambda kv_: kv_[1][0])
         row = rows[rows.full_share == share].iloc[0]
         at_need = (f"; at share {share:g}, which saves {row.saved_min:.0%} (no more than "
@@ -102,24 +108,73 @@ def duo(report: Findings) -> str | None:
         f"keeping the full cache only for the heads its trained gates pick reduces memory by up "
         f"to {factor:g}x for {'GQA' if gqa else 'MHA'} models ({1 - 1 / factor:.0%} saved) with "
         "minimal accuracy loss",
-        f"a {int(report.facts.parameters) / 1e6:.0f}M-parameter model at "
-        f"{_lengths(report)} tokens, gates trained for {o.get('duo_steps')} steps on a CPU "
-        "with random-token passkeys (the paper trains longer on passkeys in text), and "
-        "memory counted as the KV cache alone.",
+        f"{_training(report)}; deployed with {o.get('sink')} sink tokens and a "
+        f"{o.get('window')}-token window (the reference: 64 and 256); {_protocol(o)}; a "
+        f"{int(report.facts.parameters) / 1e6:.0f}M-parameter model at {_lengths(report)} "
+        "tokens; memory counted as the KV cache alone.",
     )  # fmt: skip
+
+
+def _training(report: Findings) -> str:
+    """How the gates were trained, from a duo step's notes (the reference: 2,000 steps on
+    passkeys in 1,000-32,000 tokens of text, sink 128, window 256)."""
+    notes = next((n for n in map(_notes, sorted((report.out / "steps").glob("kv-duo-*")))
+                  if n), None)  # fmt: skip
+    if notes is None:
+        return "gates trained on a CPU for far fewer steps than the reference's 2,000"
+    words = ("passkeys in text" if notes.get("duo_prompts") == "passkeys in text"
+             else "random-token passkeys")  # fmt: skip
+    total = report.n_heads // (int(report.facts.n_head) // int(report.facts.n_kv_head))
+    return (f"gates trained for {notes['duo_steps_run']} steps on {words} of "
+            f"{int(notes['duo_prompt_tokens']):,} tokens (the reference: 2,000 steps on passkeys "
+            f"in 1,000-32,000 tokens of text), with sink {notes['duo_train_sink']} and window "
+            f"{notes['duo_train_window']} (the reference: 128 and 256), leaving "
+            f"{notes['duo_undecided']} of {total} gates undecided between 0.05 and 0.95 (median "
+            f"{notes['duo_gate_median']:.2f})")  # fmt: skip
+
+
+def _notes(step: Path) -> dict | None:
+    try:
+        return json.loads((step / "done.json").read_text(encoding="utf-8")).get("notes")
+    except (OSError, ValueError):
+        return None
 
 
 def razor(report: Findings) -> str | None:
     ref = published("tang2024-razor")
     need = ref.values[0].value
+    o = report.study.get("kv", {})
+    ratio = float(o.get("razor_buffer_ratio", 0.0))
+    buffer = (f"the other heads' buffer max({o.get('window')}, N/{ratio:g}) recent tokens with "
+              f"{o.get('sink')} sink tokens" if ratio else
+              f"the other heads keeping a fixed {o.get('window')}-token window and "
+              f"{o.get('sink')} sink tokens (the paper's buffer grows with the input, "
+              "max(S0, N/C), so it keeps more)")  # fmt: skip
+    token = ("dropped keys folded into a compensation token" if o.get("razor_compensate")
+             else "no compensation token for the dropped keys")  # fmt: skip
     return _saving(
         report, "razor", "tang2024-razor", need,
         f"keeping the full cache only for echo and induction heads removes over {need:.0%} of "
         "it without noticeable impact",
-        f"no compensation token for the dropped keys, a "
-        f"{int(report.facts.parameters) / 1e6:.0f}M-parameter model at {_lengths(report)} "
-        "tokens.",
+        f"induction and echo heads ranked apart at the study's shares (in the paper's 14:1 "
+        f"proportion, not its fixed 14% + 1%), scored on {o.get('razor_rows')} sequences of "
+        f"{o.get('razor_period')} random tokens repeated twice; {buffer}; {token}; "
+        f"{_protocol(o)}; a {int(report.facts.parameters) / 1e6:.0f}M-parameter model at "
+        f"{_lengths(report)} tokens.",
     )  # fmt: skip
+
+
+def _protocol(o: dict) -> str:
+    """The prefill the plans were measured with, against the papers' (full, then the cut)."""
+    mode = o.get("prefill", "masked")
+    if mode == "full":
+        return "prompts prefilled with full attention and then cut, as the paper does"
+    if mode == "chunked":
+        return f"prompts prefilled in chunks of {int(o.get('prefill_chunk', 1024)):,} tokens"
+    return (
+        "prompts prefilled with the streaming heads already cut at every position (the "
+        "paper prefills with full attention and cuts after)"
+    )
 
 
 def _lengths(report: Findings) -> str:
@@ -140,7 +195,7 @@ def streaming(report: Findings) -> str | None:
     # the contrasts' own test: per seed, sink + window against window alone
     claim = Contrast("sink tokens lower window attention's loss", "kv", "loss", "streaming",
                      "window", column="method", expect="lower",
-                     where=(Condition("full_share", "==", 0.0),))  # fmt: skip
+                     where=(Condition("full_share", "==", 0.0),), paired=("seed",))  # fmt: skip
     test = evaluate(claim, kv).iloc[0]
     sink, window = test.mean_a, test.mean_b
     verdict = {"supported": "agrees", "contradicted: the opposite direction": "disagrees"}.get(
@@ -151,8 +206,9 @@ def streaming(report: Findings) -> str | None:
         "the recent window restores window attention's perplexity. Here, on text rows of "
         f"{int(loss.length.iloc[0]):,} tokens with a {o.get('window')}-token window, the loss is "
         f"{sink:.3f} nats with the sink tokens against {window:.3f} without "
-        f"(full cache {full:.3f}; one-sided Mann-Whitney over {test.n_a} against "
-        f"{test.n_b} seeds, p = {test.p_claim:.2g}): **{verdict}** in direction"
+        f"(full cache {full:.3f}; one-sided sign-flip test over "
+        f"{counted(int(test.n_pairs), 'seed')} paired by their text rows, p = "
+        f"{test.p_claim:.2g}): **{verdict}** in direction"
         + (
             f"; the sink tokens close {(window - sink) / (window - full):.0%} of the gap to the "
             "full cache."

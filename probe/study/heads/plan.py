@@ -65,7 +65,10 @@ class HeadStep(Unit):
         compute = step_kind(self.kind).compute
         table = compute(context, self.options, self.given,
                         lambda d, t: progress(self.kind, d, t, ""))  # fmt: skip
-        return {self.kind: table}, {"kind": self.kind, "options": self.options}
+        facts = {"kind": self.kind, "options": self.options}
+        if table.attrs.get("notes"):  # what the step rests on (DuoAttention's training)
+            facts["notes"] = table.attrs["notes"]
+        return {self.kind: table}, facts
 
 
 class HeadPlan(Plan):

@@ -17,7 +17,7 @@ import pandas as pd
 
 from probe.errors import ProbeError
 from probe.report.report import MarkdownReport
-from probe.study.verdicts import contrast
+from probe.study.verdicts import contrast_text
 from probe.study.verdicts.contrast import Contrast, parse_contrast
 from probe.study.verdicts.expect import (
     GRID_TABLES,
@@ -97,8 +97,11 @@ def _conditions(raw: list[dict[str, Any]] | None) -> tuple[Condition, ...] | Non
 
 
 def _restored(cls, raw: dict[str, Any]):
+    """An expectation or contrast from its dict; lists become tuples again (a study.json
+    written before contrasts had `paired` has none: unpaired)."""
+    lists = {key: tuple(raw[key]) for key in ("per", "paired") if key in raw}
     return cls(**{**raw, "where": _conditions(raw["where"]), "baseline": _conditions(
-        raw["baseline"]), "per": tuple(raw["per"])})  # fmt: skip
+        raw["baseline"]), **lists})  # fmt: skip
 
 
 def verdicts_from_dict(
@@ -143,7 +146,7 @@ def report_verdicts(
     contrasts' sentences (for the answer), the expectations' outcomes and the finding that sums
     them up. `where` (the study file) names an expectation or contrast that cannot be read;
     `sides`: what the contrasts compare."""
-    answers = contrast.section(rep, contrasts, tables, where, sides)
+    answers = contrast_text.section(rep, contrasts, tables, where, sides)
     outcomes = check_all(expectations, tables, smoke, where)
     return answers, outcomes, expectations_section(rep, outcomes)
 

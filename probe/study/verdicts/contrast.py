@@ -17,6 +17,8 @@ within = "mean"                  # how a seed's matching rows become one number:
 fitted = false                   # true: compare only arms that fit their training lengths
                                  # (exact match >= 0.95 there); otherwise "not compared"
 reference = "vaswani2017-scaling"  # optional: the entry of probe/references.toml it tests
+paired = ["seed"]                # optional: the columns whose values match a row of a with its
+                                 # row of b (both sides measured on the same seeds' prompts)
 
 Each seed of each arm gives one number (the mean, or the spread, of its matching rows); the
 two arms' seeds are compared with an exact one-sided Mann-Whitney test. The verdict is
@@ -25,11 +27,16 @@ way, and otherwise "not shown" with the smallest p the number of seeds allows (3
 cannot go below 0.05). For "similar" no test can show equality: the verdict reports whether the
 exact two-sided Mann-Whitney test detects a difference (p_two <= ALPHA; 3 against 3 seeds cannot
 go below 0.1).
+
+With `paired`, each unit (a value of the paired columns, within each `per` group) gives one
+number per side, reduced as a seed's is, and the test is the exact sign-flip permutation test
+of the differences a - b (`stats.sign_flip`; pairs with no difference drop out, as in Wilcoxon's
+signed-rank test). Its smallest one-sided p with n differing pairs is 2^-n: 3 pairs cannot go
+below 0.125, 5 reach 0.031. A unit one side lacks is dropped, and the verdict row says how many.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,24 +49,20 @@ from probe.references import published
 from probe.significance import ALPHA
 from probe.study.verdicts import summary
 from probe.study.verdicts.expect import Condition, parse_conditions, select_rows
-from probe.study.verdicts.stats import fmt_ci, fmt_vs, mann_whitney, mean_ci
+from probe.study.verdicts.stats import (
+    MOST_FLIPPED,
+    differences,
+    fmt_vs,
+    mann_whitney,
+    mean_ci,
+    sign_flip,
+    smallest_flip_p,
+    smallest_p,
+)
 from probe.words import counted, did_you_mean
 
-KEYS = (
-    "claim",
-    "table",
-    "metric",
-    "baseline",
-    "where",
-    "a",
-    "b",
-    "column",
-    "expect",
-    "per",
-    "within",
-    "fitted",
-    "reference",
-)
+KEYS = ("claim", "table", "metric", "baseline", "where", "a", "b", "column", "expect", "per",
+        "within", "fitted", "reference", "paired")  # fmt: skip
 EXPECT = ("higher", "lower", "similar")
 WITHIN = ("mean", "std", "max")
 FIT_AT = summary.FIT - summary.FIT_TOLERANCE  # what an arm's fit is compared with
@@ -81,6 +84,12 @@ class Contrast:
     within: str = "mean"
     fitted: bool = False
     reference: str = ""
+    paired: tuple[str, ...] = ()  # the columns matching a's rows with b's; () = seeds unpaired
+
+    @property
+    def units(self) -> tuple[str, ...]:
+        """The columns whose values make one number per side: the paired ones, else the seed."""
+        return self.paired or ("seed",)
 
 
 def parse_contrast(raw: Any, where: str, tables: tuple[str, ...]) -> Contrast:
@@ -112,13 +121,13 @@ def parse_contrast(raw: Any, where: str, tables: tuple[str, ...]) -> Contrast:
     if not isinstance(raw.get("column", "arm"), str):
         raise ProbeError(f"{where} column must be a column name, got {raw['column']!r}.")
     rest = {k: raw[k] for k in ("claim", "table", "metric", "a", "b", "column") if k in raw}
+    baseline = parse_conditions(raw["baseline"], f"{where} baseline") if "baseline" in raw else None
     return Contrast(
         **rest, expect=raw.get("expect", "higher"), per=tuple(per),
-        where=parse_conditions(raw.get("where", {}), f"{where} where"),
-        baseline=parse_conditions(raw["baseline"], f"{where} baseline") if "baseline" in raw
-        else None,
+        where=parse_conditions(raw.get("where", {}), f"{where} where"), baseline=baseline,
         within=raw.get("within", "mean"), reference=raw.get("reference", ""),
         fitted=_flag(raw.get("fitted", False), f"{where} fitted"),
+        paired=_paired(raw, baseline, f"{where} paired"),
     )  # fmt: skip
 
 
@@ -126,6 +135,32 @@ def _flag(value: Any, where: str) -> bool:
     if not isinstance(value, bool):
         raise ProbeError(f"{where} must be true or false, got {value!r}.")
     return value
+
+
+def _paired(raw: dict[str, Any], baseline: tuple[Condition, ...] | None,
+            where: str) -> tuple[str, ...]:  # fmt: skip
+    """The `paired` columns: none of them the compared column (a row of a never matches one of
+    b there) or a column the baseline fixes (a unit's baseline is that unit's own rows)."""
+    if "paired" not in raw:
+        return ()
+    value = raw["paired"]
+    value = [value] if isinstance(value, str) else value
+    names = isinstance(value, list) and all(isinstance(c, str) and c for c in value)
+    if not names or not value or len(set(value)) < len(value):
+        raise ProbeError(f"{where} must be a non-empty list of distinct column names, the "
+                         "columns whose values match a row of a with its row of b (for example "
+                         f'paired = ["seed"]), got {raw["paired"]!r}.')  # fmt: skip
+    column = raw.get("column", "arm")
+    if column in value:
+        raise ProbeError(f"{where} names '{column}', the column a and b are values of: no row of "
+                         "a matches one of b there. Name the columns both sides share, such as "
+                         "the seed.")  # fmt: skip
+    fixed = [c for c in value if c in {cond.column for cond in baseline or ()}]
+    if fixed:
+        raise ProbeError(f"{where} names '{fixed[0]}', which baseline fixes: each unit's number "
+                         "is a change from its own baseline rows, so pair by the other "
+                         "columns.")  # fmt: skip
+    return tuple(value)
 
 
 def unfitted(tables: dict[str, pd.DataFrame]) -> dict[str, float]:
@@ -140,85 +175,112 @@ def unfitted(tables: dict[str, pd.DataFrame]) -> dict[str, float]:
 
 
 def per_seed(contrast: Contrast, table: pd.DataFrame) -> pd.DataFrame:
-    """One number per (group, side, seed): columns per..., side (a's or b's value of the
-    contrast's column), seed, value; with a baseline, the number minus the baseline rows'."""
+    """One number per (group, side, unit): columns per..., side (a's or b's value of the
+    contrast's column), the unit's columns (the seed, or the paired columns), value; with a
+    baseline, the number minus the baseline rows'."""
     value = _reduced(contrast, table, contrast.where)
     if contrast.baseline is None:
         return value
     base = _reduced(contrast, table, contrast.baseline)
-    keys = [*contrast.per, "side", "seed"]
+    keys = [*contrast.per, "side", *contrast.units]
     both = value.merge(base, on=keys, suffixes=("", "_baseline"))
     return both.assign(value=both["value"] - both["value_baseline"])[[*keys, "value"]]
 
 
 def _reduced(contrast: Contrast, table: pd.DataFrame, where: tuple[Condition, ...]):
-    needed = [*contrast.per, contrast.column, "seed"]
+    needed = list(dict.fromkeys([*contrast.per, contrast.column, *contrast.units]))
     df = select_rows(table, contrast.table, contrast.metric, where, needed,
                      owner=f"contrast '{contrast.claim}': ")  # fmt: skip
     df = df[df[contrast.column].astype(str).isin([contrast.a, contrast.b])]
     df = df.assign(side=df[contrast.column].astype(str))
-    keys = [*contrast.per, "side", "seed"]
+    keys = [*contrast.per, "side", *contrast.units]
     reduce = {"mean": "mean", "max": "max", "std": lambda v: float(np.std(v, ddof=0))}
     return df.groupby(keys, sort=True)["value"].agg(reduce[contrast.within]).reset_index()
-
-
-def smallest_p(n: int, m: int, two_sided: bool = False) -> float:
-    """The smallest exact Mann-Whitney p with n against m values: 1 / C(n + m, n) one-sided,
-    twice that two-sided."""
-    return (2 if two_sided else 1) / math.comb(n + m, n)
 
 
 def evaluate(contrast: Contrast, table: pd.DataFrame) -> pd.DataFrame:
     """The verdict per group: columns per..., claim, a, b, metric, mean/low/high of each arm,
     n_a, n_b, p_claim (one-sided in the claimed direction; for "similar", a higher), p_other (the
-    other direction), p_two (two-sided), verdict."""
+    other direction), p_two (two-sided), verdict; a paired contrast's also n_pairs, n_differ
+    (pairs whose difference is not zero), unmatched (units one side lacks, dropped) and exact
+    (False: a Monte-Carlo p)."""
     seeds = per_seed(contrast, table)
     groups = seeds.groupby(list(contrast.per), sort=True) if contrast.per else [((), seeds)]
     rows = []
     for keys, group in groups:
         keys = keys if isinstance(keys, tuple) else (keys,)
-        x = group.loc[group["side"] == contrast.a, "value"].to_numpy(float)
-        y = group.loc[group["side"] == contrast.b, "value"].to_numpy(float)
+        x, y, row = _sides(contrast, group)
         row = {**dict(zip(contrast.per, keys, strict=True)), "claim": contrast.claim,
                "a": contrast.a, "b": contrast.b, "metric": contrast.metric,
                "expect": contrast.expect, "n_a": len(x), "n_b": len(y),
-               "change": contrast.baseline is not None}  # fmt: skip
+               "change": contrast.baseline is not None, **row}  # fmt: skip
         for arm, values in (("a", x), ("b", y)):
             row[f"mean_{arm}"], row[f"low_{arm}"], row[f"high_{arm}"] = mean_ci(values)
         if len(x) == 0 or len(y) == 0:
             row.update(p_claim=np.nan, p_other=np.nan, p_two=np.nan, verdict="no data")
-            rows.append(row)
-            continue
-        side = "less" if contrast.expect == "lower" else "greater"
-        other = "greater" if side == "less" else "less"
-        p_claim = mann_whitney(x, y, side)
-        p_other = mann_whitney(x, y, other)
-        p_two = mann_whitney(x, y, "two-sided")
-        row.update(p_claim=float(p_claim), p_other=float(p_other), p_two=float(p_two),
-                   verdict=_verdict(contrast.expect, p_claim, p_other, len(x), len(y),
-                                    p_two))  # fmt: skip
+        else:
+            row.update(_tested(contrast, x, y))
         rows.append(row)
     return pd.DataFrame(rows)
 
 
+def _sides(contrast: Contrast, group: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, dict]:
+    """a's and b's numbers in a group (paired: aligned unit by unit, the units only one side has
+    dropped) and what the row says about the pairing."""
+    a, b = (group[group["side"] == side].set_index(list(contrast.units))["value"]
+            for side in (contrast.a, contrast.b))  # fmt: skip
+    if not contrast.paired:
+        return a.to_numpy(float), b.to_numpy(float), {}
+    both = a.index.intersection(b.index)
+    x, y = a.loc[both].to_numpy(float), b.loc[both].to_numpy(float)
+    return x, y, {"n_pairs": len(both), "n_differ": len(differences(x, y)),
+                  "unmatched": len(a) + len(b) - 2 * len(both),
+                  "exact": len(differences(x, y)) <= MOST_FLIPPED}  # fmt: skip
+
+
+def _tested(contrast: Contrast, x: np.ndarray, y: np.ndarray) -> dict[str, Any]:
+    """p_claim, p_other, p_two and the verdict: the sign-flip test of paired values, else the
+    Mann-Whitney test."""
+    side = "less" if contrast.expect == "lower" else "greater"
+    other = "greater" if side == "less" else "less"
+    test = sign_flip if contrast.paired else mann_whitney
+    p_claim, p_other, p_two = (float(test(x, y, alt)) for alt in (side, other, "two-sided"))
+    if contrast.paired:
+        k = len(differences(x, y))
+        size = counted(len(x), "pair") + ("" if k == len(x) else f" ({k or 'none'} differing)")
+        floors = (smallest_flip_p(k), smallest_flip_p(k, two_sided=True))
+        verdict = _read(contrast.expect, p_claim, p_other, p_two, floors, size)
+    else:
+        verdict = _verdict(contrast.expect, p_claim, p_other, len(x), len(y), p_two)
+    return {"p_claim": p_claim, "p_other": p_other, "p_two": p_two, "verdict": verdict}
+
+
 def _verdict(expect: str, p_claim: float, p_other: float, n: int, m: int,
              p_two: float | None = None) -> str:  # fmt: skip
-    floor = smallest_p(n, m)
+    """The verdict of a Mann-Whitney test of n against m seeds."""
+    if p_two is None:
+        p_two = min(1.0, 2 * min(p_claim, p_other))
+    floors = (smallest_p(n, m), smallest_p(n, m, two_sided=True))
+    return _read(expect, p_claim, p_other, p_two, floors, f"{n} against {counted(m, 'seed')}")
+
+
+def _read(expect: str, p_claim: float, p_other: float, p_two: float,
+          floors: tuple[float, float], size: str) -> str:  # fmt: skip
+    """The verdict from the three p-values; `floors`: the smallest one- and two-sided p the
+    data allow; `size`: what they were ("3 against 3 seeds", "3 pairs")."""
     if expect == "similar":
-        if p_two is None:
-            p_two = min(1.0, 2 * min(p_claim, p_other))
         if p_two <= ALPHA:
             return "contradicted: a difference was detected"
-        if smallest_p(n, m, two_sided=True) > ALPHA:
-            return (f"no difference detected: {n} against {counted(m, 'seed')} cannot reach a "
-                    f"two-sided p <= {ALPHA:g} (which does not show equality)")  # fmt: skip
+        if floors[1] > ALPHA:
+            return (f"no difference detected: {size} cannot reach a two-sided p <= {ALPHA:g} "
+                    "(which does not show equality)")  # fmt: skip
         return "no difference detected (which does not show equality)"
     if p_claim <= ALPHA:
         return "supported"
     if p_other <= ALPHA:
         return "contradicted: the opposite direction"
-    if floor > ALPHA:
-        return f"not testable: {n} against {counted(m, 'seed')} cannot reach p <= {ALPHA:g}"
+    if floors[0] > ALPHA:
+        return f"not testable: {size} cannot reach p <= {ALPHA:g}"
     return "not shown"
 
 
@@ -242,87 +304,3 @@ def verdict_table(contrasts: tuple[Contrast, ...], tables: dict[str, pd.DataFram
                                "(exact match < 0.95)")  # fmt: skip
         parts.append(part)
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-
-
-def sentence(row: pd.Series, per: tuple[str, ...], digits: int = 2) -> str:
-    """'1/sqrt(d_k) fits better than unscaled (sort: exact_match sqrt 0.95 vs none 0.74,
-    3 vs 3 seeds, p = 0.05, supported)'."""
-    group = "".join(f"{row[c]}: " for c in per)
-    metric = ("change in " if row["change"] else "") + row["metric"]
-    return (
-        f"{row['claim']} ({group}{metric} {row['a']} {row['mean_a']:.{digits}f} vs "
-        f"{row['b']} {row['mean_b']:.{digits}f}, {row['n_a']} vs "
-        f"{counted(int(row['n_b']), 'seed')}, "
-        f"p = {_p(row)}, {row['verdict']})"
-    )
-
-
-def _p(row: pd.Series) -> str:
-    """The p the verdict was read from, printed on the same side of ALPHA as it is."""
-    if row["expect"] == "similar":
-        return f"{fmt_vs(_two_sided(row), ALPHA, 3, 'g')} (two-sided)"
-    return fmt_vs(row["p_claim"], ALPHA, 3, "g")
-
-
-def _two_sided(row: pd.Series) -> float:
-    if "p_two" in row and not pd.isna(row["p_two"]):
-        return float(row["p_two"])
-    return min(1.0, 2 * min(row["p_claim"], row["p_other"]))
-
-
-def ci_text(row: pd.Series, arm: str, digits: int = 2) -> str:
-    return fmt_ci(row[f"mean_{arm}"], row[f"low_{arm}"], row[f"high_{arm}"], digits)
-
-
-def section(rep, contrasts: tuple[Contrast, ...], tables: dict[str, pd.DataFrame],
-            where: str = "", sides: str = "arms") -> list[str]:  # fmt: skip
-    """The report's Verdicts section: one row per claim (and group) with both arms' means and
-    95% bootstrap intervals over seeds, the exact p and the verdict; the papers the claims come
-    from, quoted from the references file. Returns one sentence per verdict (the answer).
-    `sides`: what the compared values are (a head study compares methods)."""
-    table = verdict_table(contrasts, tables, where)
-    if table.empty:
-        return []
-    rep.heading("Verdicts")
-    rep.paragraph(
-        f"Each claim compares two {sides} on one number per seed (the mean, or for a spread the "
-        "standard deviation, of the matching rows) with an exact one-sided Mann-Whitney test; "
-        f"'supported' needs p <= {ALPHA:g} in the claimed direction, 'contradicted' p <= "
-        f"{ALPHA:g} the other way. With 3 seeds against 3 the smallest possible p is "
-        f"{smallest_p(3, 3):.2g}, so 'not shown' can mean too few seeds as well as no effect. "
-        "A claim of no difference ('similar') is read from the exact two-sided test (3 against "
-        f"3 seeds: at least {smallest_p(3, 3, two_sided=True):.2g}). "
-        + _interval_note([*table["n_a"], *table["n_b"]])
-    )
-    shown = []
-    for c in contrasts:
-        for _, row in table[table["claim"] == c.claim].iterrows():
-            group = ", ".join(str(row[k]) for k in c.per)
-            shown.append({
-                "claim": c.claim + (f" ({group})" if group else ""),
-                "metric": c.metric + WITHIN_NOTE[c.within]
-                + (" (change from the baseline rows)" if c.baseline else ""),
-                "a": f"{row['a']} {ci_text(row, 'a')}", "b": f"{row['b']} {ci_text(row, 'b')}",
-                "seeds": f"{row['n_a']} vs {row['n_b']}", "p": _p(row),
-                "verdict": row["verdict"],
-                "source": published(c.reference).short if c.reference else "",
-            })  # fmt: skip
-    rep.table(pd.DataFrame(shown), "verdicts.csv")
-    sources = sorted({c.reference for c in contrasts if c.reference})
-    if sources:
-        rep.bullets([_source_line(published(ref)) for ref in sources])
-    return [sentence(row, next(c.per for c in contrasts if c.claim == row["claim"]))
-            for _, row in table.iterrows() if row["verdict"] != "no data"]  # fmt: skip
-
-
-def _interval_note(counts) -> str:
-    """What the intervals beside the means are, for arms of `counts` seeds."""
-    if min(counts, default=2) >= 2:
-        return "Means are over seeds with 95% bootstrap intervals."
-    if max(counts) < 2:
-        return "Each arm has one seed here, so no interval is shown."
-    return "Means are over seeds with 95% bootstrap intervals (none for an arm with one seed)."
-
-
-def _source_line(paper) -> str:
-    return f"**{paper.short}**: {paper.cite}. {paper.claim} ({paper.claim_source})."

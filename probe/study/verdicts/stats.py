@@ -1,17 +1,23 @@
 """Means over seeds with 95% bootstrap confidence intervals (scipy.stats.bootstrap), and the
-exact Mann-Whitney test the verdicts use (`mann_whitney`)."""
+tests the verdicts use: the exact Mann-Whitney test for independent seeds (`mann_whitney`) and
+the sign-flip permutation test for paired ones (`sign_flip`)."""
 
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from itertools import combinations
 
 import numpy as np
 import pandas as pd
 from scipy.stats import PermutationMethod, bootstrap, mannwhitneyu, rankdata
 
+from probe.significance import ALPHA, ALPHA_EXACT
+
 CONFIDENCE = 0.95
 MOST_SPLITS = 200_000  # splits the exact test enumerates itself (20 seeds: 10 against 10)
+MOST_FLIPPED = 20  # differences whose 2^n sign flips the paired test enumerates (about 1e6 sums)
+DRAWS = 100_000  # seeded random sign flips past that
 N_RESAMPLES = 2000
 
 
@@ -137,6 +143,12 @@ def band_words(counts, short: bool = False) -> str:
     }[spread]  # fmt: skip
 
 
+def smallest_p(n: int, m: int, two_sided: bool = False) -> float:
+    """The smallest exact Mann-Whitney p with n against m values: 1 / C(n + m, n) one-sided,
+    twice that two-sided."""
+    return (2 if two_sided else 1) / math.comb(n + m, n)
+
+
 def mann_whitney(x, y, alternative: str) -> float:
     """The exact Mann-Whitney p-value of `x` against `y` ("greater": x tends to be larger), ties
     included: U (mid-ranks) against its distribution over every one of the C(n + m, n) ways to
@@ -159,3 +171,107 @@ def mann_whitney(x, y, alternative: str) -> float:
     if alternative == "two-sided":
         return min(1.0, 2 * min(greater, less))
     return greater if alternative == "greater" else less
+
+
+def differences(x, y) -> np.ndarray:
+    """The nonzero paired differences x - y (`x`, `y` aligned pair by pair): a pair whose two
+    numbers are equal, up to float rounding, drops out, as in Wilcoxon's signed-rank test and
+    the sign test."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    same = np.isclose(x, y, rtol=1e-12, atol=1e-15)
+    return x[~same] - y[~same]
+
+
+def sign_flip(x, y, alternative: str, seed: int = 0) -> float:
+    """The sign-flip permutation p-value of paired `x` against `y` ("greater": x - y tends to be
+    positive): the sum of the nonzero differences (`differences`) against its value under every
+    one of the 2^n ways to flip their signs, each equally likely when x and y are exchangeable
+    within each pair (two-sided: twice the smaller tail, at most 1, as `mann_whitney`). Past
+    MOST_FLIPPED differences, DRAWS seeded random flips estimate it as (hits + 1) / (DRAWS + 1)."""
+    d = differences(x, y)
+    observed = float(d.sum())
+    tol = 1e-9 * max(1.0, float(np.abs(d).sum()))
+    sums = _flipped_sums(np.abs(d), seed)  # [flips]
+    hits_greater = int(np.sum(sums >= observed - tol))
+    hits_less = int(np.sum(sums <= observed + tol))
+    exact = len(d) <= MOST_FLIPPED
+    greater, less = ((h / len(sums)) if exact else (h + 1) / (len(sums) + 1)
+                     for h in (hits_greater, hits_less))  # fmt: skip
+    if alternative == "two-sided":
+        return min(1.0, 2 * min(greater, less))
+    return greater if alternative == "greater" else less
+
+
+def _flipped_sums(size: np.ndarray, seed: int) -> np.ndarray:
+    """The signed sums of `size` (magnitudes): all 2^n when n <= MOST_FLIPPED, else DRAWS draws."""
+    if len(size) <= MOST_FLIPPED:
+        sums = np.zeros(1)
+        for v in size:  # each difference doubles the sums: + v or - v
+            sums = np.concatenate([sums + v, sums - v])
+        return sums
+    rng = np.random.default_rng(seed)
+    chunks = [rng.choice((-1.0, 1.0), size=(n, len(size))) @ size  # [n] per chunk of draws
+              for n in [10_000] * (DRAWS // 10_000)]  # fmt: skip
+    return np.concatenate(chunks)
+
+
+def smallest_flip_p(n: int, two_sided: bool = False) -> float:
+    """The smallest sign-flip p with `n` nonzero differences: 2^-n one-sided (every difference on
+    the claimed side), twice that two-sided (at most 1)."""
+    return min(1.0, (2 if two_sided else 1) * 0.5**n)
+
+
+def mann_whitney_words(sides: str) -> str:
+    """How a verdicts table compares `sides` ("arms", "methods") over independent seeds."""
+    return (
+        f"Each claim compares two {sides} on one number per seed (the mean, or for a spread the "
+        "standard deviation, of the matching rows) with an exact one-sided Mann-Whitney test; "
+        f"'supported' needs p <= {ALPHA:g} in the claimed direction, 'contradicted' p <= "
+        f"{ALPHA:g} the other way. With 3 seeds against 3 the smallest possible p is "
+        f"{smallest_p(3, 3):.2g}, so 'not shown' can mean too few seeds as well as no effect. "
+        "A claim of no difference ('similar') is read from the exact two-sided test (3 against "
+        f"3 seeds: at least {smallest_p(3, 3, two_sided=True):.2g})."
+    )
+
+
+def sign_flip_words(sides: str, units: str, alone: bool, similar: bool, estimated: bool) -> str:
+    """How a verdicts table compares `sides` pair by pair (a pair: the same `units`, e.g.
+    "seed and length"); `alone`: every claim is paired (else after `mann_whitney_words`);
+    `similar`: some claims are of no difference; `estimated`: some p is a Monte-Carlo one."""
+    need = next(n for n in range(1, 64) if smallest_flip_p(n) <= ALPHA)
+    lead = (f"Each claim compares two {sides} pair by pair, a pair being their numbers for the "
+            f"same {units} (the mean, or for a spread the standard deviation, of the matching "
+            "rows)") if alone else (f"A claim counted in pairs compares the two sides pair by "
+                                    f"pair, the same {units} on both")  # fmt: skip
+    rules = (f"; 'supported' needs p <= {ALPHA:g} in the claimed direction, 'contradicted' p <= "
+             f"{ALPHA:g} the other way") if alone else ""  # fmt: skip
+    return (
+        f"{lead}: the differences a - b are tested by an exact one-sided sign-flip permutation "
+        "test (their sum against its value under all 2^n ways to flip the signs of the n pairs "
+        "that differ; pairs with no difference drop out, as in Wilcoxon's signed-rank test)"
+        f"{rules}. With n differing pairs the smallest possible p is 2^-n: 3 pairs cannot go "
+        f"below {smallest_flip_p(3):.3g}, so they cannot support a claim, and it takes {need} "
+        f"({smallest_flip_p(need):.2g}); 'not shown' can mean too few pairs as well as no effect."
+        + (" A claim of no difference ('similar') is read from the two-sided test (at least "
+           f"2^(1-n): {smallest_flip_p(3, two_sided=True):.2g} with 3 pairs)." if similar else "")
+        + (f" With more than {MOST_FLIPPED} differing pairs p is estimated from {DRAWS:,} "
+           "seeded random sign flips (marked Monte-Carlo)." if estimated else "")
+    )  # fmt: skip
+
+
+def multiplicity_words(tests: int, decided: list[float]) -> str:
+    """That `tests` tests were made and nothing corrects for their number, with how many of the
+    verdicts read from p <= ALPHA (`decided`: their p-values) a Bonferroni threshold, ALPHA /
+    tests, would keep (compared as fractions, so no rounding moves a p across it)."""
+    if tests < 2:
+        return "" if tests == 0 else "The table makes one test, so there is no multiplicity."
+    threshold = ALPHA_EXACT / int(tests)
+    kept = sum(Fraction(p).limit_denominator(10**9) <= threshold for p in decided)
+    held = (f"{kept} of the {len(decided)} 'supported' or 'contradicted' verdicts would still "
+            "hold" if decided else f"no verdict here rests on p <= {ALPHA:g}, so it would "
+            "change none")  # fmt: skip
+    return (
+        f"The table makes {tests} tests (one per row with a p-value) and no correction for "
+        f"multiplicity was applied: a Bonferroni threshold would be {ALPHA:g} / {tests} = "
+        f"{float(threshold):.3g}, and {held}."
+    )

@@ -22,17 +22,15 @@ import pandas as pd
 
 from probe.errors import ProbeError
 from probe.kv.methods import METHODS, head_methods
-from probe.kv.plan import KVPlan
-from probe.kv.summary import KEPT, SAVED
+from probe.kv.plan import PREFILLS, KVPlan
 from probe.options import option
 from probe.study.heads import kv_claims
+from probe.study.heads.kv_report import kv_answer, plans_section
 from probe.study.heads.step import Claim, Options, Section, StepKind, StudySection
 from probe.study.heads.study import HeadStudy
 from probe.words import counted
 
 if TYPE_CHECKING:
-    from probe.report.report import MarkdownReport
-    from probe.study.heads.findings import Findings
     from probe.study.heads.subject import Subject
 
 KV_BASELINES = ("full", "streaming", "window")  # measured beside every [kv] section's methods
@@ -55,6 +53,10 @@ class _Common:
     seeds: int = option(3, low=1, help="seeds of prompts, text rows and random plans")
     loss_tokens: int = option(1024, low=16, help="tokens per text row scored by loss")
     loss_rows: int = option(2, low=1, help="text rows per seed")
+    # how a passkey prompt enters a plan's cache (probe.kv.plan.PREFILLS): the papers' full
+    # prefill then the cut, chunked (cut after each chunk) or masked (cut at every position)
+    prefill: str = option("full", help="full, chunked or masked: how a prompt enters the cache")
+    prefill_chunk: int = option(1024, low=1, help="tokens per call of the chunked prefill")
 
 
 # the [kv] section: the fields above, then each method's declared options under its prefix
@@ -89,6 +91,9 @@ def _check(study: HeadStudy) -> None:
     if 0 in kv.full_shares:
         raise ProbeError(f"{where} [kv] full_shares: 0 is the streaming-only cache, measured in "
                          "every run; list shares above 0.")  # fmt: skip
+    if kv.prefill not in PREFILLS:
+        raise ProbeError(f"{where} [kv] prefill must be one of {', '.join(PREFILLS)}, got "
+                         f"{kv.prefill!r}.")  # fmt: skip
     if kv.methods and not kv.full_shares:
         raise ProbeError(f"{where} [kv] methods need full_shares (the shares of key/value heads "
                          "that keep the full cache, e.g. [0.1, 0.25]).")  # fmt: skip
@@ -159,7 +164,9 @@ def _plan(study: HeadStudy) -> list[tuple[str, Options]]:
         return []
     common = {"sink": kv.sink, "window": kv.window, "lengths": list(kv.lengths),
               "needles": kv.needles, "seeds": kv.seeds, "loss_tokens": kv.loss_tokens,
-              "loss_rows": kv.loss_rows}  # fmt: skip
+              "loss_rows": kv.loss_rows, "prefill": kv.prefill}  # fmt: skip
+    if kv.prefill == "chunked":  # the chunk matters only there
+        common["prefill_chunk"] = kv.prefill_chunk
     steps = [("kv-full", {**common, "method": "full", "full_share": 1.0}),
              ("kv-streaming", {**common, "method": "streaming", "full_share": 0.0}),
              ("kv-window", {**common, "method": "window", "full_share": 0.0})]  # fmt: skip
@@ -173,8 +180,9 @@ def _plan(study: HeadStudy) -> list[tuple[str, Options]]:
     return steps
 
 
-def _scores(subject: Subject, options: Options) -> pd.DataFrame:
-    """A method's key/value-head scores, computed once per process (every share reuses them)."""
+def _scores(subject: Subject, options: Options) -> tuple[pd.DataFrame, dict]:
+    """A method's key/value-head scores and the notes on what they rest on, computed once per
+    process (every share reuses them)."""
     method = options["method"]
     scoring = _scoring(subject.study, method)
     key = ("kv-scores", method, json.dumps(scoring, sort_keys=True))
@@ -194,14 +202,15 @@ def _scores(subject: Subject, options: Options) -> pd.DataFrame:
                 raise
             named = ", ".join(f"{k} = {v}" for k, v in scoring.items())
             raise ProbeError(f"{subject.study.where} [kv] {method} ({named}): {exc}") from None
-        subject.memo[key] = result.scores
+        subject.memo[key] = (result.scores, result.notes)
     return subject.memo[key]
 
 
 def kv(subject: Subject, options: Options, given, progress) -> pd.DataFrame:
     """One method at one full-head share (or a baseline): rows of `probe.kv.sweep.COLUMNS`."""
     from probe.data.text import text_batches
-    from probe.kv.planning import choose_full, full_count, make_plan
+    from probe.kv.evaluate import Prefill, Prefills, prefill_budget
+    from probe.kv.planning import full_count, make_plan, scored_plan
     from probe.kv.sweep import measure_plan
 
     model, tokenizer = subject.model, subject.imported.tokenizer
@@ -220,160 +229,22 @@ def kv(subject: Subject, options: Options, given, progress) -> pd.DataFrame:
             s = 0 if method == "window" else sink
             w = matched_window(kept, length, sink, window) if options.get("matched") else window
             return make_plan(model, kind, 0.0, s, w).plan
-        how = METHODS.find(method)
-        if how is not None and how.per_seed:  # a draw: again for each seed
-            given = how.study_options(subject.study.kv)
+        how = METHODS.get(method)
+        given = how.study_options(subject.study.kv)
+        if how.per_seed:  # a draw: again for each seed
             return make_plan(model, method, share, sink, window, options=given, seed=seed).plan
-        full = choose_full(_scores(subject, options), model.cfg, share)
-        return KVPlan(method, share, sink, window, full)
+        return scored_plan(method, _scores(subject, options)[0], model.cfg, share, sink,
+                           window, given)  # fmt: skip
 
-    return measure_plan(model, tokenizer, method, share, plans, options["lengths"], seeds,
-                        int(options["needles"]), text, progress)  # fmt: skip
-
-
-def _range(mean: float, low: float, high: float) -> str:
-    return f"{mean:.2f}" if low == high else f"{mean:.2f} ({low:.2f}-{high:.2f})"
-
-
-def _plans_display(table: pd.DataFrame) -> pd.DataFrame:
-    """One row per plan: cache saved and needle accuracy at each length, loss change."""
-    rows = []
-    for (method, share), part in table.groupby(["method", "full_share"], sort=False):
-        needles = part[part.prompts.notna()].sort_values("length")
-        loss = part[part.loss.notna()]
-        row = {"method": method, "full share": f"{share:g}",
-               "full heads": int(part.full_heads.iloc[0])}  # fmt: skip
-        for r in needles.itertuples():
-            row[f"saved {r.length}"] = f"{100 * r.saved:.1f}%"
-            row[f"accuracy {r.length}"] = _range(r.needle_accuracy, r.accuracy_min,
-                                                 r.accuracy_max)  # fmt: skip
-        if not loss.empty:
-            row["loss change"] = f"{float(loss.loss_change.iloc[0]):+.3f}"
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def _targets_display(t: pd.DataFrame) -> pd.DataFrame:
-    out = pd.DataFrame({
-        "method": t.method, "full share": t.full_share.map("{:g}".format),
-        "least saved": t.saved_min.map("{:.1%}".format),
-        "least accuracy kept": t.kept_min.map("{:.1%}".format),
-        "target met": t.meets.map({True: "yes", False: "no"}),
-    })  # fmt: skip
-    if "p_vs_streaming" in t:
-        out["exact keys, plan / streaming"] = [
-            "-" if pd.isna(r.p_vs_streaming) else
-            f"{int(r.exact)}/{int(r.prompts)} / {int(r.streaming_exact)}/{int(r.streaming_prompts)}"
-            for r in t.itertuples()
-        ]  # fmt: skip
-        out["p (plan > streaming)"] = t.p_vs_streaming.map(
-            lambda p: "-" if pd.isna(p) else f"{p:.2g}")  # fmt: skip
-    return out
-
-
-def plans_section(r: Findings, rep: MarkdownReport) -> None:
-    if r.kv is None:
-        return
-    from probe.report.kv_plots import kv_accuracy_plot, kv_loss_plot
-
-    o = r.study.get("kv", {})
-    table, t = r.kv
-    rep.heading("What the key/value plans save")
-    rep.paragraph(
-        f"Every streaming head keeps the first {o.get('sink')} tokens and the last "
-        f"{o.get('window')}; the others keep the whole cache. Passkey prompts of "
-        f"{', '.join(f'{n:,}' for n in sorted(o.get('lengths', [])))} tokens, "
-        f"{o.get('needles')} per length and seed (depths spread over the haystack), "
-        f"{counted(int(o.get('seeds', 0)), 'seed')} of keys, haystacks and text rows (and of "
-        "the random plans); "
-        "the key is decoded greedily through the evicting cache. Needle accuracy is the share "
-        "of the key's tokens the output has at their place (mean over seeds, their range in "
-        "brackets; the whole keys decoded right, pooled over seeds, are counted in "
-        "kv_plans.csv). Cache saved is 1 - the "
-        "bytes the cache held / the full cache's on the same prompt. Loss is on "
-        f"{counted(int(o.get('loss_rows', 0)), 'text row')} of {o.get('loss_tokens'):,} tokens "
-        "per seed, prefilled "
-        "through the same cache; its change is against the full cache. `streaming` at a "
-        "share is every head streaming with its window widened to the share's memory."
-    )
-    rep.table(_plans_display(table), "kv_plans.csv", data=table, digits=3)
-    rep.figure(kv_accuracy_plot(table, target=(SAVED, KEPT)), "kv_accuracy.png",
-               f"Passkey accuracy against the key/value cache saved (shaded: the target, at "
-               f"least {SAVED:.0%} saved at {KEPT:.0%} of the full cache's accuracy)")  # fmt: skip
-    rep.figure(kv_loss_plot(table), "kv_loss.png", "Loss change against the cache saved")
-    if t.empty:
-        return
-    rep.heading("The target", 3)
-    rep.paragraph(
-        f"A plan meets the target when it saves at least {SAVED:.0%} of the cache and keeps at "
-        f"least {KEPT:.0%} of the full cache's needle accuracy at every length (point "
-        "estimates over the seeds' prompts); against streaming at the same memory, the exact "
-        "keys pooled over seeds and lengths are compared by a one-sided Fisher exact test."
-    )
-    rep.table(_targets_display(t), "kv_targets.csv", data=t, digits=3)
-
-
-def _versus_streaming(row: pd.Series) -> str:
-    if "p_vs_streaming" not in row or pd.isna(row.p_vs_streaming):
-        return ""
-    return (f" ({int(row.exact)}/{int(row.prompts)} keys exact against "
-            f"{int(row.streaming_exact)}/{int(row.streaming_prompts)} for a streaming-only cache "
-            f"of the same size, one-sided Fisher p = {row.p_vs_streaming:.2g})")  # fmt: skip
-
-
-def kv_answer(r: Findings) -> str | None:
-    """The key/value plans' sentence of the answer (None when the study measured none)."""
-    if r.kv is None:
-        return None
-    o = r.study.get("kv", {})
-    table, t = r.kv
-    lengths = sorted(table[table.prompts.notna()].length.unique())
-    span = f"{lengths[0]:,}" if len(lengths) == 1 else f"{lengths[0]:,} to {lengths[-1]:,}"
-    if "full" not in set(table.method):
-        return ("The key/value table has no full-cache rows to compare the plans with (the "
-                "kv-full step has not run).")  # fmt: skip
-    total = int(table[table.method == "full"].full_heads.iloc[0])
-    text = (f"With the other heads keeping {o.get('sink')} sink tokens and a "
-            f"{o.get('window')}-token window, at passkey lengths {span} tokens: ")  # fmt: skip
-    met = t if t.empty else t[t.meets]
-    if t.empty:
-        text += "no head-role plans were measured"
-    elif not met.empty:
-        best = met.sort_values(["saved_min", "kept_min"], ascending=False).iloc[0]
-        others = sorted(set(met.method) - {best.method})
-        also = f" (so do {', '.join(others)} plans at some share)" if others else ""
-        text += (f"{best.method} plans meet the target{also}, keeping the full cache for "
-                 f"{int(best.full_heads)} of {total} key/value heads saves at least "
-                 f"{best.saved_min:.0%} of the cache at every length and keeps at least "
-                 f"{best.kept_min:.0%} of the full cache's needle accuracy"
-                 f"{_versus_streaming(best)}")  # fmt: skip
-    else:
-        enough = t[t.saved_min >= SAVED]
-        pool = enough if not enough.empty else t
-        best = pool.sort_values(["kept_min", "saved_min"], ascending=False).iloc[0]
-        text += (f"no head-role plan meets the target ({SAVED:.0%} saved at {KEPT:.0%} of the "
-                 f"full cache's needle accuracy at every length); the closest, {best.method} "
-                 f"with {int(best.full_heads)} of {total} key/value heads full, saves at least "
-                 f"{best.saved_min:.0%} and keeps {best.kept_min:.0%} of the accuracy at its "
-                 f"worst length{_versus_streaming(best)}")  # fmt: skip
-    stream = table[(table.method == "streaming") & (table.full_share == 0)]
-    full = table[table.method == "full"]
-    needles = stream[stream.prompts.notna()]
-    if not needles.empty:
-        text += (f"; streaming every head saves {needles.saved.min():.0%} or more with needle "
-                 f"accuracy {needles.needle_accuracy.mean():.2f} (full cache "
-                 f"{full[full.prompts.notna()].needle_accuracy.mean():.2f})")  # fmt: skip
-    if "loss" not in table:
-        return text + "."
-    window = table[(table.method == "window") & table.loss.notna()]
-    streamed = stream[stream.loss.notna()]
-    if not window.empty and not streamed.empty and not full.empty:
-        sink_change = float(streamed.loss_change.iloc[0])
-        window_change = float(window.loss_change.iloc[0])
-        text += (f", and its {o.get('sink')} sink tokens hold the loss at {sink_change:+.3f} "
-                 "nats against the full cache where window attention alone is at "
-                 f"{window_change:+.3f}")  # fmt: skip
-    return text + "."
+    prefill = Prefill(options.get("prefill", "masked"), int(options.get("prefill_chunk", 1024)))
+    # the full prefill is the same for every plan: kept across this process's steps
+    store = subject.memo.setdefault("kv-prefills", Prefills(prefill_budget()))
+    table = measure_plan(model, tokenizer, method, share, plans, options["lengths"], seeds,
+                         int(options["needles"]), text, progress, prefill, store)  # fmt: skip
+    how = METHODS.find(method)
+    if how is not None and how.scores is not None and not how.per_seed:
+        table.attrs["notes"] = _scores(subject, options)[1]  # recorded in the step's done.json
+    return table
 
 
 DECLARES = StepKind(
