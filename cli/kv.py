@@ -178,9 +178,13 @@ def _show(plan, cfg, seconds: float, out, shown_as: str) -> None:
     sites = cfg.sites()
     total = sum(len(s.kept_groups) for s in sites)
     kept = sum(len(f) for f in plan.full)
+    recent = f"{plan.window} recent tokens"
+    if plan.buffer_ratio:
+        recent = f"max({plan.window}, n/{plan.buffer_ratio:g}) of the n recent tokens"
+    token = " + a compensation token for what they drop" if plan.compensate else ""
     console.print(
         f"{shown_as}: {kept} of {total} key/value heads keep the full cache; the others keep "
-        f"{plan.sink} sink + {plan.window} recent tokens ({seconds:.1f} s)."
+        f"{plan.sink} sink + {recent}{token} ({seconds:.1f} s)."
     )
     listed = [f"{s.index}:{list(f)}" for s, f in zip(sites, plan.full, strict=True) if f]
     if listed:

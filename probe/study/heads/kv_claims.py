@@ -156,12 +156,19 @@ def razor(report: Findings) -> str | None:
         report, "razor", "tang2024-razor", need,
         f"keeping the full cache only for echo and induction heads removes over {need:.0%} of "
         "it without noticeable impact",
-        f"induction and echo heads ranked apart at the study's shares (in the paper's 14:1 "
-        f"proportion, not its fixed 14% + 1%), scored on {o.get('razor_rows')} sequences of "
+        f"{_ranking(o)}, scored on {o.get('razor_rows')} sequences of "
         f"{o.get('razor_period')} random tokens repeated twice; {buffer}; {token}; "
         f"{_protocol(o)}; a {int(report.facts.parameters) / 1e6:.0f}M-parameter model at "
         f"{_lengths(report)} tokens.",
     )  # fmt: skip
+
+
+def _ranking(o: dict) -> str:
+    """How razor ranked heads (before the published rule, by the larger of the two scores)."""
+    if "razor_induction_ratio" not in o:
+        return "heads ranked by the larger of their echo and induction scores (not apart)"
+    return ("induction and echo heads ranked apart at the study's shares (in the paper's 14:1 "
+            "proportion, not its fixed 14% + 1%)")  # fmt: skip
 
 
 def _protocol(o: dict) -> str:
