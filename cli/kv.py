@@ -131,8 +131,11 @@ def kv_plan_cli(
         if theirs and owner is not how:
             owner.read(theirs, flags=True)
     given = {k: v for k, v in changed.items() if k in how.fields()}
-    options = how.read({**given, **parse_sets(how.options, sets or (), how.name)}, flags=True)
-    KVPlan(method, full_heads or 0.0, sink, window, ())  # sink and window within range
+    chosen = parse_sets(how.options, sets or (), how.name)
+    how.read(chosen, "--set")  # named as given: --set echo_ratio=...
+    options = how.read({**given, **chosen}, flags=True)
+    extra = how.plan_fields(options) if how.plan_fields is not None else {}
+    KVPlan(method, full_heads or 0.0, sink, window, (), **extra)  # within a plan's ranges
     check_seed(seed)
     earlier = claim_output(out, WRITES, overwrite, inputs=inputs_of(checkpoint, text))
     from probe.files import open_output
@@ -146,7 +149,8 @@ def kv_plan_cli(
             f"{ckpt.path}: --method {method} needs an imported causal language model with a "
             f"tokenizer (probe import); use --method {textless}."
         )
-    how.check_fits(ckpt.model_cfg, options, lambda name: f"--{name.replace('_', '-')}")
+    how.check_fits(ckpt.model_cfg, options, lambda name: f"--{name.replace('_', '-')}"
+                   if name in flags else f"--set {name}")  # fmt: skip
     prompts = None
     if how.prompts is not None:
         from probe.data.text import read_documents

@@ -63,8 +63,8 @@ def parse_prefill(text: str | None):
         raise ProbeError(f"--prefill must be full, chunked, chunked:N or masked, got {text!r}.")
     if not colon:
         return Prefill(mode)
-    if not chunk.isdigit() or int(chunk) < 1:
-        raise ProbeError(f"--prefill chunked:N needs N, tokens per call, a whole number >= 1; "
+    if not (chunk.isascii() and chunk.isdigit()) or not 1 <= int(chunk) <= 2**40:
+        raise ProbeError(f"--prefill chunked:N needs N, tokens per call, from 1 to 2**40; "
                          f"got {chunk!r}.")  # fmt: skip
     return Prefill(mode, int(chunk))
 

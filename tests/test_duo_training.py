@@ -192,6 +192,11 @@ def test_the_gates_train_on_text_prompts_and_say_so(bpe):
     with pytest.raises(ProbeError, match=r"^duo's 300-token passkey prompts are longer than the "
                        r"model's 256 positions; use a smaller prompt_tokens\.$"):  # fmt: skip
         make_plan(model, "duo", 0.5, SINK, WINDOW, options={"steps": 1}, prompts=longer)
+    # a streaming side that keeps the whole prompt is full attention: nothing to learn
+    for sink, window in ((0, 256), (10, 246)):
+        with pytest.raises(ProbeError, match="the gates would learn nothing"):
+            make_plan(model, "duo", 0.5, sink, window, options={"steps": 1}, prompts=prompts)
+    make_plan(model, "duo", 0.5, 10, 245, options={"steps": 1}, prompts=prompts)  # one token out
 
 
 @pytest.mark.parametrize(("given", "said"), [

@@ -245,6 +245,13 @@ def _batches(model: Transformer, sink: int, window: int, settings, seed: int,
                 f"duo's {longest}-token passkey prompts are longer than the model's {limit} "
                 "positions; use a smaller prompt_tokens."
             )
+        shortest = min(len(p.tokens) for p in prompts)
+        if sink + window >= shortest:  # the streaming side would see every token: no signal
+            raise ProbeError(
+                f"duo's streaming side keeps {sink} sink + {window} recent tokens, the whole of "
+                f"its {shortest}-token passkey prompts, so the gates would learn nothing; use a "
+                "smaller train_window (or --window) or a larger prompt_tokens."
+            )
 
         def text() -> Iterator[Batch]:
             for step in itertools.count():

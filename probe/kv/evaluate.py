@@ -52,8 +52,12 @@ class Prefills:
     def __init__(self, budget: int) -> None:
         self.budget, self.held = budget, 0
         self._kept: dict[str, tuple[KVCache, torch.Tensor]] = {}
+        self._model: int | None = None  # id of the one model whose prefills these are
 
     def get(self, model: Transformer, tokens: torch.Tensor) -> tuple[KVCache, torch.Tensor]:
+        if self._model is not None and self._model != id(model):
+            raise ValueError("these kept prefills are another model's; make a Prefills a model")
+        self._model = id(model)
         key = hashlib.sha256(tokens.cpu().numpy().tobytes()).hexdigest()
         if key in self._kept:
             return self._kept[key]
@@ -182,7 +186,7 @@ def evaluate_plan(
             m = plan_loss(model, batches, applied, max_batch_tokens)
             rows.append({"cache": label, "length": width, "metric": "loss", "value": m["loss"],
                          "n": m["tokens"]})  # fmt: skip
-    kept = Prefills(prefill_budget()) if prefill.mode == "full" else None
+    kept = Prefills(prefill_budget(model.embed.weight.device)) if prefill.mode == "full" else None
     rows += needle_rows(model, prompts, plan, "plan", prefill, kept)
     rows += needle_rows(model, prompts, None, "full", prefill, kept)
     table = pd.DataFrame(rows, columns=COLUMNS)
@@ -195,10 +199,14 @@ def saved(table: pd.DataFrame) -> dict[int, float]:
     return {int(n): 1 - r.plan / r.full if r.full else math.nan for n, r in b.iterrows()}
 
 
-def prefill_budget() -> int:
-    """Bytes of full prefills worth keeping for reuse: a quarter of the memory available
-    (1 GiB where it is not known)."""
+def prefill_budget(device: torch.device | str = "cpu") -> int:
+    """Bytes of full prefills worth keeping for reuse on `device` (where the caches live): a
+    quarter of the memory free there (1 GiB where it is not known)."""
     from probe.measure.memory import available_bytes
 
-    free = available_bytes()
+    device = torch.device(device)
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        free = available_bytes() if device.type == "cpu" else None
     return free // 4 if free else 2**30

@@ -42,9 +42,10 @@ class Prefill:
     def __post_init__(self) -> None:
         if self.mode not in PREFILLS:
             raise ProbeError(f"unknown prefill '{self.mode}'; use one of {', '.join(PREFILLS)}.")
-        if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1:
-            raise ProbeError(f"a prefill chunk is a whole number of tokens >= 1, got "
-                             f"{self.chunk!r}.")  # fmt: skip
+        chunk = self.chunk
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= MAX_TOKENS:
+            raise ProbeError(f"a prefill chunk is a whole number of tokens from 1 to 2**40, got "
+                             f"{chunk!r}.")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -103,11 +104,8 @@ class KVPlan:
                 f"{where} lists {len(self.full)} attention sites but the model has {len(sites)}; "
                 "make the plan from this model (probe kv-plan)."
             )
-        pe = getattr(getattr(cfg, "pe", None), "value", None)
-        if self.compensate and (pe in ("alibi", "t5", "fire") or cfg.attn_softcap is not None):
-            what = f"{pe} score biases" if pe in ("alibi", "t5", "fire") else "soft-capped scores"
-            raise ProbeError(f"{where} folds dropped keys into a compensation token, which has "
-                             f"no position for {what}; make it with compensate off.")  # fmt: skip
+        if self.compensate:
+            self._check_compensation(cfg, where)
         for site, full in zip(sites, self.full, strict=True):
             unknown = sorted(set(full) - set(site.kept_groups))
             if unknown:
@@ -115,6 +113,19 @@ class KVPlan:
                     f"{where}: {site.name} has no key/value heads {unknown} (it keeps "
                     f"{list(site.kept_groups)}); make the plan from this model (probe kv-plan)."
                 )
+
+    @staticmethod
+    def _check_compensation(cfg: Any, where: str) -> None:
+        """A compensation token has no position (for score biases), is not soft-capped, and at a
+        sliding-window site would fold in keys the site's own window hides anyway."""
+        pe = getattr(getattr(cfg, "pe", None), "value", None)
+        what = (f"{pe} score biases" if pe in ("alibi", "t5", "fire") else
+                "soft-capped scores" if cfg.attn_softcap is not None else
+                "sliding-window layers" if cfg.sliding_window is not None else None)  # fmt: skip
+        if what is not None:
+            raise ProbeError(f"{where} folds dropped keys into a compensation token, which probe "
+                             f"does not define for {what}; make it with compensate "
+                             "off.")  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         full = [list(f) for f in self.full]
@@ -169,7 +180,7 @@ class KVPlan:
                        data.get("compensate", False), source=path)  # fmt: skip
         except ProbeError as e:  # a field out of range (a ValueError too): its own line
             raise ProbeError(f"{path}: {e}") from None
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, OverflowError) as e:
             raise ProbeError(
                 f"{path}: a field is missing or of the wrong type ({shown(e)})."
             ) from None

@@ -243,7 +243,8 @@ class SiteCache:
             self._drop(ks[:, :, ~stay], vs[:, :, ~stay])
         # boolean indexing copies: the evicted keys' storage is freed, not kept behind a view
         self.ks, self.vs, self.kept = ks[:, :, stay], vs[:, :, stay], kept[stay]
-        self.meter.change(before, _bytes(kf, vf, ks, vs), self.nbytes)
+        sums = self.dropped[:2] if self.dropped is not None else ()
+        self.meter.change(before, _bytes(kf, vf, ks, vs, *sums), self.nbytes)
         return (kf, vf), (ks, vs, kept)
 
     def _drop(self, ks: torch.Tensor, vs: torch.Tensor) -> None:
@@ -280,8 +281,10 @@ class SiteCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the storage the cached keys and values hold (what is really allocated)."""
-        return _bytes(self.k, self.v, self.ks, self.vs)
+        """Bytes of the storage the cached keys and values hold (what is really allocated; a
+        compensating rule's sums of the dropped keys and values too)."""
+        sums = self.dropped[:2] if self.dropped is not None else ()
+        return _bytes(self.k, self.v, self.ks, self.vs, *sums)
 
 
 @dataclass

@@ -6,8 +6,10 @@ direction from the study's `kv` table (`probe.kv.summary`), with the verdict "ag
 The savings rule is the study's target rule: a plan "keeps the accuracy" when its needle accuracy
 is at least `KEPT` of the full cache's at every length (point estimates over the seeds' prompts);
 a paper's saving is reached ("agrees") when such a plan saves at least as much of the cache at
-every length. "Disagrees" needs a test: every share saving that much retrieves fewer whole keys
-than the full cache at some length, one-sided Fisher exact p <= ALPHA (the counts are shown).
+every length and retrieves no significantly fewer whole keys than the full cache at any length
+(the worst length's counts and the plan's interval shown). "Disagrees" needs a test: every
+share saving that much retrieves fewer whole keys than the full cache at some length, one-sided
+Fisher exact p <= ALPHA (the counts are shown).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 from scipy import stats
 
-from probe.kv.summary import KEPT
+from probe.kv.summary import KEPT, clopper_pearson
 from probe.references import published
 from probe.significance import ALPHA
 from probe.study.heads.findings import Findings
@@ -46,18 +48,22 @@ def _below_full(table: pd.DataFrame, method: str, share: float) -> tuple[float, 
         a, n, b, m = int(r.exact), int(r.prompts), int(f.exact), int(f.prompts)
         p = float(stats.fisher_exact([[a, n - a], [b, m - b]], alternative="less")[1])
         if p <= best[0]:
-            best = (p, f"{a}/{n} keys against the full cache's {b}/{m} at {r.length:,} tokens")
+            low, high = clopper_pearson(a, n)
+            best = (p, f"{a}/{n} keys against the full cache's {b}/{m} at {r.length:,} tokens "
+                       f"(the plan's rate {low:.2f}-{high:.2f}, 95% interval)")  # fmt: skip
     return best
 
 
 def _saving(report: Findings, method: str, ref_id: str, need: float, what: str,
             differences: str) -> str | None:  # fmt: skip
-    """Agrees when a share saving `need` keeps the accuracy (the target's point rule);
-    disagrees when a share saving no more than `need` + MARGIN (about the paper's saving, or
-    less) retrieves significantly fewer whole keys than the full cache at some length (one-sided
-    Fisher exact test on the prompts pooled over seeds, p <= ALPHA); inconclusive otherwise,
-    also when no share measured saves as little as that (a plan saving far more than a paper
-    claims failing says nothing against the claim)."""
+    """Agrees when a share saving `need` keeps the accuracy (the target's point rule) and
+    retrieves no significantly fewer whole keys than the full cache at any length (one-sided
+    Fisher exact test, p > ALPHA; its worst length is shown with the plan's interval, so the
+    reader sees how large a loss the prompts could miss); disagrees when a share saving no more
+    than `need` + MARGIN (about the paper's saving, or less) retrieves significantly fewer whole
+    keys than the full cache at some length (one-sided Fisher exact test on the prompts pooled
+    over seeds, p <= ALPHA); inconclusive otherwise, also when no share measured saves as little
+    as that (a plan saving far more than a paper claims failing says nothing against it)."""
     if report.kv is None:
         return None
     table, rows = report.kv
@@ -68,21 +74,23 @@ def _saving(report: Findings, method: str, ref_id: str, need: float, what: str,
     kept = rows[rows.kept_min >= KEPT]
     near = rows[rows.saved_min <= need + MARGIN]
     tested = {r.full_share: _below_full(table, method, r.full_share) for r in near.itertuples()}
-    if not kept.empty and float(kept.saved_min.max()) >= need:
+    top = kept.sort_values("saved_min").iloc[-1] if not kept.empty else None
+    worst = _below_full(table, method, top.full_share) if top is not None else (1.0, "")
+    if top is not None and float(top.saved_min) >= need and worst[0] > ALPHA:
         verdict = "agrees"
     elif any(p <= ALPHA for p, _ in tested.values()):
         verdict = "disagrees"
     else:
         verdict = "inconclusive"
-    if kept.empty:
+    if top is None:
         best = "no share keeps it"
     else:
-        top = kept.sort_values("saved_min").iloc[-1]
         best = (f"the most any share saves while keeping it is {top.saved_min:.0%} "
                 f"({1 / (1 - top.saved_min):.2f}x less memory; {int(top.full_heads)} key/value "
                 f"heads full)")  # fmt: skip
-    if verdict == "agrees":  # the saving that kept the accuracy says it
-        at_need = ""
+    if top is not None and float(top.saved_min) >= need:  # the share that kept it says it
+        at_need = (f"; at its worst length it retrieves {worst[1]}, one-sided Fisher p = "
+                   f"{worst[0]:.2g} for fewer")  # fmt: skip
     elif tested:
         share, (p, counts) = min(tested.items(), key=lambda kv_: kv_[1][0])
         row = rows[rows.full_share == share].iloc[0]
@@ -167,8 +175,11 @@ def _ranking(o: dict) -> str:
     """How razor ranked heads (before the published rule, by the larger of the two scores)."""
     if "razor_induction_ratio" not in o:
         return "heads ranked by the larger of their echo and induction scores (not apart)"
-    return ("induction and echo heads ranked apart at the study's shares (in the paper's 14:1 "
-            "proportion, not its fixed 14% + 1%)")  # fmt: skip
+    ratios = (float(o["razor_induction_ratio"]), float(o.get("razor_echo_ratio", 0.0)))
+    split = ("the paper's 14:1 proportion" if ratios == (0.14, 0.01) else
+             f"the proportion {ratios[0]:g}:{ratios[1]:g}, the paper's 0.14:0.01")  # fmt: skip
+    return (f"induction and echo heads ranked apart at the study's shares (in {split}, not at "
+            "its fixed 14% + 1%)")  # fmt: skip
 
 
 def _protocol(o: dict) -> str:

@@ -227,7 +227,8 @@ def evaluate(contrast: Contrast, table: pd.DataFrame) -> pd.DataFrame:
 def _sides(contrast: Contrast, group: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, dict]:
     """a's and b's numbers in a group (paired: aligned unit by unit, the units only one side has
     dropped) and what the row says about the pairing."""
-    a, b = (group[group["side"] == side].set_index(list(contrast.units))["value"]
+    # a unit with no number (NaN) is no evidence either way: it drops out, as a missing seed does
+    a, b = (group[group["side"] == side].set_index(list(contrast.units))["value"].dropna()
             for side in (contrast.a, contrast.b))  # fmt: skip
     if not contrast.paired:
         return a.to_numpy(float), b.to_numpy(float), {}

@@ -97,6 +97,18 @@ def _check(study: HeadStudy) -> None:
     if kv.methods and not kv.full_shares:
         raise ProbeError(f"{where} [kv] methods need full_shares (the shares of key/value heads "
                          "that keep the full cache, e.g. [0.1, 0.25]).")  # fmt: skip
+    for name in kv.methods:  # the plan fields a method's options set (razor's buffer_ratio)
+        how = METHODS.get(name)
+        extra = how.plan_fields(how.read(how.study_options(kv))) if how.plan_fields else {}
+        try:
+            KVPlan(name, 0.0, kv.sink, kv.window, (), **extra)
+        except ProbeError as exc:
+            raise ProbeError(f"{where} [kv] {name} ({_named(how)}): {exc}") from None
+
+
+def _named(how) -> str:
+    """A method's [kv] keys, for a message ("razor_period, razor_rows, ...")."""
+    return ", ".join(how.study_keys().values())
 
 
 def _fit(subject: Subject) -> None:
@@ -127,6 +139,13 @@ def _fit(subject: Subject) -> None:
                f"{kv.seeds} x {kv.needles} needles per length)",
                "shorter lengths or loss_tokens, fewer needles, seeds or razor_rows, a shorter "
                "razor_period")  # fmt: skip
+    for name in kv.methods:  # each method's options against this model (razor's ratios)
+        how = METHODS.get(name)
+        keys = how.study_keys()
+        try:
+            how.check_fits(cfg, how.read(how.study_options(kv)), lambda f, k=keys: f"[kv] {k[f]}")
+        except ProbeError as exc:
+            raise ProbeError(f"{where} {exc}") from None
     try:
         passkey_prompts(subject.imported.tokenizer, 1, min(kv.lengths))
     except ProbeError as exc:
@@ -238,7 +257,8 @@ def kv(subject: Subject, options: Options, given, progress) -> pd.DataFrame:
 
     prefill = Prefill(options.get("prefill", "masked"), int(options.get("prefill_chunk", 1024)))
     # the full prefill is the same for every plan: kept across this process's steps
-    store = subject.memo.setdefault("kv-prefills", Prefills(prefill_budget()))
+    device = next(model.parameters()).device
+    store = subject.memo.setdefault("kv-prefills", Prefills(prefill_budget(device)))
     table = measure_plan(model, tokenizer, method, share, plans, options["lengths"], seeds,
                          int(options["needles"]), text, progress, prefill, store)  # fmt: skip
     how = METHODS.find(method)
