@@ -78,8 +78,8 @@ def test_a_toy_method_runs_from_the_command_line_with_set(tmp_path, capsys):
         settings = json.loads((out / "manifest.json").read_text())["settings"]
         assert settings["layers"] == 1 and settings["method"] == "last-layers"
         capsys.readouterr()
-        for bad, said in [("layers=3", "--layers 3 is more than the model's 2 layers."),
-                          ("layers=0", "--layers must be at least 1 (last layers"),
+        for bad, said in [("layers=3", "--set layers 3 is more than the model's 2 layers."),
+                          ("layers=0", "--set layers must be at least 1 (last layers"),
                           ("layrs=1", "Unknown last-layers option 'layrs'. Did you mean "
                                       "'layers'?")]:  # fmt: skip
             assert exit_code([*args, "--set", bad, "--out", str(tmp_path / "bad")]) == 2
@@ -102,7 +102,7 @@ def test_set_and_the_flags_give_one_plan_and_bounds_name_the_flag(tmp_path, caps
     period = "--period must be at least 2 (random tokens per copy of the repeated sequence)"
     for extra, said in [
         (["--period", "1"], f"{period}, got 1."),
-        (["--set", "period=1"], f"{period}, got 1."),
+        (["--set", "period=1"], "--set " + period[2:] + ", got 1."),  # named as given
         (["--method", "duo", "--lr", "nan"], "--lr must be a finite number"),
         # a flag of another method is checked by that method's bounds, as before the methods
         # declared themselves

@@ -59,13 +59,15 @@ def test_the_exact_test_counts_every_split_ties_included(x, y, alternative):
                                                method="exact").pvalue, abs=1e-12)  # fmt: skip
 
 
-def test_many_seeds_go_to_scipy_s_permutation_test():
+def test_many_seeds_go_to_a_seeded_monte_carlo_permutation_test():
     rng = np.random.default_rng(0)
     x, y = rng.integers(0, 3, 11).tolist(), rng.integers(0, 3, 10).tolist()  # C(21, 10) splits
-    every = PermutationMethod(n_resamples=np.inf)
-    assert mann_whitney(x, y, "greater") == pytest.approx(
-        mannwhitneyu(x, y, alternative="greater", method=every).pvalue, abs=1e-12
-    )
+    every = PermutationMethod(n_resamples=np.inf)  # every split: seconds, so only here
+    exact = mannwhitneyu(x, y, alternative="greater", method=every).pvalue
+    estimate = mann_whitney(x, y, "greater")
+    # 100,000 draws: within four standard errors of the exact p, and the same on every call
+    assert abs(estimate - exact) < 4 * (exact * (1 - exact) / 100_000) ** 0.5
+    assert mann_whitney(x, y, "greater") == estimate
 
 
 def test_identical_arms_give_no_evidence():
