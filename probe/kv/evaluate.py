@@ -56,7 +56,7 @@ class Prefills:
 
     def get(self, model: Transformer, tokens: torch.Tensor) -> tuple[KVCache, torch.Tensor]:
         if self._model is not None and self._model != id(model):
-            raise ValueError("these kept prefills are another model's; make a Prefills a model")
+            raise ValueError("these kept prefills are another model's; keep one Prefills per model")
         self._model = id(model)
         key = hashlib.sha256(tokens.cpu().numpy().tobytes()).hexdigest()
         if key in self._kept:
