@@ -134,8 +134,8 @@ def kv_plan_cli(
     chosen = parse_sets(how.options, sets or (), how.name)
     how.read(chosen, "--set")  # named as given: --set echo_ratio=...
     options = how.read({**given, **chosen}, flags=True)
-    extra = how.plan_fields(options) if how.plan_fields is not None else {}
-    KVPlan(method, full_heads or 0.0, sink, window, (), **extra)  # within a plan's ranges
+    # sink, window and the method's plan fields within a plan's ranges
+    KVPlan(method, full_heads or 0.0, sink, window, (), **how.extra_fields(options))
     check_seed(seed)
     earlier = claim_output(out, WRITES, overwrite, inputs=inputs_of(checkpoint, text))
     from probe.files import open_output

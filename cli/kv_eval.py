@@ -54,7 +54,7 @@ def check_needle_options(plan: Path | None, needle_tokens: int | None, needles: 
 
 def parse_prefill(text: str | None):
     """--prefill's value as a `probe.kv.evaluate.Prefill` ("chunked:512": chunks of 512)."""
-    from probe.kv.plan import PREFILLS, Prefill
+    from probe.kv.plan import MAX_TOKENS, PREFILLS, Prefill
 
     if not text:
         return Prefill()
@@ -63,7 +63,7 @@ def parse_prefill(text: str | None):
         raise ProbeError(f"--prefill must be full, chunked, chunked:N or masked, got {text!r}.")
     if not colon:
         return Prefill(mode)
-    if not (chunk.isascii() and chunk.isdigit()) or not 1 <= int(chunk) <= 2**40:
+    if not (chunk.isascii() and chunk.isdigit()) or not 1 <= int(chunk) <= MAX_TOKENS:
         raise ProbeError(f"--prefill chunked:N needs N, tokens per call, from 1 to 2**40; "
                          f"got {chunk!r}.")  # fmt: skip
     return Prefill(mode, int(chunk))

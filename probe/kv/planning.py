@@ -164,8 +164,7 @@ def scored_plan(method: str, scores: pd.DataFrame, cfg, share: float | None, sin
     full = choose(how, scores, cfg, share, options)
     if share is None:
         share = sum(map(len, full)) / sum(len(s.kept_groups) for s in cfg.sites())
-    extra = how.plan_fields(options) if how.plan_fields is not None else {}
-    return KVPlan(method, share, sink, window, full, **extra)
+    return KVPlan(method, share, sink, window, full, **how.extra_fields(options))
 
 
 def make_plan(model: Transformer, method: str, full_share: float | None, sink: int, window: int,
@@ -179,9 +178,9 @@ def make_plan(model: Transformer, method: str, full_share: float | None, sink: i
     cfg = model.cfg
     check_plannable(cfg)
     options = how.read(options)
-    extra = how.plan_fields(options) if how.plan_fields is not None else {}
     # share, sink, window and the method's plan fields are checked before any scoring
-    KVPlan(method, 0.0 if full_share is None else full_share, sink, window, (), **extra)
+    KVPlan(method, 0.0 if full_share is None else full_share, sink, window, (),
+           **how.extra_fields(options))  # fmt: skip
     how.check_fits(cfg, options)
     if how.scores is None:  # a baseline: every head full, or none
         share = float(how.fixed_share or 0.0)

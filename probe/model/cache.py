@@ -114,9 +114,8 @@ class StreamRule:
 
 def plan_rules(plan: Any, sites: list[Site], masked: bool = True) -> list[StreamRule | None]:
     """Per site, the rule a `KVPlan` sets (plan.full in site order)."""
-    ratio, compensate = getattr(plan, "buffer_ratio", 0.0), getattr(plan, "compensate", False)
-    return [StreamRule.for_site(s, plan.full[s.index], plan.sink, plan.window, masked, ratio,
-                                compensate) for s in sites]  # fmt: skip
+    return [StreamRule.for_site(s, plan.full[s.index], plan.sink, plan.window, masked,
+                                plan.buffer_ratio, plan.compensate) for s in sites]  # fmt: skip
 
 
 @dataclass
@@ -258,25 +257,16 @@ class SiteCache:
 
     def cut(self, rule: StreamRule | None, meter: Meter) -> SiteCache:
         """A new site cache holding what `rule` keeps of this (full) site's keys, as if they
-        had all arrived in one call; it shares storage with this one for the full heads (the
-        caches only ever concatenate, never write in place)."""
+        had all arrived in one call (`_append_split`'s own cut); with no rule it shares this
+        one's storage (the caches only ever concatenate, never write in place)."""
         if self.rule is not None:
             raise ValueError("only a full cache (no plan) can be cut")
         site = SiteCache(rule=rule, meter=meter)
         if rule is None or self.k is None:
             site.k, site.v = self.k, self.v
-            return site
-        device = self.k.device
-        full = torch.tensor(rule.full, dtype=torch.long, device=device)
-        stream = torch.tensor(rule.stream, dtype=torch.long, device=device)
-        site.k, site.v = self.k.index_select(1, full), self.v.index_select(1, full)
-        index = torch.arange(self.k.shape[2], device=device)  # [len] arrival indices
-        stay = rule.stays(index, self.k.shape[2] - 1)  # [len] bool
-        ks, vs = self.k.index_select(1, stream), self.v.index_select(1, stream)
-        site.ks, site.vs = ks[:, :, stay], vs[:, :, stay]  # [batch, stream, kept, d_head]
-        site.kept = index[stay]
-        if rule.compensate:
-            site._drop(ks[:, :, ~stay], vs[:, :, ~stay])
+            meter.change(0, site.nbytes, site.nbytes)
+        else:
+            site._append_split(self.k, self.v, 0)
         return site
 
     @property
@@ -320,7 +310,6 @@ class KVCache:
         the new one's peak counts this one's (the prefill held every key)."""
         meter = Meter(peak=self.meter.peak)
         sites = [site.cut(rule, meter) for site, rule in zip(self.sites, rules, strict=True)]
-        meter.held = sum(site.nbytes for site in sites)
         return KVCache(sites, plan, self.positions, self.key_mask, self._masked, meter)
 
     @property

@@ -123,6 +123,10 @@ class KVMethod:
                              f"{type(given).__name__}.")  # fmt: skip
         return opt.check(given, where, flags=flags)
 
+    def extra_fields(self, options: Any) -> dict[str, Any]:
+        """The KVPlan fields its `options` set (`plan_fields`; none when it declares none)."""
+        return self.plan_fields(options) if self.plan_fields is not None else {}
+
     def check_fits(self, cfg: Any, options: Any, named: Callable[[str], str] | None = None) -> None:
         """One line when `options` do not fit model `cfg` (`named`: how to show an option)."""
         if self.fits is not None:

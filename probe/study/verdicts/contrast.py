@@ -234,9 +234,10 @@ def _sides(contrast: Contrast, group: pd.DataFrame) -> tuple[np.ndarray, np.ndar
         return a.to_numpy(float), b.to_numpy(float), {}
     both = a.index.intersection(b.index)
     x, y = a.loc[both].to_numpy(float), b.loc[both].to_numpy(float)
-    return x, y, {"n_pairs": len(both), "n_differ": len(differences(x, y)),
+    differ = len(differences(x, y))
+    return x, y, {"n_pairs": len(both), "n_differ": differ,
                   "unmatched": len(a) + len(b) - 2 * len(both),
-                  "exact": len(differences(x, y)) <= MOST_FLIPPED}  # fmt: skip
+                  "exact": differ <= MOST_FLIPPED}  # fmt: skip
 
 
 def _tested(contrast: Contrast, x: np.ndarray, y: np.ndarray) -> dict[str, Any]:

@@ -99,7 +99,7 @@ def _check(study: HeadStudy) -> None:
                          "that keep the full cache, e.g. [0.1, 0.25]).")  # fmt: skip
     for name in kv.methods:  # the plan fields a method's options set (razor's buffer_ratio)
         how = METHODS.get(name)
-        extra = how.plan_fields(how.read(how.study_options(kv))) if how.plan_fields else {}
+        extra = how.extra_fields(how.read(how.study_options(kv)))
         try:
             KVPlan(name, 0.0, kv.sink, kv.window, (), **extra)
         except ProbeError as exc:
